@@ -1,0 +1,3 @@
+"""Firepool's control plane: a broker of warm, isolated GPU sandboxes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,115 @@
+"""One error tree for the broker boundary; every REST error is one of these, in one shape.
+
+    FirepoolError                 class name = the wire `class`, `status` = HTTP status
+    ├── InvalidRequest (422)      ├── UnknownField (422)   └── UnknownPool (400), Unschedulable (400)
+    ├── Unauthorized (401)        ├── NotFound (404)       └── Conflict (409)
+    ├── PackageError (4xx)        └── QuotaExceeded (429)
+    └── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
+
+Adapters translate library errors (SQLAlchemy, httpx, kubernetes) into these with `raise ... from`.
+The SDK maps the wire `class` back to the same names, so callers switch on one vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FirepoolError(Exception):
+    """Base of every error the broker reports to a caller."""
+
+    status: int = 500
+    retryable: bool = False
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def error_class(self) -> str:
+        return type(self).__name__
+
+    def to_wire(self) -> dict[str, Any]:
+        """The one error shape: {"error": {"class", "message", "retryable", "details"}}."""
+        return {
+            "error": {
+                "class": self.error_class,
+                "message": self.message,
+                "retryable": self.retryable,
+                "details": self.details,
+            }
+        }
+
+
+class InvalidRequest(FirepoolError):
+    status = 422
+
+
+class UnknownField(InvalidRequest):
+    status = 422
+
+
+class UnknownPool(FirepoolError):
+    status = 400
+
+
+class Unschedulable(FirepoolError):
+    """The request can never be placed (e.g. more pods than the pool's ceiling)."""
+
+    status = 400
+
+
+class Unauthorized(FirepoolError):
+    status = 401
+
+
+class NotFound(FirepoolError):
+    status = 404
+
+
+class Conflict(FirepoolError):
+    status = 409
+
+
+class PackageError(FirepoolError):
+    status = 400
+
+
+class PayloadTooLarge(PackageError):
+    status = 413
+
+
+class QuotaExceeded(FirepoolError):
+    status = 429
+    retryable = True
+
+
+class Unavailable(FirepoolError):
+    status = 503
+    retryable = True
+
+
+class StoreError(FirepoolError):
+    status = 503
+    retryable = True
+
+
+class BackendError(FirepoolError):
+    status = 502
+    retryable = True
+
+
+class AgentError(BackendError):
+    """A pod agent could not be reached or refused a request."""
+
+
+def all_error_classes() -> dict[str, type[FirepoolError]]:
+    """Every error class by wire name, for the SDK's reverse mapping."""
+    found: dict[str, type[FirepoolError]] = {}
+    stack: list[type[FirepoolError]] = [FirepoolError]
+    while stack:
+        cls = stack.pop()
+        found[cls.__name__] = cls
+        stack.extend(cls.__subclasses__())
+    return found

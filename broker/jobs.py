@@ -1,0 +1,279 @@
+"""Jobs and attempts: the caller's intent, each execution of it, and their one transition table each.
+
+A job is what the caller asked for; an attempt is one execution, named `<job-id>:<n>` so the pod agent
+never confuses a re-queued attempt with an earlier one. `transition` is the only way a job changes state:
+it checks the table, bumps the row version the store will compare against, and stamps the time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({
+        JobState.QUEUED,     # admitted: the pool exists and the request fits it
+        JobState.CANCELLED,  # cancelled before admission
+    }),
+    JobState.QUEUED: frozenset({
+        JobState.RUNNING,    # its full pod set was claimed and the binding committed
+        JobState.CANCELLED,  # cancelled while waiting
+        JobState.FAILED,     # can never be placed (pool gone, larger than its ceiling)
+    }),
+    JobState.RUNNING: frozenset({
+        JobState.SUCCEEDED,  # rank 0 exited 0
+        JobState.FAILED,     # the final attempt failed and no retry is left
+        JobState.CANCELLED,  # the caller cancelled; the attempt was killed
+        JobState.QUEUED,     # a retry, or recovery found the attempt never launched / its pods gone
+    }),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+TERMINAL: frozenset[JobState] = frozenset(s for s, nxt in JOB_TRANSITIONS.items() if not nxt)
+
+
+class AttemptState(enum.StrEnum):
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    LOST = "LOST"
+
+
+ATTEMPT_TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.LAUNCHING: frozenset({
+        AttemptState.RUNNING,    # the agent started rank 0's process
+        AttemptState.FAILED,     # the launch failed after the commit (an attempt failure)
+        AttemptState.LOST,       # recovery: the agent never heard of it
+        AttemptState.CANCELLED,  # cancelled before the process started
+    }),
+    AttemptState.RUNNING: frozenset({
+        AttemptState.SUCCEEDED,  # exit 0
+        AttemptState.FAILED,     # non-zero exit, timeout, OOM
+        AttemptState.CANCELLED,  # killed on the caller's request
+        AttemptState.LOST,       # its pod vanished or stayed unreachable
+    }),
+    AttemptState.SUCCEEDED: frozenset(),
+    AttemptState.FAILED: frozenset(),
+    AttemptState.CANCELLED: frozenset(),
+    AttemptState.LOST: frozenset(),
+}
+
+ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(s for s, nxt in ATTEMPT_TRANSITIONS.items() if not nxt)
+
+
+class ErrorClass(enum.StrEnum):
+    """Why a job or attempt failed; callers switch on these names."""
+
+    NON_ZERO_EXIT = "NonZeroExit"
+    TIMEOUT = "Timeout"
+    OOM = "OOM"
+    KILLED = "Killed"
+    CANCELLED = "Cancelled"
+    POD_LOST = "PodLost"
+    LAUNCH_ERROR = "LaunchError"
+    PACKAGE_ERROR = "PackageError"
+    DEPENDENCY_ERROR = "DependencyError"
+    UNSCHEDULABLE = "Unschedulable"
+
+
+TIMING_FIELDS = (
+    "submitted_at", "queued_at", "claimed_at", "committed_at",
+    "handed_off_at", "first_instruction_at", "finished_at",
+)
+
+
+class IllegalTransition(Exception):
+    """A state change the transition table does not allow; a bug, never a caller error."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """The caller's request, validated; never changes after submit."""
+
+    pool: str
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    lease_tag: str = ""
+    queue: str = "default"
+    pods: int = 1
+    single_use: bool = False
+    timeout_s: float | None = None
+    max_retries: int = 0
+    priority: int = 0
+    idempotency_key: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fields later features add (package, requirements, kernel); stored with the spec."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["command"] = list(self.command)
+        data["env"] = dict(self.env)
+        data["extra"] = dict(self.extra)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        return cls(**{**data, "command": tuple(data["command"]), "env": dict(data.get("env") or {}),
+                      "extra": dict(data.get("extra") or {})})
+
+
+@dataclass(frozen=True, slots=True)
+class Acquisition:
+    """How one pod of a job was obtained, and why a warmer path was not used."""
+
+    pod: str
+    path: str
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pod": self.pod, "path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One execution of a job on its pod set."""
+
+    id: str
+    job_id: str
+    n: int
+    pods: tuple[str, ...]
+    state: AttemptState = AttemptState.LAUNCHING
+    launched_at: float | None = None
+    first_instruction_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    error_class: str | None = None
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["pods"] = list(self.pods)
+        data["state"] = str(self.state)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        return cls(**{**data, "pods": tuple(data["pods"]), "state": AttemptState(data["state"])})
+
+    def move(self, to: AttemptState, **changes: Any) -> Attempt:
+        """The one way an attempt changes state."""
+        if to not in ATTEMPT_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"attempt {self.id}: {self.state} -> {to}")
+        return dataclasses.replace(self, state=to, **changes)
+
+
+def attempt_id(job_id: str, n: int) -> str:
+    return f"{job_id}:{n}"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job row: the spec, its lifecycle, and what each attempt did. `version` guards every write."""
+
+    id: str
+    caller: str
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    version: int = 0
+    retries: int = 0
+    exit_code: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    pods: tuple[str, ...] = ()
+    acquisition: tuple[Acquisition, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    dropped_env: tuple[Mapping[str, str], ...] = ()
+    cancel_requested: bool = False
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def current_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def with_attempt(self, attempt: Attempt) -> Job:
+        """Replace (by id) or append `attempt`; attempts are not versioned on their own."""
+        kept = tuple(a for a in self.attempts if a.id != attempt.id)
+        ordered = tuple(sorted((*kept, attempt), key=lambda a: a.n))
+        return dataclasses.replace(self, attempts=ordered)
+
+    def stamp(self, **times: float) -> Job:
+        """Record timing fields without a state change (still a versioned write)."""
+        for name in times:
+            if name not in TIMING_FIELDS:
+                raise ValueError(f"unknown timing field {name}")
+        return dataclasses.replace(self, timings={**self.timings, **times}, version=self.version + 1)
+
+
+def transition(job: Job, to: JobState, at: float, **changes: Any) -> Job:
+    """Move `job` to `to` if the table allows it; returns the next row version to write.
+
+    The returned job's `version` is one more than the input's: the store writes it only if the row
+    still holds the input's version, so a stale or concurrent writer loses instead of overwriting.
+    """
+    if to not in JOB_TRANSITIONS[job.state]:
+        raise IllegalTransition(f"job {job.id}: {job.state} -> {to}")
+    timings = dict(job.timings)
+    timings.update(changes.pop("timings", {}))
+    if to is JobState.QUEUED:
+        timings["queued_at"] = at
+    elif to in TERMINAL:
+        timings["finished_at"] = at
+    return dataclasses.replace(job, state=to, version=job.version + 1, timings=timings, **changes)
+
+
+_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A sortable id: 48 bits of milliseconds and 40 random bits in Crockford base32, `j` prefixed."""
+    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+    value = (ms << 40) | int.from_bytes(os.urandom(5), "big")
+    chars = []
+    for _ in range(18):
+        chars.append(_ID_ALPHABET[value & 31])
+        value >>= 5
+    return "j" + "".join(reversed(chars))
+
+
+def job_sort_key(job: Job) -> tuple[int, float, str]:
+    """Dispatch order: higher priority first, then earlier submit, then id (a total order)."""
+    return (-job.spec.priority, job.timings.get("submitted_at", 0.0), job.id)
+
+
+def describe_exit(exit_code: int | None, *, timed_out: bool = False, cancelled: bool = False,
+                  oom: bool = False, signal: int | None = None) -> str | None:
+    """The error class of a finished attempt, or None when it succeeded."""
+    if cancelled:
+        return ErrorClass.CANCELLED
+    if timed_out:
+        return ErrorClass.TIMEOUT
+    if oom:
+        return ErrorClass.OOM
+    if signal is not None:
+        return ErrorClass.KILLED
+    if exit_code is None:
+        return ErrorClass.POD_LOST
+    return None if exit_code == 0 else ErrorClass.NON_ZERO_EXIT

@@ -1,0 +1,124 @@
+"""Pods as the tracker holds them: one slotted record each and one transition table.
+
+"Idle", "held", "eligible" and "physical" are derived from a pod's state and fields, never kept as
+parallel lists. `Pod.move` is the only state change; the tracker calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+
+class PodState(enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    RESETTING = "resetting"
+    RETIRING = "retiring"
+    GONE = "gone"
+
+
+POD_TRANSITIONS: Mapping[PodState, frozenset[PodState]] = {
+    PodState.STARTING: frozenset({
+        PodState.IDLE,       # the agent answered its first health check
+        PodState.RETIRING,   # the start failed or the pool no longer wants it
+    }),
+    PodState.IDLE: frozenset({
+        PodState.ASSIGNED,   # claimed for a job under the tracker lock
+        PodState.RETIRING,   # keep-alive or owner hold expired, stale, or hold broken
+    }),
+    PodState.ASSIGNED: frozenset({
+        PodState.RUNNING,    # the job's binding committed; the launch goes out
+        PodState.IDLE,       # the commit lost or failed: returned untouched (no user code ran)
+        PodState.RETIRING,   # preparing the lease failed: the pod is not trusted again
+    }),
+    PodState.RUNNING: frozenset({
+        PodState.RESETTING,  # the attempt ended; the agent resets the pod
+        PodState.RETIRING,   # the pod was lost or became unreachable
+    }),
+    PodState.RESETTING: frozenset({
+        PodState.IDLE,       # reset verified clean: held for its owner
+        PodState.RETIRING,   # unclean reset, session boundary crossed, single-use, or stale
+    }),
+    PodState.RETIRING: frozenset({
+        PodState.GONE,       # the backend deleted it
+    }),
+    PodState.GONE: frozenset(),
+}
+
+
+class Path(enum.StrEnum):
+    """How a job obtained a pod, warmest first."""
+
+    WARM = "warm"
+    RECYCLED = "recycled"
+    STANDBY = "standby"
+    NEW = "new"
+    CUSTOM_IMAGE = "custom_image"
+
+
+class Origin(enum.StrEnum):
+    """Why a pod was created: it decides the path of its first claim."""
+
+    DEMAND = "demand"      # a queued job had nothing to run on -> first claim is `new`
+    WARM = "warm"          # the floor or a pre-warm created it ahead of demand -> first claim is `warm`
+    SINGLE_USE = "single_use"  # created for one job, deleted at its release
+
+
+SessionKey = tuple[str, str, str]
+"""(caller, queue, lease_tag): jobs with equal keys share a warm pod."""
+
+
+class IllegalPodTransition(Exception):
+    pass
+
+
+class Pod:
+    """A tracked pod; about 0.5 KB with its index entries, so 100k pods fit in ~50 MB."""
+
+    __slots__ = (
+        "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
+        "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason",
+    )
+
+    def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
+                 origin: Origin = Origin.DEMAND, template: str = "", created_at: float = 0.0,
+                 reserved_for: str | None = None) -> None:
+        self.name = name
+        self.pool = pool
+        self.state = state
+        self.gpus = gpus
+        self.caller: str | None = None
+        self.key: SessionKey | None = None
+        self.hold_until = 0.0
+        self.idle_since = created_at
+        self.job: str | None = None
+        self.used = False
+        self.origin = origin
+        self.retire = False
+        self.reserved_for = reserved_for
+        self.template = template
+        self.created_at = created_at
+        self.path = ""
+        self.reason: str | None = None
+
+    def move(self, to: PodState) -> None:
+        """The only pod state change; callers hold the tracker lock."""
+        if to not in POD_TRANSITIONS[self.state]:
+            raise IllegalPodTransition(f"pod {self.name}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    def held(self, now: float) -> bool:
+        """Idle and reserved for its last caller."""
+        return self.state is PodState.IDLE and self.caller is not None and self.hold_until > now
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "name": self.name, "pool": self.pool, "state": self.state.value, "gpus": list(self.gpus),
+            "caller": self.caller, "lease_tag": self.key[2] if self.key else None,
+            "queue": self.key[1] if self.key else None, "hold_until": self.hold_until or None,
+            "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
+            "retire_at_release": self.retire, "created_at": self.created_at,
+        }

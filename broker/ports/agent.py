@@ -1,0 +1,240 @@
+"""The pod-agent port: what the broker asks of the agent inside every pod, and the answers' shapes.
+
+The HTTP implementation lives in `broker.agent_http`; `FakeAgent` runs attempts in the injected
+clock's time for unit tests and the simulator. Attempt ids are `<job-id>:<n>`; an agent remembers the
+attempts it ran, so a restarted broker can tell "finished while I was away" from "never launched".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.clock import Clock
+from broker.errors import AgentError
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    attempt_id: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    """Caller env (already filtered) plus what the broker injects; the agent adds its base env."""
+    session: str
+    """Opaque session key; when it differs from the previous attempt's, the agent empties the workspace first."""
+    cwd: str | None = None
+    timeout_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Later features (package, requirements, kernel mode) ride here."""
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    attempt_id: str
+    running: bool
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    oom: bool = False
+    started_at: float | None = None
+    first_instruction_at: float | None = None
+    finished_at: float | None = None
+    error_class: str | None = None
+    """Set by the agent for failures before the user process ran (e.g. PackageError)."""
+    message: str | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Agent-side phase durations (e.g. package unpack), seconds."""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: bytes
+    next_offset: int
+    complete: bool
+    """True when the attempt has exited and `next_offset` is the end of the stream."""
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    wipe_workspace: bool = False
+    wipe_paths: Sequence[str] = ()
+    keep_paths: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    clean: bool
+    duration_s: float
+    killed: int = 0
+    problems: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class AgentHealth:
+    pod: str
+    isolated: bool
+    attempt: str | None
+    """The attempt running now, if any."""
+    uptime_s: float = 0.0
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+class AgentClient(Protocol):
+    async def health(self) -> AgentHealth: ...
+
+    async def launch(self, request: LaunchRequest) -> AttemptStatus:
+        """Start an attempt; returns once rank 0's process has exec'd (first instruction)."""
+        ...
+
+    async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
+        """Long-poll until the attempt exits or `timeout_s` passes; `running` tells which."""
+        ...
+
+    async def status(self, attempt_id: str) -> AttemptStatus | None:
+        """None when the agent never ran this attempt."""
+        ...
+
+    async def read_log(self, attempt_id: str, stream: str = "combined", offset: int = 0,
+                       max_bytes: int = 1 << 20, wait_s: float = 0.0) -> LogChunk:
+        """`stream` is `combined`, `stdout` or `stderr`."""
+        ...
+
+    async def signal(self, attempt_id: str, signal: str) -> None:
+        """`TERM`, `INT`, `KILL` (KILL takes the whole process tree)."""
+        ...
+
+    async def reset(self, request: ResetRequest) -> ResetResult: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _FakeRun:
+    status: AttemptStatus
+    done: asyncio.Event
+    output: bytes
+
+
+class FakeAgent:
+    """An agent whose commands run in clock time: `sleep S`, `exit N`, `echo ...`, `hang` (never ends).
+
+    Tests steer it: `unclean_next_reset` makes the next reset report unclean; `fail_launch` makes
+    launches raise `AgentError`; `reachable = False` makes every call raise.
+    """
+
+    def __init__(self, pod: str, clock: Clock) -> None:
+        self.pod = pod
+        self.clock = clock
+        self.runs: dict[str, _FakeRun] = {}
+        self.current: str | None = None
+        self.session: str | None = None
+        self.workspace_wiped = 0
+        self.unclean_next_reset = False
+        self.fail_launch = False
+        self.reachable = True
+        self.launches: list[LaunchRequest] = []
+        self.resets: list[ResetRequest] = []
+
+    def _check(self) -> None:
+        if not self.reachable:
+            raise AgentError(f"agent of {self.pod} unreachable")
+
+    async def health(self) -> AgentHealth:
+        self._check()
+        return AgentHealth(pod=self.pod, isolated=True, attempt=self.current)
+
+    async def launch(self, request: LaunchRequest) -> AttemptStatus:
+        self._check()
+        if self.fail_launch:
+            raise AgentError(f"launch refused on {self.pod}")
+        if self.current is not None:
+            raise AgentError(f"{self.pod} already runs {self.current}")
+        if request.session != self.session:
+            if self.session is not None:
+                self.workspace_wiped += 1
+            self.session = request.session
+        self.launches.append(request)
+        now = self.clock.now()
+        status = AttemptStatus(attempt_id=request.attempt_id, running=True, pid=1000 + len(self.launches),
+                               started_at=now, first_instruction_at=now)
+        run = _FakeRun(status=status, done=asyncio.Event(), output=b"")
+        self.runs[request.attempt_id] = run
+        self.current = request.attempt_id
+        asyncio.get_running_loop().create_task(self._run(request, run))
+        return status
+
+    async def _run(self, request: LaunchRequest, run: _FakeRun) -> None:
+        argv = list(request.argv)
+        verb, args = (argv[0], argv[1:]) if argv else ("exit", ["0"])
+        code = 0
+        if verb == "sleep":
+            duration = float(args[0])
+            if request.timeout_s is not None and duration > request.timeout_s:
+                await self.clock.sleep(request.timeout_s)
+                self._finish(run, exit_code=137, signal=9, timed_out=True)
+                return
+            await self.clock.sleep(duration)
+        elif verb == "exit":
+            code = int(args[0])
+        elif verb == "echo":
+            run.output += (" ".join(args) + "\n").encode()
+        elif verb == "hang":
+            await asyncio.Event().wait()
+        self._finish(run, exit_code=code)
+
+    def _finish(self, run: _FakeRun, **fields: Any) -> None:
+        if run.done.is_set():
+            return
+        run.status = dataclasses.replace(run.status, running=False, finished_at=self.clock.now(), **fields)
+        run.done.set()
+        if self.current == run.status.attempt_id:
+            self.current = None
+
+    async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
+        self._check()
+        run = self.runs.get(attempt_id)
+        if run is None:
+            raise AgentError(f"{self.pod} never ran {attempt_id}")
+        await self.clock.wait(run.done, timeout_s)
+        self._check()
+        return run.status
+
+    async def status(self, attempt_id: str) -> AttemptStatus | None:
+        self._check()
+        run = self.runs.get(attempt_id)
+        return run.status if run else None
+
+    async def read_log(self, attempt_id: str, stream: str = "combined", offset: int = 0,
+                       max_bytes: int = 1 << 20, wait_s: float = 0.0) -> LogChunk:
+        self._check()
+        run = self.runs[attempt_id]
+        data = run.output[offset:offset + max_bytes]
+        return LogChunk(data=data, next_offset=offset + len(data), complete=run.done.is_set())
+
+    async def signal(self, attempt_id: str, signal: str) -> None:
+        self._check()
+        run = self.runs.get(attempt_id)
+        if run is not None and signal in ("KILL", "TERM"):
+            self._finish(run, exit_code=137 if signal == "KILL" else 143, signal=9 if signal == "KILL" else 15,
+                         cancelled=True)
+
+    async def reset(self, request: ResetRequest) -> ResetResult:
+        self._check()
+        self.resets.append(request)
+        if self.current is not None:
+            self._finish(self.runs[self.current], exit_code=137, signal=9)
+        if request.wipe_workspace:
+            self.workspace_wiped += 1
+            self.session = None
+        if self.unclean_next_reset:
+            self.unclean_next_reset = False
+            return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"])
+        return ResetResult(clean=True, duration_s=0.001)
+
+    async def close(self) -> None:
+        pass

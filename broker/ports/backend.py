@@ -1,0 +1,153 @@
+"""The backend port: create, delete, list and annotate pods; reach each pod's agent.
+
+A backend owns where pods run (bubblewrap sandboxes here, Kubernetes pods in a cluster) and which
+devices they get; the control plane never schedules nodes or devices itself. Pod records carry
+annotations (owner, hold) that the backend persists so a restarted broker rebuilds its tracker.
+`FakeBackend` keeps pods in memory with `FakeAgent`s and a configurable start delay in clock time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.clock import Clock
+from broker.errors import BackendError
+from broker.pods import Origin
+from broker.ports.agent import AgentClient, FakeAgent
+from broker.pools import PoolSpec
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator the backend can bind; `key` is unique across the cluster (e.g. a GPU UUID)."""
+
+    key: str
+    index: int
+    model: str
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    name: str
+    pool: PoolSpec
+    origin: Origin = Origin.DEMAND
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    pool: str
+    gpus: tuple[str, ...]
+    """Device keys bound to the pod."""
+    template: str
+    """The pool template hash the pod was built from."""
+    created_at: float
+    isolated: bool
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    endpoint: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    kind: str
+
+    def devices(self) -> list[Device]:
+        """The accelerators this backend can bind."""
+        ...
+
+    async def create(self, request: PodRequest) -> PodInfo:
+        """Create a pod and return once its agent answers; raises BackendError."""
+        ...
+
+    async def delete(self, name: str) -> None:
+        """Delete a pod and everything of it; idempotent."""
+        ...
+
+    async def list_pods(self) -> list[PodInfo]:
+        """Every live pod this broker owns, with its annotations (for restart recovery)."""
+        ...
+
+    async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        """Persist ownership annotations on the pod record (best effort for callers)."""
+        ...
+
+    def agent(self, name: str) -> AgentClient:
+        """The agent client of a live pod."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class FakeBackend:
+    """Pods in memory: GPUs are numbered slots, starts take `start_delay` of clock time."""
+
+    kind = "fake"
+
+    def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu") -> None:
+        self.clock = clock
+        self.start_delay = start_delay
+        self._devices = [Device(key=f"fake-gpu-{i}", index=i, model=model) for i in range(gpus)]
+        self.pods: dict[str, PodInfo] = {}
+        self.agents: dict[str, FakeAgent] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.fail_creates = 0
+        self.pin_gpu: str | None = None
+        """When set, every GPU pod lands on this device (to exercise the per-GPU gate)."""
+
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+    def _free_devices(self) -> list[str]:
+        used = {g for info in self.pods.values() for g in info.gpus}
+        return [d.key for d in self._devices if d.key not in used]
+
+    async def create(self, request: PodRequest) -> PodInfo:
+        gpus: tuple[str, ...] = ()
+        if request.pool.gpus:
+            if self.pin_gpu is not None:
+                gpus = (self.pin_gpu,)
+            else:
+                free = self._free_devices()
+                if len(free) < request.pool.gpus:
+                    raise BackendError(f"no free device for {request.name}")
+                gpus = tuple(free[: request.pool.gpus])
+        info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
+                       created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations))
+        self.pods[request.name] = info  # devices are bound from the create call on
+        self.created.append(request.name)
+        delay = float(request.pool.template.get("start_delay_s", self.start_delay))
+        if delay:
+            await self.clock.sleep(delay)
+        if self.fail_creates > 0:
+            self.fail_creates -= 1
+            self.pods.pop(request.name, None)
+            raise BackendError(f"injected create failure for {request.name}")
+        self.agents[request.name] = FakeAgent(request.name, self.clock)
+        return info
+
+    async def delete(self, name: str) -> None:
+        if self.pods.pop(name, None) is not None:
+            self.deleted.append(name)
+        self.agents.pop(name, None)
+
+    async def list_pods(self) -> list[PodInfo]:
+        return [p for p in self.pods.values() if p.name in self.agents]
+
+    async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        info = self.pods.get(name)
+        if info is not None:
+            self.pods[name] = PodInfo(**{**info.__dict__, "annotations": {**info.annotations, **annotations}})
+
+    def agent(self, name: str) -> AgentClient:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise BackendError(f"pod {name} is gone") from None
+
+    async def close(self) -> None:
+        pass

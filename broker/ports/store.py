@@ -1,0 +1,87 @@
+"""The job store port: durable jobs and attempts, every write conditional on the row version.
+
+`commit` is the one write path after insert. Each write names the version it expects; a write whose row
+moved on loses and the store reports it as False, never as an exception. Several writes in one call
+share one transaction (group commit), each still checked on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from broker.jobs import Job, JobState
+
+
+class JobStore(Protocol):
+    blocking: bool
+    """True when calls do I/O and belong on a worker thread."""
+
+    def insert(self, job: Job) -> Job:
+        """Store a new job; when the caller already has a job with this idempotency key, return that one."""
+        ...
+
+    def get(self, job_id: str) -> Job | None: ...
+
+    def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
+                  limit: int = 100, before: str | None = None) -> list[Job]:
+        """Newest first; `before` pages by job id."""
+        ...
+
+    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
+        """Write each job iff its row still has the expected version; one transaction for all."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemoryJobStore:
+    """The in-memory store for unit tests and the simulator; same semantics as the SQL store."""
+
+    blocking = False
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._by_key: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self.commits = 0
+
+    def insert(self, job: Job) -> Job:
+        with self._lock:
+            key = job.spec.idempotency_key
+            if key is not None and (job.caller, key) in self._by_key:
+                return self._jobs[self._by_key[(job.caller, key)]]
+            if job.id in self._jobs:
+                raise ValueError(f"duplicate job id {job.id}")
+            self._jobs[job.id] = job
+            if key is not None:
+                self._by_key[(job.caller, key)] = job.id
+            return job
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
+                  limit: int = 100, before: str | None = None) -> list[Job]:
+        wanted = set(states) if states is not None else None
+        jobs = sorted(self._jobs.values(), key=lambda j: j.id, reverse=True)
+        return [j for j in jobs
+                if (caller is None or j.caller == caller) and (wanted is None or j.state in wanted)
+                and (before is None or j.id < before)][:limit]
+
+    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
+        with self._lock:
+            self.commits += 1
+            won = []
+            for job, expected in writes:
+                current = self._jobs.get(job.id)
+                ok = current is not None and current.version == expected
+                if ok:
+                    self._jobs[job.id] = dataclasses.replace(job)
+                won.append(ok)
+            return won
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Jupyter kernel provisioner: a notebook kernel in a warm Firepool sandbox."""

@@ -11,6 +11,10 @@ from collections.abc import Mapping
 
 
 class PodState(enum.Enum):
+    # Identity hashing: states are singletons, and Enum's Python-level __hash__ would cost more than a
+    # whole claim's dict lookups under the tracker lock.
+    __hash__ = object.__hash__
+
     STARTING = "starting"
     IDLE = "idle"
     ASSIGNED = "assigned"
@@ -122,3 +126,36 @@ class Pod:
             "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
             "retire_at_release": self.retire, "created_at": self.created_at,
         }
+
+
+ANNOTATION_PREFIX = "firepool.dev/"
+
+
+def owner_annotations(pod: Pod) -> dict[str, str]:
+    """What a pod record must carry so a restarted broker restores its owner and hold."""
+    key = pod.key or ("", "", "")
+    return {
+        ANNOTATION_PREFIX + "caller": pod.caller or "",
+        ANNOTATION_PREFIX + "queue": key[1],
+        ANNOTATION_PREFIX + "lease-tag": key[2],
+        ANNOTATION_PREFIX + "hold-until": repr(pod.hold_until),
+        ANNOTATION_PREFIX + "idle-since": repr(pod.idle_since),
+        ANNOTATION_PREFIX + "used": "1" if pod.used else "",
+        ANNOTATION_PREFIX + "origin": pod.origin.value,
+        ANNOTATION_PREFIX + "job": pod.job or "",
+    }
+
+
+def restore_owner(pod: Pod, annotations: Mapping[str, str]) -> None:
+    """Apply owner annotations (as written by `owner_annotations`) to a recovered pod record."""
+    get = annotations.get
+    caller = get(ANNOTATION_PREFIX + "caller") or None
+    if caller is not None:
+        pod.caller = caller
+        pod.key = (caller, get(ANNOTATION_PREFIX + "queue", ""), get(ANNOTATION_PREFIX + "lease-tag", ""))
+    pod.hold_until = float(get(ANNOTATION_PREFIX + "hold-until") or 0.0)
+    pod.idle_since = float(get(ANNOTATION_PREFIX + "idle-since") or pod.created_at)
+    pod.used = bool(get(ANNOTATION_PREFIX + "used"))
+    origin = get(ANNOTATION_PREFIX + "origin")
+    if origin in Origin._value2member_map_:
+        pod.origin = Origin(origin)

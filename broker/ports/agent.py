@@ -105,7 +105,11 @@ class AgentClient(Protocol):
         ...
 
     async def signal(self, attempt_id: str, signal: str) -> None:
-        """`TERM`, `INT`, `KILL` (KILL takes the whole process tree)."""
+        """`TERM`, `INT`, `HUP`, `USR1` to rank 0's process group; `KILL` takes the whole tree."""
+        ...
+
+    async def cancel(self, attempt_id: str, grace_s: float) -> None:
+        """TERM the attempt's tree, KILL it after `grace_s`; its status then says `cancelled`."""
         ...
 
     async def reset(self, request: ResetRequest) -> ResetResult: ...
@@ -220,8 +224,13 @@ class FakeAgent:
         self._check()
         run = self.runs.get(attempt_id)
         if run is not None and signal in ("KILL", "TERM"):
-            self._finish(run, exit_code=137 if signal == "KILL" else 143, signal=9 if signal == "KILL" else 15,
-                         cancelled=True)
+            self._finish(run, exit_code=137 if signal == "KILL" else 143, signal=9 if signal == "KILL" else 15)
+
+    async def cancel(self, attempt_id: str, grace_s: float) -> None:
+        self._check()
+        run = self.runs.get(attempt_id)
+        if run is not None:
+            self._finish(run, exit_code=143, signal=15, cancelled=True)
 
     async def reset(self, request: ResetRequest) -> ResetResult:
         self._check()

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from broker.clock import Clock
 from broker.errors import BackendError
 from broker.pods import Origin
-from broker.ports.agent import AgentClient, FakeAgent
 from broker.pools import PoolSpec
+from broker.ports.agent import AgentClient, FakeAgent
 
 
 @dataclass(frozen=True)

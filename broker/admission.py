@@ -1,0 +1,72 @@
+"""Admission: turn a verified caller's request into a QUEUED job, or a typed error that stores nothing.
+
+The environment filter lives here: variables that could steer the pod agent, the dynamic loader, the
+GPU binding or a gang's topology are dropped, and the job records which and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+from broker.errors import InvalidRequest, UnknownPool, Unschedulable
+from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
+from broker.pools import PoolSpec
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+_DROPPED_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("LD_", "dynamic-loader variable: could inject code into the job or agent before it starts"),
+    ("FIREPOOL_", "reserved: the broker injects FIREPOOL_* (the verified caller and the job's identity)"),
+    ("NVIDIA_", "GPU binding belongs to the pod, not the job"),
+    ("CUDA_DEVICE_MEMORY_", "GPU memory limits are set by the agent per attempt"),
+    ("CUDA_DEVICE_SM_LIMIT", "GPU share limits are set by the pod"),
+)
+_DROPPED_NAMES: Mapping[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "GPU binding belongs to the pod, not the job",
+    "GCONV_PATH": "dynamic-loader variable: could load code through iconv modules",
+    "MASTER_ADDR": "topology is injected by the executor",
+    "MASTER_PORT": "topology is injected by the executor",
+    "RANK": "topology is injected by the executor",
+    "WORLD_SIZE": "topology is injected by the executor",
+    "LOCAL_RANK": "topology is injected by the executor",
+    "LOCAL_WORLD_SIZE": "topology is injected by the executor",
+    "NODE_RANK": "topology is injected by the executor",
+    "GROUP_RANK": "topology is injected by the executor",
+}
+
+
+def filter_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """Split `env` into what the job may set and what is dropped (with a reason each)."""
+    kept: dict[str, str] = {}
+    dropped: list[dict[str, str]] = []
+    for name, value in env.items():
+        if not _NAME.match(name):
+            raise InvalidRequest(f"env name {name!r} is not a valid variable name", {"field": "env"})
+        if "\x00" in value:
+            raise InvalidRequest(f"env value of {name} contains a NUL byte", {"field": f"env.{name}"})
+        reason = _DROPPED_NAMES.get(name)
+        if reason is None:
+            reason = next((why for prefix, why in _DROPPED_PREFIXES if name.startswith(prefix)), None)
+        if reason is None:
+            kept[name] = value
+        else:
+            dropped.append({"name": name, "reason": reason})
+    return kept, dropped
+
+
+def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float) -> Job:
+    """Check `spec` against the catalog and return the job as it will be inserted (QUEUED)."""
+    pool = pools.get(spec.pool)
+    if pool is None:
+        raise UnknownPool(f"no pool named {spec.pool!r}", {"pool": spec.pool, "known": sorted(pools)})
+    if not spec.command:
+        raise InvalidRequest("command must name at least the program to run", {"field": "command"})
+    if spec.pods > pool.max_count:
+        raise Unschedulable(f"{spec.pods} pods can never fit pool {pool.name!r} (ceiling {pool.max_count})",
+                            {"pool": pool.name, "pods": spec.pods, "max_count": pool.max_count})
+    env, dropped = filter_env(spec.env)
+    job = Job(id=new_job_id(now), caller=caller, spec=dataclasses.replace(spec, env=env),
+              dropped_env=tuple(dropped), timings={"submitted_at": now})
+    return transition(job, JobState.QUEUED, now)

@@ -1,0 +1,226 @@
+"""The control plane: tracker, job book, dispatcher, executor and pool controller wired over three ports.
+
+This is what the REST API (and the simulator) calls. It knows callers only as verified names: a job of
+another caller is "not found". Nothing here imports a web framework, a database driver or a cluster
+client; `broker.server` builds the adapters and hands them in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from broker.admission import admit
+from broker.clock import Clock
+from broker.dispatching import Dispatcher
+from broker.errors import FirepoolError, InvalidRequest, NotFound
+from broker.executing import Executor
+from broker.jobbook import Abort, JobBook
+from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
+from broker.pooling import PoolController, count
+from broker.pools import Catalog
+from broker.ports.agent import LogChunk
+from broker.ports.backend import Backend
+from broker.ports.logs import STREAMS, LogStore
+from broker.ports.store import JobStore
+from broker.recovery import RecoveryReport, recover
+from broker.stats import Stats
+from broker.tasks import Supervisor
+from broker.tracker import Tracker
+
+log = logging.getLogger("firepool.control")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Timings of the control loops; defaults are production values."""
+
+    dispatch_tick_s: float = 3.0
+    """Fallback dispatch pass when no event woke the dispatcher."""
+    reconcile_tick_s: float = 1.0
+    """Pool controller pass for expiries; demand changes wake it at once."""
+    kill_grace_s: float = 5.0
+    """TERM -> KILL grace when a caller cancels a running job."""
+
+
+class ControlPlane:
+    def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
+                 tuning: Tuning = Tuning()) -> None:
+        self.clock = clock
+        self.store = store
+        self.backend = backend
+        self.logs = logs
+        self.catalog = catalog
+        self.stats = Stats()
+        self.tasks = Supervisor()
+        self.tracker = Tracker(catalog.pools, catalog.caller_limits)
+        self.book = JobBook(store, clock)
+        self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
+                                         tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
+                                         tick=tuning.reconcile_tick_s)
+        self.dispatcher = Dispatcher(clock=clock, book=self.book, tracker=self.tracker, controller=self.controller,
+                                     tasks=self.tasks, stats=self.stats, tick=tuning.dispatch_tick_s)
+        self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
+                                 controller=self.controller, logs=logs, tasks=self.tasks, stats=self.stats,
+                                 wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
+                                 kill_grace_s=tuning.kill_grace_s)
+        self.dispatcher.executor = self.executor
+        self.recovery: RecoveryReport | None = None
+        self.started_at: float | None = None
+        self.dispatching_at: float | None = None
+
+    def _pod_ready(self) -> None:
+        self.dispatcher.wake()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, *, loops: bool = True) -> None:
+        """Recover, then start the dispatch and reconcile loops (tests may drive them by hand)."""
+        self.started_at = self.clock.now()
+        self.recovery = await recover(self)
+        if loops:
+            self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
+            self.tasks.spawn("pool controller", self.controller.run(), critical=True)
+        self.dispatching_at = self.clock.now()
+        self.dispatcher.wake()
+        self.controller.wake()
+
+    async def stop(self) -> None:
+        """Stop the loops; pods keep running so a restarted broker re-attaches to them."""
+        await self.tasks.stop()
+        await self.backend.close()
+
+    # ---------------------------------------------------------------- jobs
+
+    async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
+        """Admit and store a job; (job, created). The same idempotency key returns the first job."""
+        job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        stored = await self.book.insert(job)
+        created = stored.id == job.id
+        if created:
+            self.dispatcher.enqueue(stored)
+        return stored, created
+
+    async def get(self, caller: str, job_id: str) -> Job:
+        job = await self.book.get(job_id) if _plausible_id(job_id) else None
+        if job is None or job.caller != caller:
+            raise NotFound(f"no job {job_id!r}", {"job": job_id})
+        return job
+
+    async def wait(self, caller: str, job_id: str, wait_s: float) -> Job:
+        """The job once terminal, or as it stands after `wait_s` seconds."""
+        deadline = self.clock.now() + max(0.0, wait_s)
+        job = await self.get(caller, job_id)
+        while not job.terminal and (left := deadline - self.clock.now()) > 0:
+            await self.book.wait_change(job_id, left)
+            job = await self.get(caller, job_id)
+        return job
+
+    async def list_jobs(self, caller: str, *, states: Iterable[JobState] | None = None, limit: int = 100,
+                        before: str | None = None) -> list[Job]:
+        states = list(states) if states is not None else None
+        return await self.book.io(lambda: self.store.list_jobs(caller=caller, states=states, limit=limit,
+                                                               before=before))
+
+    async def cancel(self, caller: str, job_id: str) -> Job:
+        """Cancel a queued job at once, or kill a running one (it ends CANCELLED)."""
+        await self.get(caller, job_id)
+        now = self.clock.now()
+
+        def cancel(job: Job) -> Job:
+            if job.state in (JobState.PENDING, JobState.QUEUED):
+                if job.id in self.dispatcher.binding:
+                    return dataclasses.replace(job, cancel_requested=True, version=job.version + 1)
+                return transition(job, JobState.CANCELLED, now, error_class=ErrorClass.CANCELLED,
+                                  error_message="cancelled while queued")
+            if job.state is JobState.RUNNING and not job.cancel_requested:
+                return dataclasses.replace(job, cancel_requested=True, version=job.version + 1)
+            raise Abort
+
+        job = await self.book.write(job_id, cancel)
+        if job is None:
+            return await self.get(caller, job_id)
+        if job.state is JobState.CANCELLED:
+            self.dispatcher.drop(job_id)
+        elif job.state is JobState.RUNNING:
+            await self.executor.cancel(job_id)
+        return job
+
+    def waiting_reason(self, job_id: str) -> str | None:
+        return self.dispatcher.waiting_reason.get(job_id)
+
+    async def read_log(self, caller: str, job_id: str, *, stream: str = "combined", offset: int = 0,
+                       max_bytes: int = 1 << 20, wait_s: float = 0.0, attempt: int | None = None) -> LogChunk:
+        """Output of an attempt (the latest by default): live from the agent while it runs, stored after."""
+        if stream not in STREAMS:
+            raise InvalidRequest(f"stream must be one of {STREAMS}", {"field": "stream"})
+        job = await self.get(caller, job_id)
+        if not job.attempts:
+            return LogChunk(b"", offset, job.terminal)
+        chosen = job.attempts[-1] if attempt is None else next((a for a in job.attempts if a.n == attempt), None)
+        if chosen is None:
+            raise NotFound(f"job {job_id} has no attempt {attempt}")
+        if self.executor.launched.get(job_id) == chosen.id:
+            pods = self.tracker.pods_of(job_id)
+            if pods:
+                try:
+                    return await self.backend.agent(pods[0].name).read_log(chosen.id, stream, offset, max_bytes, wait_s)
+                except FirepoolError:
+                    pass  # reset already took the agent's copy: the stored one is complete
+        if self.logs.blocking:
+            data = await asyncio.to_thread(self.logs.read, chosen.id, stream, offset, max_bytes)
+        else:
+            data = self.logs.read(chosen.id, stream, offset, max_bytes)
+        done = job.terminal or chosen.finished_at is not None
+        return LogChunk(data, offset + len(data), done and len(data) < max_bytes)
+
+    # ---------------------------------------------------------------- views
+
+    def pools_view(self) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        by_pool: dict[str, list[Any]] = {name: [] for name in self.catalog.pools}
+        for pod in self.tracker.snapshot():
+            by_pool.setdefault(pod.pool, []).append(pod)
+        queued: dict[str, int] = {}
+        for job in self.dispatcher.queued.values():
+            queued[job.spec.pool] = queued.get(job.spec.pool, 0) + job.spec.pods
+        out = []
+        for name, spec in self.catalog.pools.items():
+            c = count(by_pool[name], spec, now)
+            plan = self.controller.last_plan.get(name)
+            out.append({
+                "name": name, "gpus": spec.gpus, "accelerator": spec.accelerator,
+                "min_count": spec.min_count, "max_idle_count": spec.max_idle_count, "max_count": spec.max_count,
+                "idle_timeout": spec.idle_timeout, "caller_hold_seconds": spec.hold_seconds,
+                "standbys_per_active": spec.standbys_per_active, "step": spec.step, "reuse_tag": spec.reuse_tag,
+                "physical": c.physical, "eligible": c.eligible, "starting": c.starting, "idle": c.idle,
+                "held": c.held, "held_by": dict(c.held_by), "busy": c.assigned + c.running + c.resetting,
+                "assigned": c.assigned, "running": c.running, "resetting": c.resetting, "retiring": c.retiring,
+                "standby": 0, "stale": c.stale, "borrowed": 0, "single_use": c.single_use,
+                "queued_demand": queued.get(name, 0),
+                "last_plan": {"create": plan.create, "retire": len(plan.retire), "reason": plan.reason} if plan else None,
+            })
+        return out
+
+    def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        out = []
+        for pod in self.tracker.snapshot():
+            if pool is not None and pod.pool != pool:
+                continue
+            view = pod.snapshot()
+            view["held"] = pod.held(now)
+            view["isolated"] = self.backend_isolated
+            out.append(view)
+        return sorted(out, key=lambda v: str(v["name"]))
+
+    @property
+    def backend_isolated(self) -> bool:
+        return bool(getattr(self.backend, "isolated", True))
+
+
+def _plausible_id(job_id: str) -> bool:
+    return 1 <= len(job_id) <= 64 and job_id.isalnum()

@@ -1,0 +1,130 @@
+"""The dispatcher: queued jobs in priority order -> claim -> version-checked commit -> hand to the executor.
+
+Woken by submit, release and pod-ready events; a 3 s tick is only a fallback. For each queued job it
+(1) claims the full pod set under the tracker lock, (2) prepares the lease, (3) commits QUEUED->RUNNING
+with the pod bindings and acquisition paths, conditional on the row version, then hands the job to the
+executor, which (4) marks the pods running and (5) launches. No user code runs before the commit: a
+failed prepare retires the pods and keeps the job queued; a lost or failed commit returns the pods.
+A job that cannot be placed is skipped (no partial gang is ever held) and its pods count as demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from broker.clock import Clock
+from broker.errors import FirepoolError
+from broker.jobbook import Abort, JobBook
+from broker.jobs import Acquisition, Attempt, Job, JobState, attempt_id, job_sort_key, transition
+from broker.pooling import PoolController
+from broker.stats import Stats
+from broker.tasks import Supervisor
+from broker.tracker import Claim, Lease, Shortfall, Tracker
+
+if TYPE_CHECKING:
+    from broker.executing import Executor
+
+log = logging.getLogger("firepool.dispatching")
+
+FALLBACK_TICK = 3.0
+
+
+class Dispatcher:
+    def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, controller: PoolController,
+                 tasks: Supervisor, stats: Stats, tick: float = FALLBACK_TICK) -> None:
+        self.clock = clock
+        self.book = book
+        self.tracker = tracker
+        self.controller = controller
+        self.tasks = tasks
+        self.stats = stats
+        self.tick = tick
+        self.queued: dict[str, Job] = {}
+        """QUEUED jobs not being bound right now."""
+        self.binding: set[str] = set()
+        self.waiting_reason: dict[str, str] = {}
+        """job id -> why its last claim took nothing."""
+        self.executor: Executor | None = None
+        self._wake = asyncio.Event()
+        self.passes = 0
+
+    def enqueue(self, job: Job) -> None:
+        """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
+        self.queued[job.id] = job
+        self._wake.set()
+
+    def drop(self, job_id: str) -> None:
+        self.queued.pop(job_id, None)
+        self.waiting_reason.pop(job_id, None)
+        self.controller.forget_single_use(job_id)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.clock.wait(self._wake, self.tick)
+            self._wake.clear()
+            self.dispatch_once()
+
+    def dispatch_once(self) -> int:
+        """One pass over the queue; returns how many jobs were claimed."""
+        self.passes += 1
+        now = self.clock.now()
+        demand: dict[str, int] = defaultdict(int)
+        single_use: dict[str, tuple[str, int]] = {}
+        claimed = 0
+        for job in sorted(self.queued.values(), key=job_sort_key):
+            spec = job.spec
+            got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag,
+                                           spec.pods, spec.single_use), now)
+            if isinstance(got, Shortfall):
+                self.waiting_reason[job.id] = got.reason
+                if spec.single_use:
+                    single_use[job.id] = (spec.pool, spec.pods)
+                else:
+                    demand[spec.pool] += got.missing
+                continue
+            claimed += 1
+            del self.queued[job.id]
+            self.waiting_reason.pop(job.id, None)
+            self.binding.add(job.id)
+            self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
+        self.controller.report_demand(demand, single_use)
+        return claimed
+
+    async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:
+        """Commit the claim durably, then hand the job to the executor; undo the claim if it loses."""
+        names = tuple(p.name for p in lease.pods)
+        acquisition = tuple(Acquisition(p.name, p.path, p.reason) for p in lease.pods)
+
+        def bind(job: Job) -> Job:
+            if job.state is not JobState.QUEUED:
+                raise Abort
+            now = self.clock.now()
+            n = len(job.attempts)  # every execution gets a new id, retries and recovery re-queues alike
+            attempt = Attempt(id=attempt_id(job.id, n), job_id=job.id, n=n, pods=names)
+            return transition(job.with_attempt(attempt), JobState.RUNNING, now, pods=names,
+                              acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now})
+
+        try:
+            committed = await self.book.write(job_id, bind)
+        except FirepoolError as exc:
+            log.warning("committing %s failed, pods returned, job stays queued: %s", job_id, exc)
+            committed = None
+        self.binding.discard(job_id)
+        if committed is None or committed.state is not JobState.RUNNING:
+            self.tracker.unclaim(job_id, self.clock.now())
+            current = self.book.live.get(job_id)
+            if current is not None and current.state is JobState.QUEUED:
+                self.queued[job_id] = current
+            self.wake()
+            return
+        self.controller.forget_single_use(job_id)
+        for p in lease.pods:
+            self.stats.acquisitions[(p.pool, p.path)] += 1
+        assert self.executor is not None
+        await self.executor.start(committed, lease)

@@ -1,0 +1,322 @@
+"""The executor: launch a committed job through its pods' agents, watch it, finish it, reset the pods.
+
+Steps (4) and (5) of the claim path live here: pods go RUNNING through the per-GPU gate, then each
+rank's agent starts the attempt. When the attempt ends the executor copies its logs, commits the result
+(or a retry) version-checked, and — in parallel — has every pod reset with proof: a clean pod goes back
+to the pool held for its owner, anything else is deleted. A pod whose agent stays unreachable is lost:
+the attempt ends `PodLost` and the pod is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+
+from broker.clock import Clock
+from broker.errors import AgentError, FirepoolError
+from broker.jobbook import Abort, JobBook
+from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
+from broker.pods import Pod, owner_annotations
+from broker.pooling import PoolController
+from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
+from broker.ports.backend import Backend
+from broker.ports.logs import STREAMS, LogStore
+from broker.stats import Stats
+from broker.tasks import Supervisor
+from broker.tracker import Lease, Tracker
+
+log = logging.getLogger("firepool.executing")
+
+WAIT_POLL_S = 25.0
+"""Long-poll length of one agent wait call."""
+UNREACHABLE_AFTER = 3
+"""Consecutive failed agent calls after which a pod counts as lost."""
+BACKSTOP_S = 30.0
+"""How long past its timeout the broker lets the agent enforce it before killing from outside."""
+
+
+def session_key(job: Job) -> str:
+    """The opaque session the agent compares to decide whether the workspace survives."""
+    raw = "\x1f".join((job.caller, job.spec.queue, job.spec.lease_tag))
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+class Executor:
+    def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
+                 controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
+                 wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0) -> None:
+        self.clock = clock
+        self.book = book
+        self.tracker = tracker
+        self.backend = backend
+        self.controller = controller
+        self.logs = logs
+        self.tasks = tasks
+        self.stats = stats
+        self.wake_dispatcher = wake_dispatcher
+        self.requeue = requeue
+        self.kill_grace_s = kill_grace_s
+        self.launched: dict[str, str] = {}
+        """job id -> the attempt id running now (launched and not yet finished)."""
+        self._gate_opened = asyncio.Event()
+
+    # ---------------------------------------------------------------- launch
+
+    async def start(self, job: Job, lease: Lease) -> None:
+        """Steps 4 and 5: through the per-GPU gate, then launch every rank."""
+        while not self.tracker.start(job.id):
+            opened = self._gate_opened
+            await self.clock.wait(opened, 1.0)
+        attempt = job.current_attempt
+        assert attempt is not None
+        live = self.book.live.get(job.id, job)
+        if live.cancel_requested:
+            await self.finish(job.id, attempt.id, lease.pods, [None] * len(lease.pods), never_ran=True)
+            return
+        handed_off_at = self.clock.now()
+        requests = [self._request(job, attempt.id, pod, rank, len(lease.pods)) for rank, pod in enumerate(lease.pods)]
+        results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
+        first = results[0]
+        self.launched[job.id] = attempt.id
+        if any(r is None or (not r.running and r.error_class) for r in results):
+            # A rank could not start: the attempt fails as a whole; stop the ranks that did start.
+            await self._kill(attempt.id, [p for p, r in zip(lease.pods, results, strict=True) if r and r.running])
+            statuses = [r if r is not None else AttemptStatus(attempt.id, running=False, error_class=ErrorClass.LAUNCH_ERROR,
+                                                              message="the pod's agent refused the launch")
+                        for r in results]
+            await self.finish(job.id, attempt.id, lease.pods, statuses)
+            return
+        assert first is not None
+        submitted = job.timings.get("submitted_at")
+        if first.first_instruction_at is not None and submitted is not None:
+            self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
+        self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
+        for pod in lease.pods:
+            self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+        if self.book.live.get(job.id, job).cancel_requested:
+            await self.cancel(job.id)
+        await self.watch(job, attempt.id, lease.pods)
+
+    def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:
+        spec = job.spec
+        env = dict(spec.env)
+        env.update({
+            "FIREPOOL_CALLER": job.caller, "FIREPOOL_JOB_ID": job.id, "FIREPOOL_ATTEMPT_ID": aid,
+            "FIREPOOL_POOL": spec.pool, "FIREPOOL_POD": pod.name, "FIREPOOL_LEASE_TAG": spec.lease_tag,
+            "FIREPOOL_QUEUE": spec.queue, "FIREPOOL_ACQUISITION": pod.path,
+            "FIREPOOL_RANK": str(rank), "FIREPOOL_WORLD_SIZE": str(world),
+        })
+        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session_key(job),
+                             timeout_s=spec.timeout_s, extra=dict(spec.extra))
+
+    async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:
+        try:
+            return await self.backend.agent(pod.name).launch(request)
+        except FirepoolError as exc:
+            log.warning("launch of %s on %s failed: %s", request.attempt_id, pod.name, exc)
+            return None
+
+    async def _mark_running(self, job_id: str, aid: str, handed_off_at: float, first: AttemptStatus) -> None:
+        def mark(job: Job) -> Job:
+            attempt = job.current_attempt
+            if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid \
+                    or attempt.state is not AttemptState.LAUNCHING:
+                raise Abort
+            running = attempt.move(AttemptState.RUNNING, launched_at=first.started_at,
+                                   first_instruction_at=first.first_instruction_at)
+            times = {"handed_off_at": handed_off_at}
+            if first.first_instruction_at is not None:
+                times["first_instruction_at"] = first.first_instruction_at
+            return job.with_attempt(running).stamp(**times)
+
+        try:
+            await self.book.write(job_id, mark)
+        except FirepoolError as exc:
+            log.warning("recording the start of %s failed (the result write will carry it): %s", aid, exc)
+
+    async def _annotate(self, pod: Pod) -> None:
+        try:
+            await self.backend.annotate(pod.name, owner_annotations(pod))
+        except FirepoolError as exc:
+            log.debug("annotating %s failed: %s", pod.name, exc)
+
+    # ---------------------------------------------------------------- watch
+
+    async def watch(self, job: Job, aid: str, pods: Sequence[Pod]) -> None:
+        deadline = None
+        if job.spec.timeout_s is not None:
+            deadline = self.clock.now() + job.spec.timeout_s + BACKSTOP_S
+        waits = [asyncio.ensure_future(self._wait_rank(pod, aid, deadline)) for pod in pods]
+        statuses: list[AttemptStatus | None] = [None] * len(pods)
+        pending = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                rank = waits.index(task)
+                statuses[rank] = status = task.result()
+                if pending and (status is None or status.exit_code != 0):
+                    # One rank failed or was lost: the gang cannot finish; stop the others.
+                    await self._kill(aid, [pods[waits.index(t)] for t in pending])
+        await self.finish(job.id, aid, pods, statuses)
+
+    async def _wait_rank(self, pod: Pod, aid: str, deadline: float | None) -> AttemptStatus | None:
+        """Long-poll one rank until it exits; None when its agent stays unreachable (pod lost)."""
+        failures = 0
+        while True:
+            try:
+                status = await self.backend.agent(pod.name).wait(aid, WAIT_POLL_S)
+            except FirepoolError as exc:
+                failures += 1
+                if failures >= UNREACHABLE_AFTER:
+                    log.warning("pod %s lost while running %s: %s", pod.name, aid, exc)
+                    return None
+                await self.clock.sleep(0.5 * failures)
+                continue
+            failures = 0
+            if not status.running:
+                return status
+            if deadline is not None and self.clock.now() > deadline:
+                await self._kill(aid, [pod])
+
+    async def _kill(self, aid: str, pods: Sequence[Pod]) -> None:
+        for pod in pods:
+            try:
+                await self.backend.agent(pod.name).signal(aid, "KILL")
+            except FirepoolError:
+                pass
+
+    async def cancel(self, job_id: str) -> None:
+        """Kill a running attempt on the caller's request; the watch then finishes the job CANCELLED."""
+        aid = self.launched.get(job_id)
+        if aid is None:
+            return  # not launched yet: start() checks the flag after the gate
+        for pod in self.tracker.pods_of(job_id):
+            try:
+                await self.backend.agent(pod.name).cancel(aid, self.kill_grace_s)
+            except FirepoolError as exc:
+                log.warning("cancelling %s on %s failed: %s", aid, pod.name, exc)
+
+    # ---------------------------------------------------------------- finish
+
+    async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
+                      never_ran: bool = False, may_retry: bool = True) -> None:
+        """Copy logs, then commit the outcome and reset the pods in parallel."""
+        await self._collect_logs(aid, pods, statuses)
+        self.launched.pop(job_id, None)
+        lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
+        committed, _ = await asyncio.gather(self._commit_outcome(job_id, aid, statuses, never_ran, may_retry),
+                                            self._reset(job_id, pods, lost))
+        if committed is not None and committed.state is JobState.QUEUED:
+            self.requeue(committed)
+
+    async def _collect_logs(self, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]) -> None:
+        async def copy(rank: int, pod: Pod, stream: str) -> None:
+            agent = self.backend.agent(pod.name)
+            chunks, offset = [], 0
+            try:
+                while True:
+                    chunk = await agent.read_log(aid, stream, offset, 8 << 20)
+                    chunks.append(chunk.data)
+                    offset = chunk.next_offset
+                    if not chunk.data:
+                        break
+            except FirepoolError as exc:
+                log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
+            data = b"".join(chunks)
+            name = stream if rank == 0 else f"rank{rank}.{stream}"
+            if self.logs.blocking:
+                await asyncio.to_thread(self.logs.write, aid, name, data)
+            else:
+                self.logs.write(aid, name, data)
+
+        await asyncio.gather(*(copy(rank, pod, stream) for rank, pod in enumerate(pods)
+                               if statuses[rank] is not None for stream in STREAMS))
+
+    async def _commit_outcome(self, job_id: str, aid: str, statuses: Sequence[AttemptStatus | None],
+                              never_ran: bool, may_retry: bool) -> Job | None:
+        now = self.clock.now()
+        rank0 = statuses[0]
+        lost = any(s is None for s in statuses) and not never_ran
+        failed_rank = next((s for s in statuses[1:] if s is not None and s.exit_code != 0), None)
+
+        def outcome(job: Job) -> Job:
+            attempt = job.current_attempt
+            if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
+                raise Abort
+            cancelled = job.cancel_requested or bool(rank0 and rank0.cancelled)
+            exit_code = rank0.exit_code if rank0 is not None else None
+            if never_ran:
+                error, message = ErrorClass.CANCELLED, "cancelled before launch"
+            elif lost:
+                error, message = ErrorClass.POD_LOST, "a pod of the attempt was lost"
+            else:
+                assert rank0 is not None
+                error = rank0.error_class or describe_exit(rank0.exit_code, timed_out=rank0.timed_out,
+                                                           cancelled=cancelled, oom=rank0.oom, signal=rank0.signal)
+                message = rank0.message
+                if error is None and failed_rank is not None:
+                    error = failed_rank.error_class or describe_exit(failed_rank.exit_code, timed_out=failed_rank.timed_out,
+                                                                    oom=failed_rank.oom, signal=failed_rank.signal)
+                    message = "another rank failed"
+            if cancelled:
+                error = ErrorClass.CANCELLED
+            final = (AttemptState.SUCCEEDED if error is None else AttemptState.CANCELLED if cancelled
+                     else AttemptState.LOST if lost else AttemptState.FAILED)
+            changes = {"finished_at": now, "exit_code": exit_code, "error_class": error, "message": message}
+            if rank0 is not None:
+                changes.update(launched_at=attempt.launched_at or rank0.started_at,
+                               first_instruction_at=attempt.first_instruction_at or rank0.first_instruction_at)
+            if attempt.state is AttemptState.LAUNCHING and final is not AttemptState.LOST and not never_ran:
+                attempt = attempt.move(AttemptState.RUNNING)
+            job = job.with_attempt(attempt.move(final, **changes))
+            times = {}
+            if rank0 is not None and rank0.first_instruction_at is not None:
+                times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
+            if error is not None and not cancelled and may_retry and job.retries < job.spec.max_retries:
+                return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
+            state = (JobState.SUCCEEDED if error is None else JobState.CANCELLED if cancelled else JobState.FAILED)
+            return transition(job, state, now, exit_code=exit_code, error_class=error, error_message=message,
+                              timings=times)
+
+        try:
+            committed = await self.book.write(job_id, outcome)
+        except FirepoolError as exc:
+            # The store is down: the row stays RUNNING, and recovery finalises it from the agent's record.
+            log.error("recording the outcome of %s failed: %s", aid, exc)
+            return None
+        if committed is not None and committed.terminal:
+            self.stats.jobs_finished[(committed.spec.pool, str(committed.state))] += 1
+        return committed
+
+    async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
+        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted."""
+        job = self.book.live.get(job_id) or await self.book.get(job_id)
+        assert job is not None
+        spec = self.tracker.pool(job.spec.pool)
+        assert spec is not None
+        key = (job.caller, job.spec.queue, job.spec.lease_tag)
+        self.tracker.begin_reset(job_id, key)
+        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
+
+        async def reset_one(pod: Pod) -> None:
+            clean = False
+            if pod.name not in lost:
+                try:
+                    result = await self.backend.agent(pod.name).reset(request)
+                    clean = result.clean
+                    if not clean:
+                        log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
+                except AgentError as exc:
+                    log.warning("reset of %s failed: %s", pod.name, exc)
+            self.stats.resets[(pod.pool, clean)] += 1
+            if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
+                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+            else:
+                self.controller.delete_retiring(pod.name)
+
+        await asyncio.gather(*(reset_one(p) for p in pods))
+        opened, self._gate_opened = self._gate_opened, asyncio.Event()
+        opened.set()
+        self.wake_dispatcher()

@@ -1,0 +1,126 @@
+"""The job book: live jobs in memory, their versioned writes, group commit, and change notifications.
+
+Every write to a job row goes through `write(job_id, change)`: writes to one job are serialized, the
+change function sees the latest committed row, and the store applies it only if the row still has
+the version the change was computed from. Writes from different jobs that arrive together share one
+store transaction (group commit), so a busy SQL store pays one commit for many jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from broker.clock import Clock
+from broker.jobs import Job
+from broker.ports.store import JobStore
+
+T = TypeVar("T")
+
+
+class Abort(Exception):
+    """Raised by a change function to leave the row as it is."""
+
+
+class JobBook:
+    def __init__(self, store: JobStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self.live: dict[str, Job] = {}
+        """Non-terminal jobs, as last committed."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._pending: list[tuple[Job, int, asyncio.Future[bool]]] = []
+        self._flushing = False
+
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a store call, on a worker thread when the store blocks."""
+        if self.store.blocking:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def insert(self, job: Job) -> Job:
+        stored = await self.io(self.store.insert, job)
+        if not stored.terminal:
+            self.live.setdefault(stored.id, stored)
+        return stored
+
+    async def get(self, job_id: str) -> Job | None:
+        job = self.live.get(job_id)
+        if job is not None:
+            return job
+        return await self.io(self.store.get, job_id)
+
+    def adopt(self, job: Job) -> None:
+        """Take a job read from the store as the live copy (recovery, lost races)."""
+        if job.terminal:
+            self.live.pop(job.id, None)
+            self._locks.pop(job.id, None)
+        else:
+            self.live[job.id] = job
+        event = self._changed.pop(job.id, None)
+        if event is not None:
+            event.set()
+
+    async def write(self, job_id: str, change: Callable[[Job], Job]) -> Job | None:
+        """Apply `change` to the latest row and commit it version-checked.
+
+        Returns the committed job, the unchanged job when `change` aborts or returns its input, or None
+        when another writer moved the row first (the book then adopts the row the store holds).
+        """
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        async with lock:
+            current = await self.get(job_id)
+            if current is None:
+                return None
+            try:
+                updated = change(current)
+            except Abort:
+                return current
+            if updated is current:
+                return current
+            if await self._commit(updated, current.version):
+                self.adopt(updated)
+                return updated
+            fresh = await self.io(self.store.get, job_id)
+            if fresh is not None:
+                self.adopt(fresh)
+            return None
+
+    async def _commit(self, job: Job, expected: int) -> bool:
+        if not self.store.blocking:
+            return self.store.commit([(job, expected)])[0]
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, expected, future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush(), name="jobbook flush")
+        return await future
+
+    async def _flush(self) -> None:
+        """Commit everything pending in one transaction per round (group commit)."""
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await asyncio.to_thread(self.store.commit, [(j, e) for j, e, _ in batch])
+                except Exception as exc:  # the store's own error tree; every writer sees it
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, _, future), ok in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(ok)
+        finally:
+            self._flushing = False
+
+    async def wait_change(self, job_id: str, timeout: float) -> None:
+        """Wait until the job's row changes (or `timeout` passes)."""
+        event = self._changed.get(job_id)
+        if event is None:
+            event = self._changed[job_id] = asyncio.Event()
+        await self.clock.wait(event, timeout)

@@ -1,0 +1,165 @@
+"""Restart recovery: rebuild the tracker and the queue before the first dispatch.
+
+The store is authoritative for jobs, the pod records (annotations) for ownership. For each job the
+store says is RUNNING, the pods' agents are asked about its attempt: a live attempt is re-attached, one
+that finished during the outage is finalised without a retry, and one whose pods are gone, that no
+agent knows (never launched) or whose agent stays unreachable is re-queued under a new attempt id, its
+pods deleted or reset. Every other pod is reset with proof before it is trusted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker.errors import FirepoolError
+from broker.jobbook import Abort, JobBook
+from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
+from broker.pods import Pod, PodState, restore_owner
+from broker.ports.agent import AttemptStatus, ResetRequest
+from broker.ports.backend import Backend, PodInfo
+
+if TYPE_CHECKING:
+    from broker.control import ControlPlane
+
+log = logging.getLogger("firepool.recovery")
+
+PROBE_TRIES = 3
+
+
+@dataclass
+class RecoveryReport:
+    pods_adopted: int = 0
+    pods_deleted: int = 0
+    reattached: list[str] = field(default_factory=list)
+    finalised: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    queued: int = 0
+    holds_restored: int = 0
+
+
+async def _probe(backend: Backend, pod: str, aid: str) -> tuple[bool, AttemptStatus | None]:
+    """(reachable, status) of an attempt on a pod, with bounded retries."""
+    for attempt in range(PROBE_TRIES):
+        try:
+            return True, await backend.agent(pod).status(aid)
+        except FirepoolError:
+            await asyncio.sleep(0.2 * (attempt + 1))
+    return False, None
+
+
+async def _all_jobs(book: JobBook, state: JobState) -> list[Job]:
+    jobs: list[Job] = []
+    before: str | None = None
+    while True:
+        page = await book.io(lambda b=before: book.store.list_jobs(states=[state], limit=1000, before=b))
+        jobs.extend(page)
+        if len(page) < 1000:
+            return jobs
+        before = page[-1].id
+
+
+async def recover(cp: ControlPlane) -> RecoveryReport:
+    """Rebuild tracker, queue and attempt watchers from the backend and the store."""
+    report = RecoveryReport()
+    now = cp.clock.now()
+    infos: dict[str, PodInfo] = {}
+    for info in await cp.backend.list_pods():
+        if info.pool not in cp.catalog.pools:
+            await _delete(cp, info.name, report)
+            continue
+        infos[info.name] = info
+    running = await _all_jobs(cp.book, JobState.RUNNING)
+
+    for job in running:
+        cp.book.adopt(job)
+        attempt = job.current_attempt
+        pods_here = [infos[n] for n in job.pods if n in infos]
+        if attempt is None or len(pods_here) != len(job.pods):
+            await _requeue(cp, job, "its pods are gone", report)
+            for info in pods_here:
+                infos.pop(info.name)
+                await _delete(cp, info.name, report)
+            continue
+        probes = await asyncio.gather(*(_probe(cp.backend, n, attempt.id) for n in job.pods))
+        if not all(reachable for reachable, _ in probes):
+            await _requeue(cp, job, "an agent of its pods stayed unreachable", report)
+            for name in job.pods:
+                infos.pop(name)
+                await _delete(cp, name, report)
+            continue
+        statuses = [status for _, status in probes]
+        if all(s is None for s in statuses):
+            await _requeue(cp, job, "no agent ever started it", report)
+            continue  # its pods are reset below like any unbound pod
+        pods = [_adopt_pod(cp, infos.pop(n), report) for n in job.pods]
+        cp.tracker.adopt_running(job.id, job.pods, job.caller)
+        if any(s is not None and s.running for s in statuses):
+            cp.executor.launched[job.id] = attempt.id
+            cp.tasks.spawn(f"watch {attempt.id}", cp.executor.watch(job, attempt.id, pods))
+            report.reattached.append(job.id)
+        else:
+            cp.executor.launched[job.id] = attempt.id
+            cp.tasks.spawn(f"finish {attempt.id}",
+                           cp.executor.finish(job.id, attempt.id, pods, statuses, may_retry=False))
+            report.finalised.append(job.id)
+
+    async def settle(info: PodInfo) -> None:
+        spec = cp.catalog.pools[info.pool]
+        try:
+            result = await cp.backend.agent(info.name).reset(ResetRequest(wipe_paths=spec.wipe_paths,
+                                                                          keep_paths=spec.keep_paths))
+            clean = result.clean
+        except FirepoolError:
+            clean = False
+        if not clean:
+            await _delete(cp, info.name, report)
+            return
+        pod = _adopt_pod(cp, info, report)
+        if pod.held(now):
+            report.holds_restored += 1
+
+    await asyncio.gather(*(settle(info) for info in infos.values()))
+
+    for job in await _all_jobs(cp.book, JobState.QUEUED):
+        cp.book.adopt(job)
+        cp.dispatcher.enqueue(job)
+        report.queued += 1
+    return report
+
+
+def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport) -> Pod:
+    pod = Pod(info.name, info.pool, info.gpus, state=PodState.IDLE, template=info.template,
+              created_at=info.created_at)
+    restore_owner(pod, info.annotations)
+    pod.job = None
+    cp.tracker.add(pod)
+    report.pods_adopted += 1
+    return pod
+
+
+async def _delete(cp: ControlPlane, name: str, report: RecoveryReport) -> None:
+    try:
+        await cp.backend.delete(name)
+        report.pods_deleted += 1
+    except FirepoolError as exc:
+        log.warning("recovery could not delete pod %s: %s", name, exc)
+
+
+async def _requeue(cp: ControlPlane, job: Job, why: str, report: RecoveryReport) -> None:
+    """RUNNING -> QUEUED without consuming a retry; the next execution gets a new attempt id."""
+    now = cp.clock.now()
+
+    def requeue(current: Job) -> Job:
+        attempt = current.current_attempt
+        if current.state is not JobState.RUNNING or attempt is None:
+            raise Abort
+        lost = attempt.move(AttemptState.LOST, finished_at=now, error_class=ErrorClass.POD_LOST,
+                            message=f"recovery: {why}")
+        return transition(current.with_attempt(lost), JobState.QUEUED, now, pods=())
+
+    if await cp.book.write(job.id, requeue) is not None:
+        report.requeued.append(job.id)
+        log.info("recovery re-queued %s: %s", job.id, why)

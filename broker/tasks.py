@@ -1,0 +1,53 @@
+"""Supervised background work: every task starts here, named, and its failure is logged, never lost.
+
+A failing *critical* task (the dispatch loop, the pool controller) stops the broker: `failed` is set and
+the server shuts down cleanly instead of limping on without a dispatcher. Per-job tasks are not
+critical; their owners handle expected errors, and anything unexpected is logged with the task name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger("firepool.tasks")
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.failed = asyncio.Event()
+        self.failure: BaseException | None = None
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any], *, critical: bool = False) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(lambda t: self._done(t, critical))
+        return task
+
+    def _done(self, task: asyncio.Task[Any], critical: bool) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        log.error("task %s failed", task.get_name(), exc_info=exc)
+        if critical and self.failure is None:
+            self.failure = exc
+            self.failed.set()
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Cancel every task and wait (bounded) for them to finish."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    async def idle(self) -> None:
+        """Wait until no task is left (tests use it to drain per-job work)."""
+        while self.tasks:
+            await asyncio.wait(list(self.tasks))

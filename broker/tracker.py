@@ -1,0 +1,462 @@
+"""The in-memory pod tracker: every pod indexed by name, pool, caller, session and job behind ONE lock.
+
+A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
+the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
+Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
+Search order inside a pool: the session's own idle pod (warm) -> a never-used idle pod (warm, or new
+when it was created for demand) -> the caller's pod from another session (recycled: runs once, then
+retires) -> a new pod (the caller waits; the shortfall is demand for the pool controller).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from broker.pods import Origin, Path, Pod, PodState, SessionKey
+from broker.pools import CallerLimits, PoolSpec
+
+_IDLE = PodState.IDLE
+_ASSIGNED = PodState.ASSIGNED
+_RUNNING = PodState.RUNNING
+_RESETTING = PodState.RESETTING
+_RETIRING = PodState.RETIRING
+
+REASON_NO_SESSION_POD = "no idle pod of this session"
+REASON_NEW_SESSION = "new session: ran once on the caller's previous pod, which then retires"
+REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
+REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
+REASON_SINGLE_USE = "single_use: a pod created for this job"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a job asks the tracker for."""
+
+    job_id: str
+    caller: str
+    pool: str
+    queue: str = "default"
+    tag: str = ""
+    pods: int = 1
+    single_use: bool = False
+
+
+class Lease:
+    """A claimed pod set, in rank order, and what it counts against its caller's limits."""
+
+    __slots__ = ("job_id", "caller", "pods", "gpus")
+
+    def __init__(self, job_id: str, caller: str, pods: tuple[Pod, ...], gpus: int) -> None:
+        self.job_id = job_id
+        self.caller = caller
+        self.pods = pods
+        self.gpus = gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a claim took nothing; `missing` pods count as demand."""
+
+    reason: str
+    missing: int
+
+
+class _Bucket:
+    """One pool's idle indexes."""
+
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint")
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self.hint = spec.reuse_tag == "hint"
+        self.fresh: dict[str, Pod] = {}
+        """Idle pods no job has used, not reserved."""
+        self.by_key: dict[SessionKey, dict[str, Pod]] = {}
+        """Idle used pods by the session that used them last."""
+        self.by_caller: dict[str, dict[str, Pod]] = {}
+        """Idle used pods by their last caller (any session)."""
+
+
+class Tracker:
+    """Pods by name, pool, caller, session and job; one lock over all of it."""
+
+    def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[str, _Bucket] = {name: _Bucket(spec) for name, spec in pools.items()}
+        self._limits: dict[str, CallerLimits] = dict(limits or {})
+        """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
+        self.pods: dict[str, Pod] = {}
+        self._leases: dict[str, Lease] = {}
+        self._reserved: dict[str, list[Pod]] = {}
+        """Idle single-use pods by the job they were created for."""
+        self._usage: dict[str, list[int]] = {}
+        """caller -> [gpus, pods] held by its assigned and running jobs."""
+        self._gate: dict[str, str] = {}
+        """GPU key -> the pod running a job on it (the per-GPU gate)."""
+
+    # ---------------------------------------------------------------- membership
+
+    def add(self, pod: Pod) -> None:
+        """Track a new pod (STARTING, or IDLE when recovery restores it)."""
+        with self._lock:
+            if pod.name in self.pods:
+                raise ValueError(f"pod {pod.name} is already tracked")
+            self.pods[pod.name] = pod
+            if pod.state is _IDLE:
+                self._index_idle(pod)
+
+    def ready(self, name: str, now: float, gpus: tuple[str, ...] = ()) -> bool:
+        """STARTING -> IDLE with the devices the backend bound; False when it is no longer starting."""
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state is not PodState.STARTING:
+                return False
+            pod.gpus = gpus
+            pod.move(_IDLE)
+            pod.idle_since = now
+            self._index_idle(pod)
+            return True
+
+    def retire(self, name: str, *, only_if_idle_since: float | None = None) -> Pod | None:
+        """Move a pod to RETIRING (from STARTING, IDLE or RESETTING); None when it is busy or gone.
+
+        With `only_if_idle_since`, retire only if the pod is still idle since that time (the
+        controller decided on a snapshot without the lock; a claim since then wins).
+        """
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state in (_ASSIGNED, _RUNNING, _RETIRING):
+                return None
+            if only_if_idle_since is not None and (pod.state is not _IDLE or pod.idle_since != only_if_idle_since):
+                return None
+            if pod.state is _IDLE:
+                self._unindex_idle(pod)
+            pod.move(_RETIRING)
+            self._leave_gate(pod)
+            return pod
+
+    def remove(self, name: str) -> None:
+        """RETIRING -> GONE: the backend deleted it."""
+        with self._lock:
+            pod = self.pods.pop(name, None)
+            if pod is not None:
+                pod.move(PodState.GONE)
+
+    # ---------------------------------------------------------------- claim path
+
+    def claim(self, want: Claim, now: float) -> Lease | Shortfall:
+        """Take the job's whole pod set, or nothing. The one step under the lock."""
+        with self._lock:
+            bucket = self._buckets.get(want.pool)
+            if bucket is None:
+                return Shortfall(f"unknown pool {want.pool}", 0)
+            if self._limits and self._over_limit(want, bucket.spec.gpus):
+                return Shortfall("caller quota", want.pods)
+            if want.single_use:
+                picked = self._pick_reserved(want)
+            elif want.pods == 1 and (own := bucket.by_key.get((want.caller, want.queue, want.tag))):
+                # Fast path: the session's own idle pod, the common case of a warm loop.
+                picked = None
+                gate = self._gate
+                for pod in reversed(own.values()):
+                    if not gate or self._gate_open(pod):
+                        picked = ((pod, Path.WARM, None),)
+                        break
+                if picked is None:
+                    picked = self._pick(bucket, want)
+            else:
+                picked = self._pick(bucket, want)
+            if isinstance(picked, Shortfall):
+                return picked
+            job_id = want.job_id
+            for pod, path, reason in picked:
+                if pod.state is _IDLE:
+                    self._unindex_idle(pod)
+                pod.move(_ASSIGNED)
+                pod.job = job_id
+                pod.path = path
+                pod.reason = reason
+                if path is Path.RECYCLED:
+                    pod.retire = True
+            n = len(picked)
+            lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus)
+            self._leases[job_id] = lease
+            usage = self._usage.get(want.caller)
+            if usage is None:
+                self._usage[want.caller] = [lease.gpus, n]
+            else:
+                usage[0] += lease.gpus
+                usage[1] += n
+            return lease
+
+    def _over_limit(self, want: Claim, gpus_per_pod: int) -> bool:
+        limits = self._limits.get(want.caller) or self._limits.get("default")
+        if limits is None:
+            return False
+        held_gpus, held_pods = self._usage.get(want.caller) or (0, 0)
+        return ((limits.max_pods is not None and held_pods + want.pods > limits.max_pods)
+                or (limits.max_gpus is not None and held_gpus + want.pods * gpus_per_pod > limits.max_gpus))
+
+    def _gate_open(self, pod: Pod) -> bool:
+        """No other pod runs a job on any of this pod's GPUs."""
+        gate = self._gate
+        for g in pod.gpus:
+            holder = gate.get(g)
+            if holder is not None and holder != pod.name:
+                return False
+        return True
+
+    def _pick(self, bucket: _Bucket, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
+        """The general search: whole set in search order, or a shortfall that takes nothing."""
+        n = want.pods
+        key = (want.caller, want.queue, want.tag)
+        picked: list[tuple[Pod, str, str | None]] = []
+        taken: set[str] = set()
+
+        def usable(pod: Pod) -> bool:
+            return pod.name not in taken and self._gate_open(pod)
+
+        own = bucket.by_key.get(key)
+        if own:
+            for pod in reversed(own.values()):
+                if usable(pod):
+                    picked.append((pod, Path.WARM, None))
+                    taken.add(pod.name)
+                    if len(picked) == n:
+                        return picked
+        mine = bucket.by_caller.get(want.caller)
+        if bucket.hint and mine:
+            for pod in reversed(mine.values()):
+                if pod.key is not None and pod.key[1] == want.queue and usable(pod):
+                    picked.append((pod, Path.WARM, REASON_TAG_HINT))
+                    taken.add(pod.name)
+                    if len(picked) == n:
+                        return picked
+        for pod in reversed(bucket.fresh.values()):
+            if usable(pod):
+                path = Path.NEW if pod.origin is Origin.DEMAND else Path.WARM
+                picked.append((pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD))
+                taken.add(pod.name)
+                if len(picked) == n:
+                    return picked
+        if mine:
+            for pod in reversed(mine.values()):
+                if usable(pod):
+                    picked.append((pod, Path.RECYCLED, REASON_NEW_SESSION))
+                    taken.add(pod.name)
+                    if len(picked) == n:
+                        return picked
+        return Shortfall("no idle pod", n - len(picked))
+
+    def _pick_reserved(self, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
+        ready = self._reserved.get(want.job_id, [])
+        if len(ready) < want.pods:
+            return Shortfall("single-use pod starting", want.pods - len(ready))
+        del self._reserved[want.job_id]
+        return [(pod, Path.NEW, REASON_SINGLE_USE) for pod in ready[: want.pods]]
+
+    def unclaim(self, job_id: str, now: float) -> None:
+        """ASSIGNED -> IDLE: the binding did not commit, so no user code ran; the pods are untouched."""
+        with self._lock:
+            lease = self._leases.pop(job_id, None)
+            if lease is None:
+                return
+            for pod in lease.pods:
+                pod.move(_IDLE)
+                pod.job = None
+                pod.retire = False
+                self._index_idle(pod)
+            self._unuse(lease)
+
+    def start(self, job_id: str) -> bool:
+        """ASSIGNED -> RUNNING, taking each pod's GPUs through the per-GPU gate.
+
+        False (and nothing changes) when another pod still runs on one of the GPUs: at most one pod
+        per physical GPU runs a job at a time; the caller retries when that pod's reset is verified.
+        """
+        with self._lock:
+            lease = self._leases.get(job_id)
+            pods = lease.pods if lease else ()
+            gate = self._gate
+            for pod in pods:
+                if gate and not self._gate_open(pod):
+                    return False
+            for pod in pods:
+                pod.move(_RUNNING)
+                pod.used = True
+                for g in pod.gpus:
+                    gate[g] = pod.name
+            return True
+
+    def begin_reset(self, job_id: str, key: SessionKey) -> tuple[Pod, ...]:
+        """RUNNING (or ASSIGNED) -> RESETTING for every pod of the job; `key` becomes the owner."""
+        with self._lock:
+            lease = self._leases.pop(job_id, None)
+            return self._begin_reset(lease, key) if lease is not None else ()
+
+    def finish_reset(self, name: str, clean: bool, now: float, hold_seconds: float) -> bool:
+        """RESETTING -> IDLE held for its owner when clean and reusable; else -> RETIRING.
+
+        Returns True when the pod went back to the pool. The pod leaves the per-GPU gate here,
+        after the agent verified that the previous job's processes are gone.
+        """
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state is not _RESETTING:
+                return False
+            return self._finish_reset(pod, clean, now, hold_seconds)
+
+    def release(self, job_id: str, key: SessionKey, now: float, hold_seconds: float) -> None:
+        """begin_reset + a clean finish_reset in one step, for resets known to be clean (fakes, benchmarks)."""
+        with self._lock:
+            lease = self._leases.pop(job_id, None)
+            if lease is not None:
+                for pod in self._begin_reset(lease, key):
+                    self._finish_reset(pod, True, now, hold_seconds)
+
+    def _begin_reset(self, lease: Lease, key: SessionKey) -> tuple[Pod, ...]:
+        for pod in lease.pods:
+            if pod.state is _ASSIGNED:  # the launch never went out; the pod may still be dirty
+                pod.move(_RUNNING)
+            pod.move(_RESETTING)
+            pod.caller = key[0]
+            pod.key = key
+            pod.job = None
+        self._unuse(lease)
+        return lease.pods
+
+    def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
+        if pod.gpus:
+            self._leave_gate(pod)
+        if not clean or pod.retire or pod.origin is Origin.SINGLE_USE:
+            pod.move(_RETIRING)
+            return False
+        pod.move(_IDLE)
+        pod.idle_since = now
+        pod.hold_until = now + hold_seconds
+        self._index_idle(pod)
+        return True
+
+    def lost(self, name: str) -> Pod | None:
+        """A pod vanished or its agent stays unreachable: RETIRING from any live state."""
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state in (_RETIRING, PodState.GONE):
+                return None
+            if pod.state is _IDLE:
+                self._unindex_idle(pod)
+            if pod.state is _ASSIGNED:
+                pod.move(_RUNNING)
+            if pod.state is _RUNNING:
+                pod.move(_RESETTING)
+            pod.move(_RETIRING)
+            self._leave_gate(pod)
+            return pod
+
+    def reserve(self, pod: Pod, job_id: str) -> None:
+        """Mark a STARTING pod as created for one single-use job."""
+        with self._lock:
+            pod.reserved_for = job_id
+
+    # ---------------------------------------------------------------- recovery
+
+    def adopt_running(self, job_id: str, names: Iterable[str], caller: str) -> None:
+        """Recovery: re-attach a live attempt's pods (IDLE -> ASSIGNED -> RUNNING) without a claim."""
+        with self._lock:
+            pods = tuple(self.pods[n] for n in names)
+            for pod in pods:
+                if pod.state is _IDLE:
+                    self._unindex_idle(pod)
+                pod.move(_ASSIGNED)
+                pod.move(_RUNNING)
+                pod.job = job_id
+                pod.used = True
+                for g in pod.gpus:
+                    self._gate[g] = pod.name
+            lease = Lease(job_id, caller, pods, sum(len(p.gpus) for p in pods))
+            self._leases[job_id] = lease
+            usage = self._usage.setdefault(caller, [0, 0])
+            usage[0] += lease.gpus
+            usage[1] += len(pods)
+
+    # ---------------------------------------------------------------- views
+
+    def snapshot(self) -> list[Pod]:
+        """All tracked pods (a list copy; fields may move on, re-check under the lock before acting)."""
+        return list(self.pods.values())
+
+    def pods_of(self, job_id: str) -> tuple[Pod, ...]:
+        lease = self._leases.get(job_id)
+        return lease.pods if lease else ()
+
+    def usage(self, caller: str) -> tuple[int, int]:
+        """(gpus, pods) the caller's assigned and running jobs hold."""
+        held = self._usage.get(caller)
+        return (held[0], held[1]) if held else (0, 0)
+
+    def pool(self, name: str) -> PoolSpec | None:
+        bucket = self._buckets.get(name)
+        return bucket.spec if bucket else None
+
+    def update_pools(self, pools: Mapping[str, PoolSpec]) -> None:
+        """Apply a changed catalog (new pools appear; changed specs take effect on the next claim)."""
+        with self._lock:
+            for name, spec in pools.items():
+                bucket = self._buckets.get(name)
+                if bucket is None:
+                    self._buckets[name] = _Bucket(spec)
+                else:
+                    bucket.spec = spec
+                    bucket.hint = spec.reuse_tag == "hint"
+
+    # ---------------------------------------------------------------- internals (lock held)
+
+    def _index_idle(self, pod: Pod) -> None:
+        if pod.reserved_for is not None:
+            self._reserved.setdefault(pod.reserved_for, []).append(pod)
+            return
+        bucket = self._buckets[pod.pool]
+        if pod.key is None:
+            bucket.fresh[pod.name] = pod
+            return
+        own = bucket.by_key.get(pod.key)
+        if own is None:
+            bucket.by_key[pod.key] = {pod.name: pod}
+        else:
+            own[pod.name] = pod
+        mine = bucket.by_caller.get(pod.key[0])
+        if mine is None:
+            bucket.by_caller[pod.key[0]] = {pod.name: pod}
+        else:
+            mine[pod.name] = pod
+
+    def _unindex_idle(self, pod: Pod) -> None:
+        if pod.reserved_for is not None:
+            ready = self._reserved.get(pod.reserved_for)
+            if ready and pod in ready:
+                ready.remove(pod)
+            return
+        bucket = self._buckets[pod.pool]
+        if pod.key is None:
+            del bucket.fresh[pod.name]
+            return
+        own = bucket.by_key[pod.key]
+        del own[pod.name]
+        if not own:
+            del bucket.by_key[pod.key]
+        mine = bucket.by_caller[pod.key[0]]
+        del mine[pod.name]
+        if not mine:
+            del bucket.by_caller[pod.key[0]]
+
+    def _unuse(self, lease: Lease) -> None:
+        usage = self._usage[lease.caller]
+        usage[0] -= lease.gpus
+        usage[1] -= len(lease.pods)
+
+    def _leave_gate(self, pod: Pod) -> None:
+        for g in pod.gpus:
+            if self._gate.get(g) == pod.name:
+                del self._gate[g]

@@ -1,0 +1,91 @@
+"""A control plane over the in-memory store, fake backend and virtual clock, driven tick by tick."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from broker.clock import VirtualClock
+from broker.control import ControlPlane, Tuning
+from broker.jobs import Job, JobSpec
+from broker.pools import CallerLimits, Catalog, PoolSpec
+from broker.ports.backend import FakeBackend
+from broker.ports.logs import MemoryLogStore
+from broker.ports.store import MemoryJobStore
+
+
+class Harness:
+    def __init__(self, pools: list[PoolSpec], *, gpus: int = 0, start_delay: float = 0.0,
+                 limits: dict[str, CallerLimits] | None = None, store: MemoryJobStore | None = None,
+                 backend: FakeBackend | None = None, clock: VirtualClock | None = None) -> None:
+        self.clock = clock or VirtualClock()
+        self.store = store or MemoryJobStore()
+        self.backend = backend or FakeBackend(self.clock, gpus=gpus, start_delay=start_delay)
+        self.logs = MemoryLogStore()
+        self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=limits or {})
+        self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=self.logs,
+                               catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0))
+
+    async def start(self) -> Harness:
+        await self.cp.start()
+        await self.spin()
+        return self
+
+    async def stop(self) -> None:
+        await self.cp.tasks.stop()
+
+    async def spin(self, rounds: int = 30) -> None:
+        """Let every ready task run (no time passes)."""
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+
+    async def run_for(self, seconds: float, step: float = 0.05) -> None:
+        """Advance virtual time in small steps, letting tasks run at each."""
+        end = self.clock.now() + seconds
+        while self.clock.now() < end - 1e-9:
+            await self.spin()
+            self.clock.advance(min(step, end - self.clock.now()))
+        await self.spin()
+
+    async def until(self, cond: Callable[[], bool], timeout: float = 60.0, step: float = 0.05) -> None:
+        end = self.clock.now() + timeout
+        while not cond():
+            if self.clock.now() >= end:
+                raise AssertionError(f"condition not reached within {timeout} s of virtual time")
+            await self.run_for(step, step)
+
+    async def submit(self, caller: str = "alice", **fields: object) -> Job:
+        fields.setdefault("pool", "cpu")
+        fields.setdefault("command", ("sleep", "1"))
+        fields["command"] = tuple(fields["command"])  # type: ignore[arg-type]
+        job, _ = await self.cp.submit(caller, JobSpec(**fields))  # type: ignore[arg-type]
+        await self.spin()
+        return job
+
+    async def finish(self, job: Job, timeout: float = 60.0) -> Job:
+        """Run until the job is terminal; returns its final row."""
+        await self.until(lambda: (self.store.get(job.id) or job).terminal, timeout)
+        await self.spin()
+        final = self.store.get(job.id)
+        assert final is not None
+        return final
+
+    async def run_job(self, caller: str = "alice", **fields: object) -> Job:
+        return await self.finish(await self.submit(caller, **fields))
+
+    def paths(self, job: Job) -> list[str]:
+        return [a.path for a in job.acquisition]
+
+
+def cpu_pool(**overrides: object) -> PoolSpec:
+    values: dict[str, object] = {"name": "cpu", "max_count": 4, "max_idle_count": 4, "idle_timeout": 300.0,
+                                 "caller_hold_seconds": 60.0, "step": 4}
+    values.update(overrides)
+    return PoolSpec(**values)  # type: ignore[arg-type]
+
+
+def gpu_pool(**overrides: object) -> PoolSpec:
+    values: dict[str, object] = {"name": "gpu", "gpus": 1, "accelerator": "fake-gpu", "max_count": 2,
+                                 "idle_timeout": 300.0, "caller_hold_seconds": 60.0, "step": 2}
+    values.update(overrides)
+    return PoolSpec(**values)  # type: ignore[arg-type]

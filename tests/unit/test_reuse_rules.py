@@ -1,0 +1,112 @@
+"""The reuse rules of DESIGN.md, pinned on the virtual clock with the fake backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.jobs import JobState
+from broker.pods import PodState
+from tests.unit.harness import Harness, cpu_pool
+
+
+@pytest.fixture
+async def h():
+    harness = await Harness([cpu_pool()]).start()
+    yield harness
+    await harness.stop()
+
+
+async def test_same_caller_and_tag_reuses_the_warm_pod(h: Harness) -> None:
+    first = await h.run_job(lease_tag="conv-1")
+    second = await h.run_job(lease_tag="conv-1")
+    assert first.state is JobState.SUCCEEDED and second.state is JobState.SUCCEEDED
+    assert h.paths(first) == ["new"]
+    assert h.paths(second) == ["warm"]
+    assert second.pods == first.pods
+    assert second.acquisition[0].reason is None
+
+
+async def test_three_concurrent_callers_never_share_a_pod(h: Harness) -> None:
+    jobs = []
+    for _round in range(3):
+        for caller in ("alice", "bob", "carol"):
+            jobs.append(await h.submit(caller, lease_tag="t", command=("sleep", "2")))
+        for job in jobs[-3:]:
+            await h.finish(job)
+    finals = [h.store.get(j.id) for j in jobs]
+    callers_by_pod: dict[str, set[str]] = {}
+    for job in finals:
+        assert job is not None and job.state is JobState.SUCCEEDED
+        callers_by_pod.setdefault(job.pods[0], set()).add(job.caller)
+    assert all(len(callers) == 1 for callers in callers_by_pod.values()), callers_by_pod
+    later = [j for j in finals[3:] if j is not None]
+    assert all(h.paths(j) == ["warm"] for j in later)
+
+
+async def test_new_tag_runs_once_on_the_old_pod_then_it_retires(h: Harness) -> None:
+    first = await h.run_job(lease_tag="session-a")
+    agent = h.backend.agents[first.pods[0]]
+    second = await h.run_job(lease_tag="session-b")
+    assert h.paths(second) == ["recycled"]
+    assert second.pods == first.pods
+    assert "new session" in (second.acquisition[0].reason or "")
+    assert agent.workspace_wiped == 1  # the second session started on an emptied workspace
+    await h.run_for(1.0)
+    assert first.pods[0] in h.backend.deleted
+    third = await h.run_job(lease_tag="session-b")
+    assert third.pods != first.pods
+
+
+async def test_hold_expiry_retires_the_pod(h: Harness) -> None:
+    job = await h.run_job(lease_tag="t")
+    pod = h.cp.tracker.pods[job.pods[0]]
+    assert pod.held(h.clock.now())
+    await h.run_for(59.0)
+    assert job.pods[0] not in h.backend.deleted
+    await h.run_for(2.5)
+    assert job.pods[0] in h.backend.deleted
+    assert pod.state is PodState.GONE
+
+
+async def test_another_caller_never_gets_a_held_pod_even_at_the_ceiling() -> None:
+    h = await Harness([cpu_pool(max_count=1)]).start()
+    try:
+        alice = await h.run_job("alice", lease_tag="t")
+        bob = await h.submit("bob", lease_tag="t")
+        await h.run_for(30.0)
+        assert h.store.get(bob.id).state is JobState.QUEUED  # type: ignore[union-attr]
+        bob_done = await h.finish(bob, timeout=60.0)
+        assert bob_done.pods != alice.pods
+        assert h.paths(bob_done) == ["new"]
+    finally:
+        await h.stop()
+
+
+async def test_unclean_reset_deletes_the_pod_and_the_next_job_gets_a_new_one(h: Harness) -> None:
+    first = await h.submit(lease_tag="t", command=("sleep", "1"))
+    await h.until(lambda: bool(h.store.get(first.id).pods))  # type: ignore[union-attr]
+    pod_name = h.store.get(first.id).pods[0]  # type: ignore[union-attr]
+    h.backend.agents[pod_name].unclean_next_reset = True
+    await h.finish(first)
+    await h.run_for(0.5)
+    assert pod_name in h.backend.deleted
+    second = await h.run_job(lease_tag="t")
+    assert second.pods[0] != pod_name
+    assert h.paths(second) == ["new"]
+    assert h.cp.stats.resets[("cpu", False)] == 1
+
+
+async def test_reuse_tag_hint_keeps_the_pod_across_tags() -> None:
+    h = await Harness([cpu_pool(reuse_tag="hint")]).start()
+    try:
+        first = await h.run_job(lease_tag="a")
+        second = await h.run_job(lease_tag="b")
+        assert second.pods == first.pods
+        assert h.paths(second) == ["warm"]
+        assert "hint" in (second.acquisition[0].reason or "")
+        await h.run_for(1.0)
+        assert first.pods[0] not in h.backend.deleted
+        other_queue = await h.run_job(lease_tag="b", queue="eval")
+        assert h.paths(other_queue) == ["recycled"]
+    finally:
+        await h.stop()

@@ -1,0 +1,241 @@
+"""`SqlJobStore`: the durable `JobStore` on SQLite, MySQL/MariaDB or PostgreSQL via SQLAlchemy Core.
+
+Errors leaving this module, all raised `from` the library error they translate (`_translated`):
+
+    StoreError (503, retryable)   any SQLAlchemy / driver / Alembic / file-system failure, and a
+                                  schema that is not at head
+    InvalidRequest (422)          a name longer than its column (rows.py), refused the same everywhere
+    ValueError                    a programming error: duplicate job id, a timing field with no column
+    (a lost version race is not an error: `commit` reports it as False)
+
+Deadlocks, serialization failures and dropped connections are retried (three tries) when they
+happen before COMMIT, since the database then rolled the whole transaction back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from alembic.util import CommandError
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from broker.clock import Clock, RealClock
+from broker.errors import StoreError
+from broker.jobs import Job, JobState
+from broker.store import migrating, rows
+from broker.store.engines import WRITE, create_store_engine, normalize_url
+from broker.store.schema import attempts, jobs
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRIES = 3
+_RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL: serialization failure, deadlock detected
+_RETRY_MYSQL_CODES = {1205, 1213}  # MySQL: lock wait timeout, deadlock
+
+
+@contextlib.contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    """The one place library errors become `StoreError`."""
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"job store {operation} failed: {_describe(exc)}",
+                         {"operation": operation, "cause": type(exc).__name__}) from exc
+    except (CommandError, OSError) as exc:
+        raise StoreError(f"job store {operation} failed: {exc}", {"operation": operation}) from exc
+
+
+def _describe(exc: sa.exc.SQLAlchemyError) -> str:
+    # The driver's message, never SQLAlchemy's, which would echo the statement and the job's values.
+    cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
+def _transient(exc: sa.exc.DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
+        return True
+    code = orig.args[0] if orig is not None and orig.args else None
+    return isinstance(code, int) and code in _RETRY_MYSQL_CODES
+
+
+class SqlJobStore:
+    """Jobs and attempts in SQL; every job-row write is conditional on the row version."""
+
+    blocking = True
+
+    def __init__(self, engine: sa.Engine, *, clock: Clock | None = None) -> None:
+        self._engine = engine
+        self._clock = clock or RealClock()
+        self._update = jobs.update().where(jobs.c.id == sa.bindparam("w_id"),
+                                           jobs.c.version == sa.bindparam("w_version"))
+        self._upsert_attempts = _attempt_upsert(engine.dialect.name)
+        self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
+
+    @classmethod
+    def open(cls, url: str, *, migrate: bool = True, clock: Clock | None = None) -> SqlJobStore:
+        """Connect to `url`, upgrade the schema to head (or check it is there), and return the store."""
+        with _translated("open"):
+            engine = create_store_engine(url)
+            try:
+                head = migrating.head_revision()
+                if migrate:
+                    migrating.upgrade(engine)
+                current = migrating.current_revision(engine)
+                if current != head:
+                    raise StoreError(f"job store schema is at {current}, this broker needs {head}; "
+                                     "run the migrations", {"operation": "open", "current": current,
+                                                            "head": head})
+            except BaseException:
+                engine.dispose()
+                raise
+        log.info("job store %s at schema %s",
+                 normalize_url(url).render_as_string(hide_password=True), head)
+        return cls(engine, clock=clock)
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self._engine
+
+    def insert(self, job: Job) -> Job:
+        row = rows.job_row(job, self._clock.now())
+        attempt_rows = rows.attempt_rows(job)
+
+        def write(conn: sa.Connection) -> None:
+            conn.execute(jobs.insert(), row)
+            if attempt_rows:
+                conn.execute(attempts.insert(), attempt_rows)
+
+        with _translated("insert"):
+            try:
+                self._run(write, writes=True)
+                return job
+            except sa.exc.IntegrityError as exc:
+                # Either (caller, idempotency_key) or the id already exists; the failed transaction is
+                # gone, so look in a fresh one. A concurrent insert of the same key has committed by
+                # now: PostgreSQL and InnoDB make the loser wait for it before reporting the conflict.
+                existing = self._existing(job)
+                if existing is not None:
+                    return existing
+                if self.get(job.id) is not None:
+                    raise ValueError(f"duplicate job id {job.id}") from exc
+                raise
+
+    def _existing(self, job: Job) -> Job | None:
+        key = job.spec.idempotency_key
+        if key is None:
+            return None
+        found = self._select(sa.and_(jobs.c.caller == job.caller, jobs.c.idempotency_key == key), limit=None)
+        return found[0] if found else None
+
+    def get(self, job_id: str) -> Job | None:
+        with _translated("get"):
+            found = self._select(jobs.c.id == job_id, limit=None)
+        return found[0] if found else None
+
+    def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
+                  limit: int = 100, before: str | None = None) -> list[Job]:
+        """Newest first; `before` pages by job id."""
+        where = []
+        if caller is not None:
+            where.append(jobs.c.caller == caller)
+        if states is not None:
+            where.append(jobs.c.state.in_([str(s) for s in states]))
+        if before is not None:
+            where.append(jobs.c.id < before)
+        if limit <= 0:
+            return []
+        with _translated("list_jobs"):
+            return self._select(sa.and_(sa.true(), *where), limit=limit)
+
+    def _select(self, where: sa.ColumnElement[bool], *, limit: int | None) -> list[Job]:
+        # One statement, so the job row and its attempts come from one snapshot on every backend.
+        picked = sa.select(jobs).where(where).order_by(jobs.c.id.desc())
+        if limit is not None:
+            picked = picked.limit(limit)
+        j = picked.subquery("j")
+        stmt = (sa.select(j, *self._attempt_cols)
+                .select_from(j.outerjoin(attempts, attempts.c.job_id == j.c.id))
+                .order_by(j.c.id.desc(), attempts.c.n))
+
+        def read(conn: sa.Connection) -> list[Job]:
+            return rows.decode_joined(conn.execute(stmt).mappings())
+
+        return self._run(read, writes=False)
+
+    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
+        """Write each job iff its row still has the expected version; one transaction for all.
+
+        Each write is `UPDATE jobs ... WHERE id = :id AND version = :expected`; the matched-row count
+        says who won (MySQL connections count matched, not changed, rows). Rows are updated in id order
+        (stable, so writes to one id keep their order) so concurrent batches lock rows in the same
+        order and cannot deadlock each other; winners' attempts are upserted in the same transaction.
+        """
+        if not writes:
+            return []
+        now = self._clock.now()
+        order = sorted(range(len(writes)), key=lambda i: writes[i][0].id)
+        params = []
+        for i in order:
+            job, expected = writes[i]
+            row = rows.job_row(job, now)
+            del row["id"], row["created_at"]
+            params.append((i, {**row, "w_id": job.id, "w_version": expected}, rows.attempt_rows(job)))
+
+        def write(conn: sa.Connection) -> list[bool]:
+            won = [False] * len(writes)
+            upserts: dict[str, dict[str, Any]] = {}
+            for i, update, attempt_rows in params:
+                if conn.execute(self._update, update).rowcount == 1:
+                    won[i] = True
+                    upserts.update((a["id"], a) for a in attempt_rows)  # a later write of the job wins
+            if upserts:
+                conn.execute(self._upsert_attempts, list(upserts.values()))
+            return won
+
+        with _translated("commit"):
+            return self._run(write, writes=True)
+
+    def _run(self, work: Callable[[sa.Connection], T], *, writes: bool) -> T:
+        """Run `work` in one transaction, retrying transient failures that struck before COMMIT."""
+        for attempt in range(1, TRIES + 1):
+            committing = False
+            try:
+                with self._engine.connect() as conn:
+                    if writes:
+                        conn.execution_options(**{WRITE: True})
+                    with conn.begin() as tx:
+                        result = work(conn)
+                        committing = True
+                        tx.commit()
+                    return result
+            except sa.exc.DBAPIError as exc:
+                if committing or attempt == TRIES or not _transient(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def _attempt_upsert(dialect: str) -> sa.Executable:
+    mutable = [c.name for c in attempts.columns if c.name != "id"]
+    if dialect in ("mysql", "mariadb"):
+        stmt = mysql.insert(attempts)
+        return stmt.on_duplicate_key_update({name: stmt.inserted[name] for name in mutable})
+    if dialect == "postgresql":
+        pg = postgresql.insert(attempts)
+        return pg.on_conflict_do_update(index_elements=[attempts.c.id],
+                                        set_={name: pg.excluded[name] for name in mutable})
+    lite = sqlite.insert(attempts)
+    return lite.on_conflict_do_update(index_elements=[attempts.c.id],
+                                      set_={name: lite.excluded[name] for name in mutable})
+

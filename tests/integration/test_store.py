@@ -1,0 +1,214 @@
+"""`SqlJobStore` on SQLite, MariaDB and PostgreSQL: the shared store contract plus what only SQL has.
+
+Every test runs once per backend against a real database; see store_databases.py for the servers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from broker.errors import InvalidRequest, StoreError
+from broker.jobs import JobState, transition
+from broker.store import SqlJobStore
+from broker.store.engines import normalize_url
+from broker.store.schema import VERSION_TABLE, metadata
+
+# The contract sits in tests/ and the fixtures beside this file; pytest's default import mode puts
+# only this directory on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from store_contract import JobStoreContract, make_job, race  # noqa: E402
+from store_databases import BACKENDS, Databases  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def databases(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Databases]:
+    dbs = Databases(request.param, tmp_path_factory.mktemp(request.param))
+    yield dbs
+    dbs.drop_all()
+
+
+@pytest.fixture(scope="session")
+def session_url(databases: Databases) -> str:
+    """One database per backend for the whole session; the store fixture empties it per test."""
+    return databases.create()
+
+
+@pytest.fixture
+def fresh_url(databases: Databases) -> str:
+    """A database of its own, not yet migrated."""
+    return databases.create()
+
+
+@pytest.fixture
+def store(session_url: str) -> Iterator[SqlJobStore]:
+    store = SqlJobStore.open(session_url)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM attempts")
+        conn.exec_driver_sql("DELETE FROM jobs")
+    yield store
+    store.close()
+
+
+class TestSqlJobStore(JobStoreContract):
+    """The contract, on each backend."""
+
+
+def test_sql_store_belongs_on_a_worker_thread(store: SqlJobStore) -> None:
+    assert store.blocking is True
+
+
+# --- migrations ---------------------------------------------------------------------------------------
+
+
+def test_opening_twice_migrates_once_and_keeps_the_data(fresh_url: str) -> None:
+    first = SqlJobStore.open(fresh_url)
+    first.insert(make_job("j-1"))
+    first.close()
+    second = SqlJobStore.open(fresh_url)
+    assert second.get("j-1") == make_job("j-1")
+    with second.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar() == 1
+    second.close()
+
+
+def test_threads_opening_a_fresh_database_together_all_succeed(fresh_url: str) -> None:
+    stores = race(6, lambda i: SqlJobStore.open(fresh_url))
+    try:
+        stores[0].insert(make_job("j-1"))
+        assert all(s.get("j-1") is not None for s in stores)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_processes_opening_a_fresh_database_together_all_succeed(fresh_url: str) -> None:
+    # Separate processes do not share the in-process migration lock: the database must serialise them.
+    code = ("import sys; from broker.store import SqlJobStore; "
+            "s = SqlJobStore.open(sys.argv[1]); s.close()")
+    procs = [subprocess.Popen([sys.executable, "-c", code, fresh_url], stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+
+
+def test_migrations_build_exactly_the_schema_the_store_queries(store: SqlJobStore) -> None:
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, "compare_type": True})
+        assert compare_metadata(context, metadata) == []
+
+
+def test_open_without_migrating_refuses_an_unmigrated_database(fresh_url: str) -> None:
+    with pytest.raises(StoreError, match="schema is at None"):
+        SqlJobStore.open(fresh_url, migrate=False)
+    SqlJobStore.open(fresh_url).close()
+    SqlJobStore.open(fresh_url, migrate=False).close()
+
+
+# --- what SQL adds to the contract ------------------------------------------------------------------------
+
+
+def test_group_commit_is_one_transaction(store: SqlJobStore) -> None:
+    a, b = store.insert(make_job("j-a")), store.insert(make_job("j-b"))
+    transactions: list[sa.Connection] = []
+    sa.event.listen(store.engine, "commit", transactions.append)  # the store is closed after the test
+    won = store.commit([(transition(a, JobState.QUEUED, at=1.0), 0), (transition(b, JobState.QUEUED, at=1.0), 0)])
+    assert won == [True, True]
+    assert len(transactions) == 1
+
+
+def test_an_over_long_name_is_refused_the_same_on_every_backend(store: SqlJobStore) -> None:
+    with pytest.raises(InvalidRequest, match="idempotency_key"):
+        store.insert(make_job("j-1", key="k" * 256))
+    assert store.get("j-1") is None
+
+
+def test_a_timing_with_no_column_is_a_programming_error(store: SqlJobStore) -> None:
+    job = store.insert(make_job("j-1"))
+    bad = transition(job, JobState.QUEUED, at=1.0, timings={"invented_at": 2.0})
+    with pytest.raises(ValueError, match="invented_at"):
+        store.commit([(bad, 0)])
+    assert store.get("j-1") == job
+
+
+def test_sqlite_runs_in_wal_with_full_sync_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    store = SqlJobStore.open(f"sqlite:///{tmp_path}/pragmas.db")
+    with store.engine.connect() as conn:
+        pragmas = {p: conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                   for p in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")}
+    store.close()
+    assert pragmas == {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 15000, "foreign_keys": 1}
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+def test_an_unreachable_server_is_a_store_error(databases: Databases, tmp_path: Path) -> None:
+    if databases.backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/not-a-dir.db/x/y.db"
+        (tmp_path / "not-a-dir.db").write_text("a file where a directory should be")
+    else:
+        url = databases.server.set(port=1, database="x").render_as_string(hide_password=False)
+    with pytest.raises(StoreError) as caught:
+        SqlJobStore.open(url)
+    assert caught.value.retryable and caught.value.__cause__ is not None
+
+
+def test_a_failing_statement_is_a_store_error_from_the_driver_error(fresh_url: str) -> None:
+    store = SqlJobStore.open(fresh_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE attempts")
+        with pytest.raises(StoreError, match="job store get failed") as caught:
+            store.get("j-1")
+        assert isinstance(caught.value.__cause__, sa.exc.DBAPIError)
+        assert caught.value.details["operation"] == "get"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("url", ["nosuchdb://x/y", "sqlite://", "sqlite:///:memory:", "://"])
+def test_an_unusable_url_is_a_store_error(url: str) -> None:
+    with pytest.raises(StoreError):
+        SqlJobStore.open(url)
+
+
+@pytest.mark.parametrize(("given", "driver"), [
+    ("mysql://root@h/db", "mysql+pymysql"), ("mariadb://root@h/db", "mariadb+pymysql"),
+    ("postgresql://u@h/db", "postgresql+psycopg"), ("postgres://u@h/db", "postgresql+psycopg"),
+    ("mysql+pymysql://root@h/db", "mysql+pymysql"), ("sqlite:///x.db", "sqlite"), ("x.db", "sqlite"),
+])
+def test_plain_urls_get_the_supported_driver(given: str, driver: str) -> None:
+    assert normalize_url(given).drivername == driver
+
+
+def test_mysql_urls_default_to_utf8mb4() -> None:
+    assert normalize_url("mysql://root@h/db").query["charset"] == "utf8mb4"
+
+
+def test_store_calls_from_many_threads_share_one_store(store: SqlJobStore) -> None:
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        try:
+            job = store.insert(make_job(f"j-{i:02d}"))
+            assert store.commit([(transition(job, JobState.QUEUED, at=1.0), 0)]) == [True]
+            store.list_jobs(limit=5)
+        except BaseException as exc:  # collected, so one failure does not hide the others
+            with lock:
+                errors.append(exc)
+
+    race(12, work)
+    assert errors == []
+    assert len(store.list_jobs(states=[JobState.QUEUED])) == 12

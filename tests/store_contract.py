@@ -1,0 +1,290 @@
+"""The behaviour every `JobStore` must show, written once and run against each implementation.
+
+`tests/unit/test_memory_store.py` runs it on `MemoryJobStore`, `tests/integration/test_store.py` on
+`SqlJobStore` over SQLite, MariaDB and PostgreSQL: subclass `JobStoreContract` and provide a `store`
+fixture that yields an empty store. Passing on both is what lets unit tests trust the fake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from broker.jobs import (
+    TIMING_FIELDS,
+    Acquisition,
+    Attempt,
+    AttemptState,
+    ErrorClass,
+    Job,
+    JobSpec,
+    JobState,
+    attempt_id,
+    transition,
+)
+from broker.ports.store import JobStore
+
+T = TypeVar("T")
+
+
+def make_job(job_id: str, caller: str = "alice", *, key: str | None = None, **changes: Any) -> Job:
+    spec = JobSpec(pool="h100", command=("python", "-c", "print(1)"), idempotency_key=key)
+    return dataclasses.replace(Job(id=job_id, caller=caller, spec=spec, timings={"submitted_at": 1.5}),
+                               **changes)
+
+
+def full_job(job_id: str = "j-full") -> Job:
+    """A job with every field set to a value that a lossy store would mangle."""
+    spec = JobSpec(
+        pool="h100-80g", command=("torchrun", "--nproc", "8", "train.py", "ünïcode ✓ 🚀"),
+        env={"A": "1", "LONG": "x" * 5000, "EMPTY": "", "QUOTE": "it's \"quoted\"\n\ttab"},
+        lease_tag="conv-7f3a", queue="rollouts", pods=4, single_use=True, timeout_s=0.1 + 0.2,
+        max_retries=3, priority=-5, idempotency_key=f"Key-🙂-{job_id}",
+        extra={"package": {"sha256": "ab" * 32, "size": 123456789012}, "list": [1, 2.5, None, True],
+               "nested": {"deep": {"deeper": ["a", {"b": -1e-300}]}}},
+    )
+    attempts = (
+        Attempt(id=attempt_id(job_id, 0), job_id=job_id, n=0, pods=("p-1", "p-2"), state=AttemptState.LOST,
+                launched_at=1_712_345_678.123456, first_instruction_at=1_712_345_679.000001,
+                finished_at=1_712_345_699.5, exit_code=None, error_class=ErrorClass.POD_LOST,
+                message="pod p-2 vanished"),
+        Attempt(id=attempt_id(job_id, 1), job_id=job_id, n=1, pods=("p-3", "p-4", "p-5", "p-6"),
+                state=AttemptState.FAILED, launched_at=1_712_345_700.25, first_instruction_at=None,
+                finished_at=1_712_345_800.75, exit_code=-9, error_class=ErrorClass.OOM,
+                message="CUDA out of memory ✗"),
+    )
+    timings = {name: 1_712_345_600.0 + i * (0.1 + 0.2) + 1e-7 for i, name in enumerate(TIMING_FIELDS)}
+    return Job(
+        id=job_id, caller="team-rl/trainer@example.com", spec=spec, state=JobState.FAILED, version=17,
+        retries=1, exit_code=-9, error_class=ErrorClass.OOM, error_message="out of memory: " + "é" * 2000,
+        pods=("p-3", "p-4", "p-5", "p-6"),
+        acquisition=(Acquisition("p-3", "warm"), Acquisition("p-4", "new", "no idle pod of this caller"),
+                     Acquisition("p-5", "standby", None), Acquisition("p-6", "recycled", "tag changed")),
+        attempts=attempts, dropped_env=({"LD_PRELOAD": "/evil.so"}, {"PYTHONPATH": "/x"}),
+        cancel_requested=True, timings=timings,
+    )
+
+
+def race(n: int, fn: Callable[[int], T]) -> list[T]:
+    """Run `fn(0..n-1)` on n threads released together; their results in index order."""
+    barrier = threading.Barrier(n)
+
+    def go(i: int) -> T:
+        barrier.wait(timeout=30)
+        return fn(i)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(go, range(n)))
+
+
+class JobStoreContract:
+    """Subclass with a `store` fixture yielding an empty store."""
+
+    # --- round trips -------------------------------------------------------------------------------
+
+    def test_every_field_of_job_and_attempts_round_trips(self, store: JobStore) -> None:
+        job = full_job()
+        assert store.insert(job) == job
+        assert store.get(job.id) == job
+        assert store.list_jobs() == [job]
+
+    def test_a_job_with_only_defaults_round_trips(self, store: JobStore) -> None:
+        job = Job(id="j-min", caller="bob", spec=JobSpec(pool="cpu", command=()))
+        store.insert(job)
+        assert store.get(job.id) == job
+
+    def test_a_won_commit_stores_every_field_including_cleared_ones(self, store: JobStore) -> None:
+        job = full_job()
+        store.insert(job)
+        cleared = dataclasses.replace(
+            job, version=job.version + 1, state=JobState.QUEUED, exit_code=None, error_class=None,
+            error_message=None, pods=(), acquisition=(), dropped_env=(), cancel_requested=False,
+            timings={"submitted_at": 3.0}, retries=2,
+        )
+        assert store.commit([(cleared, job.version)]) == [True]
+        assert store.get(job.id) == cleared
+
+    def test_large_specs_and_messages_round_trip(self, store: JobStore) -> None:
+        job = dataclasses.replace(make_job("j-big"), spec=JobSpec(
+            pool="h100", command=("run",), env={"BLOB": "z" * 300_000}, extra={"lines": ["y" * 100] * 1000}))
+        store.insert(job)
+        assert store.get(job.id) == job
+        failed = dataclasses.replace(job, version=1, error_message="Traceback ✗\n" * 20_000).with_attempt(
+            Attempt(id=attempt_id(job.id, 0), job_id=job.id, n=0, pods=("p",), message="stderr ✗\n" * 20_000))
+        assert store.commit([(failed, 0)]) == [True]
+        assert store.get(job.id) == failed
+
+    def test_get_of_an_unknown_id_is_none(self, store: JobStore) -> None:
+        assert store.get("j-nope") is None
+
+    # --- insert and idempotency --------------------------------------------------------------------
+
+    def test_same_idempotency_key_returns_the_first_job_and_stores_no_second(self, store: JobStore) -> None:
+        first = make_job("j-1", key="k1")
+        assert store.insert(first) == first
+        again = store.insert(make_job("j-2", key="k1"))
+        assert again == first
+        assert store.get("j-2") is None
+        assert [j.id for j in store.list_jobs()] == ["j-1"]
+
+    def test_idempotency_keys_are_per_caller_and_compared_exactly(self, store: JobStore) -> None:
+        store.insert(make_job("j-1", "alice", key="k"))
+        for job_id, caller, key in [("j-2", "bob", "k"), ("j-3", "alice", "K"), ("j-4", "alice", "k "),
+                                    ("j-5", "Alice", "k")]:
+            assert store.insert(make_job(job_id, caller, key=key)).id == job_id
+        assert len(store.list_jobs()) == 5
+
+    def test_jobs_without_a_key_never_collide(self, store: JobStore) -> None:
+        store.insert(make_job("j-1"))
+        assert store.insert(make_job("j-2")).id == "j-2"
+        assert len(store.list_jobs()) == 2
+
+    def test_a_duplicate_id_is_a_value_error(self, store: JobStore) -> None:
+        store.insert(make_job("j-1"))
+        try:
+            store.insert(make_job("j-1", "bob"))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a second job with the same id was accepted")
+        assert store.get("j-1") == make_job("j-1")
+
+    def test_concurrent_inserts_with_one_key_all_get_the_one_stored_job(self, store: JobStore) -> None:
+        results = race(6, lambda i: store.insert(make_job(f"j-{i}", key="same")))
+        stored = store.list_jobs()
+        assert len(stored) == 1
+        assert all(r == stored[0] for r in results)
+
+    # --- versioned commits -------------------------------------------------------------------------
+
+    def test_versioned_commit_wins_once_then_loses_on_the_stale_version(self, store: JobStore) -> None:
+        job = store.insert(make_job("j-1"))
+        queued = transition(job, JobState.QUEUED, at=10.0)
+        assert store.commit([(queued, job.version)]) == [True]
+        assert store.get(job.id) == queued
+        cancelled = transition(job, JobState.CANCELLED, at=11.0)  # built from the stale row
+        assert store.commit([(cancelled, job.version)]) == [False]
+        assert store.get(job.id) == queued
+
+    def test_a_commit_to_an_unknown_job_loses(self, store: JobStore) -> None:
+        assert store.commit([(make_job("j-ghost", version=1), 0)]) == [False]
+        assert store.get("j-ghost") is None
+
+    def test_a_write_that_changes_nothing_still_wins(self, store: JobStore) -> None:
+        job = store.insert(make_job("j-1"))
+        assert store.commit([(job, job.version)]) == [True]
+        assert store.get(job.id) == job
+
+    def test_an_empty_batch_is_an_empty_answer(self, store: JobStore) -> None:
+        assert store.commit([]) == []
+
+    def test_two_threads_racing_one_transition_exactly_one_wins(self, store: JobStore) -> None:
+        for round_ in range(10):
+            job = store.insert(make_job(f"j-{round_:02d}", state=JobState.QUEUED, version=3))
+            contenders = [transition(job, JobState.RUNNING, at=20.0, pods=(f"pod-{i}",)) for i in range(2)]
+            won = race(2, lambda i, c=contenders, j=job: store.commit([(c[i], j.version)])[0])
+            assert sorted(won) == [False, True]
+            assert store.get(job.id) == contenders[won.index(True)]
+
+    def test_concurrent_read_modify_write_loses_no_update(self, store: JobStore) -> None:
+        store.insert(make_job("j-1"))
+        per_thread = 15
+
+        def bump(_: int) -> int:
+            wins = losses = 0
+            while wins < per_thread:
+                current = store.get("j-1")
+                assert current is not None
+                if store.commit([(current.stamp(claimed_at=float(current.version)), current.version)])[0]:
+                    wins += 1
+                else:
+                    losses += 1
+            return losses
+
+        race(4, bump)
+        final = store.get("j-1")
+        assert final is not None
+        assert final.version == 4 * per_thread
+        assert final.timings["claimed_at"] == float(final.version - 1)
+
+    def test_group_commit_applies_winners_and_leaves_losers_untouched(self, store: JobStore) -> None:
+        a, b, c, d = (store.insert(make_job(f"j-{x}", state=JobState.QUEUED, version=2)) for x in "abcd")
+        new_attempt = {j.id: Attempt(id=attempt_id(j.id, 0), job_id=j.id, n=0, pods=("p",)) for j in (a, b, c, d)}
+        running = {j.id: transition(j, JobState.RUNNING, at=30.0, pods=("p",)).with_attempt(new_attempt[j.id])
+                   for j in (a, b, c, d)}
+        ghost = make_job("j-ghost", version=1)
+        writes = [(running["j-d"], 2), (running["j-a"], 1), (ghost, 0), (running["j-c"], 2), (running["j-b"], 7)]
+        assert store.commit(writes) == [True, False, False, True, False]
+        assert store.get("j-a") == a and store.get("j-b") == b
+        assert store.get("j-c") == running["j-c"] and store.get("j-d") == running["j-d"]
+        assert store.get("j-c").attempts == (new_attempt["j-c"],)  # type: ignore[union-attr]
+        assert store.get("j-ghost") is None
+
+    def test_writes_to_one_job_in_one_batch_apply_in_order(self, store: JobStore) -> None:
+        job = store.insert(make_job("j-1"))
+        queued = transition(job, JobState.QUEUED, at=1.0)
+        running = transition(queued, JobState.RUNNING, at=2.0).with_attempt(
+            Attempt(id=attempt_id("j-1", 0), job_id="j-1", n=0, pods=("p",)))
+        cancelled = transition(job, JobState.CANCELLED, at=3.0)  # stale by then
+        assert store.commit([(queued, 0), (running, 1), (cancelled, 0)]) == [True, True, False]
+        assert store.get("j-1") == running
+
+    def test_attempt_updates_are_stored_with_the_winning_write(self, store: JobStore) -> None:
+        job = store.insert(make_job("j-1", state=JobState.QUEUED))
+        attempt = Attempt(id=attempt_id("j-1", 0), job_id="j-1", n=0, pods=("p",))
+        running = transition(job, JobState.RUNNING, at=1.0).with_attempt(attempt)
+        assert store.commit([(running, job.version)]) == [True]
+        done = transition(running, JobState.SUCCEEDED, at=2.0, exit_code=0).with_attempt(
+            attempt.move(AttemptState.RUNNING).move(AttemptState.SUCCEEDED, exit_code=0, finished_at=2.0))
+        retry = Attempt(id=attempt_id("j-1", 1), job_id="j-1", n=1, pods=("q",))
+        assert store.commit([(done, running.version)]) == [True]
+        assert store.commit([(done.with_attempt(retry), running.version)]) == [False]
+        assert store.get("j-1") == done
+
+    # --- listing -----------------------------------------------------------------------------------
+
+    def _fill(self, store: JobStore) -> None:
+        for i in range(12):
+            state = [JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED][i % 4]
+            store.insert(make_job(f"j-{i:02d}", "alice" if i % 3 else "bob", state=state))
+
+    def test_list_is_newest_first_by_id_and_limited(self, store: JobStore) -> None:
+        self._fill(store)
+        assert [j.id for j in store.list_jobs(limit=3)] == ["j-11", "j-10", "j-09"]
+        assert len(store.list_jobs()) == 12
+        assert store.list_jobs(limit=0) == []
+
+    def test_list_filters_by_caller_and_states(self, store: JobStore) -> None:
+        self._fill(store)
+        assert [j.id for j in store.list_jobs(caller="bob")] == ["j-09", "j-06", "j-03", "j-00"]
+        assert [j.id for j in store.list_jobs(states=[JobState.RUNNING, JobState.SUCCEEDED])] == [
+            "j-11", "j-10", "j-07", "j-06", "j-03", "j-02"]
+        assert [j.id for j in store.list_jobs(caller="alice", states=iter([JobState.QUEUED]))] == [
+            "j-05", "j-01"]
+        assert store.list_jobs(states=[]) == []
+        assert store.list_jobs(caller="carol") == []
+
+    def test_list_pages_by_id_with_before(self, store: JobStore) -> None:
+        self._fill(store)
+        seen, before = [], None
+        while page := store.list_jobs(caller="alice", limit=3, before=before):
+            seen += [j.id for j in page]
+            before = page[-1].id
+        assert seen == [f"j-{i:02d}" for i in range(11, -1, -1) if i % 3]
+        assert [j.id for j in store.list_jobs(before="j-02")] == ["j-01", "j-00"]
+
+    def test_ids_order_like_python_strings(self, store: JobStore) -> None:
+        ids = ["j-B", "j-a", "j-A", "j-b", "j_a", "j-", "j-a ", "j-é", "j-z", "j0", "j-a-1", "j-A1"]
+        for job_id in ids:
+            store.insert(make_job(job_id))
+        assert [j.id for j in store.list_jobs()] == sorted(ids, reverse=True)
+        assert [j.id for j in store.list_jobs(before="j-a")] == sorted((i for i in ids if i < "j-a"), reverse=True)
+
+    def test_attempts_come_back_in_order_in_lists(self, store: JobStore) -> None:
+        jobs = [full_job("j-1"), make_job("j-2"), full_job("j-3")]
+        for job in jobs:
+            store.insert(job)
+        assert store.list_jobs() == jobs[::-1]

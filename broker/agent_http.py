@@ -1,0 +1,152 @@
+"""`HttpAgentClient`: the `AgentClient` port spoken over HTTP to a pod agent (Unix socket or TCP).
+
+One `httpx.AsyncClient` per pod keeps its connection open between calls, so a warm launch costs one
+request on an established socket. Every httpx error and every unexpected status becomes an
+`AgentError` here, with `raise ... from`, so the dispatcher sees one error class per boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from broker.errors import AgentError
+from broker.ports.agent import (
+    AgentHealth,
+    AttemptStatus,
+    LaunchRequest,
+    LogChunk,
+    ResetRequest,
+    ResetResult,
+)
+
+_STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptStatus))
+_SLACK_S = 10.0
+"""Added to a long-poll's own wait, so the HTTP timeout never fires before the agent answers."""
+
+
+def _attempt_path(attempt_id: str, suffix: str = "") -> str:
+    return f"/v1/attempts/{quote(attempt_id, safe='')}{suffix}"
+
+
+def _status(payload: dict[str, Any]) -> AttemptStatus:
+    # Newer agents may report more; only the fields this broker knows are read.
+    return AttemptStatus(**{k: v for k, v in payload.items() if k in _STATUS_FIELDS})
+
+
+class HttpAgentClient:
+    """Talks to one pod's agent. `endpoint` is `unix:/path/to/agent.sock`, `tcp:host:port` or a URL."""
+
+    def __init__(self, endpoint: str, secret: str, *, pod: str = "", timeout_s: float = 10.0,
+                 uds_path: str | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """`uds_path` overrides the socket path actually dialled (e.g. a short /proc/self/fd alias)."""
+        self.endpoint = endpoint
+        self.pod = pod
+        self.timeout_s = timeout_s
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=60.0)
+        if endpoint.startswith("unix:"):
+            base_url = "http://agent"
+            transport = transport or httpx.AsyncHTTPTransport(uds=uds_path or endpoint[len("unix:"):], limits=limits)
+        elif endpoint.startswith("tcp:"):
+            base_url = "http://" + endpoint[len("tcp:"):]
+        elif endpoint.startswith(("http://", "https://")):
+            base_url = endpoint
+        else:
+            raise ValueError(f"agent endpoint must be unix:PATH, tcp:HOST:PORT or a URL, got {endpoint!r}")
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(limits=limits)
+        # trust_env=False: a proxy configured for the broker must never carry agent traffic.
+        self._client = httpx.AsyncClient(base_url=base_url, transport=transport, trust_env=False,
+                                         headers={"Authorization": f"Bearer {secret}"},
+                                         timeout=httpx.Timeout(timeout_s))
+
+    async def _request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                       wait_s: float = 0.0, ok: tuple[int, ...] = (200,)) -> httpx.Response:
+        timeout = httpx.Timeout(self.timeout_s + wait_s + (_SLACK_S if wait_s else 0.0))
+        try:
+            response = await self._client.request(method, path, json=json, params=params, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise AgentError(f"agent of pod {self.pod or self.endpoint} unreachable: {type(exc).__name__}: {exc}",
+                             {"pod": self.pod, "endpoint": self.endpoint}) from exc
+        if response.status_code not in ok:
+            raise self._refusal(method, path, response)
+        return response
+
+    def _refusal(self, method: str, path: str, response: httpx.Response) -> AgentError:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200]
+        return AgentError(f"agent of pod {self.pod or self.endpoint} refused {method} {path}: "
+                          f"{response.status_code} {message}",
+                          {"pod": self.pod, "status": response.status_code, "agent_message": message})
+
+    @contextmanager
+    def _decoding(self) -> Iterator[None]:
+        """Turn a reply that is not the expected JSON into an AgentError."""
+        try:
+            yield
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AgentError(f"agent of pod {self.pod or self.endpoint} sent a malformed reply: {exc!r}",
+                             {"pod": self.pod}) from exc
+
+    async def health(self) -> AgentHealth:
+        response = await self._request("GET", "/v1/health")
+        with self._decoding():
+            body = response.json()
+            return AgentHealth(pod=body["pod"], isolated=body["isolated"], attempt=body.get("attempt"),
+                               uptime_s=body.get("uptime_s", 0.0), info=body.get("info", {}))
+
+    async def launch(self, request: LaunchRequest) -> AttemptStatus:
+        payload = {"attempt_id": request.attempt_id, "argv": list(request.argv), "env": dict(request.env),
+                   "session": request.session, "cwd": request.cwd, "timeout_s": request.timeout_s,
+                   "extra": dict(request.extra)}
+        response = await self._request("POST", "/v1/attempts", json=payload, ok=(201,))
+        with self._decoding():
+            return _status(response.json())
+
+    async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
+        wait_s = max(0.0, timeout_s)
+        response = await self._request("GET", _attempt_path(attempt_id), params={"wait_s": wait_s}, wait_s=wait_s)
+        with self._decoding():
+            return _status(response.json())
+
+    async def status(self, attempt_id: str) -> AttemptStatus | None:
+        response = await self._request("GET", _attempt_path(attempt_id), ok=(200, 404))
+        if response.status_code == 404:
+            return None
+        with self._decoding():
+            return _status(response.json())
+
+    async def read_log(self, attempt_id: str, stream: str = "combined", offset: int = 0,
+                       max_bytes: int = 1 << 20, wait_s: float = 0.0) -> LogChunk:
+        params = {"stream": stream, "offset": offset, "max_bytes": max_bytes, "wait_s": wait_s}
+        response = await self._request("GET", _attempt_path(attempt_id, "/log"), params=params, wait_s=wait_s)
+        with self._decoding():
+            next_offset = int(response.headers["X-Next-Offset"])
+        return LogChunk(data=response.content, next_offset=next_offset,
+                        complete=response.headers.get("X-Complete") == "1")
+
+    async def signal(self, attempt_id: str, signal: str) -> None:
+        await self._request("POST", _attempt_path(attempt_id, "/signal"), json={"signal": signal}, ok=(204,))
+
+    async def cancel(self, attempt_id: str, grace_s: float = 5.0) -> None:
+        """TERM the attempt's processes, KILL them after `grace_s`; the status gets `cancelled`."""
+        await self._request("POST", _attempt_path(attempt_id, "/cancel"), json={"grace_s": grace_s}, ok=(202,))
+
+    async def reset(self, request: ResetRequest) -> ResetResult:
+        payload = {"wipe_workspace": request.wipe_workspace, "wipe_paths": list(request.wipe_paths),
+                   "keep_paths": list(request.keep_paths)}
+        response = await self._request("POST", "/v1/reset", json=payload)
+        with self._decoding():
+            body = response.json()
+            return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
+                               problems=tuple(body.get("problems", ())))
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,151 @@
+"""Routes of the REST API `/v1`, `/healthz` and `/metrics`, with one error shape for every failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from broker import __version__
+from broker.api.auth import TokenAuth
+from broker.api.metrics import registry_for, render
+from broker.api.schemas import ErrorView, JobRequest, JobView, job_view
+from broker.control import ControlPlane
+from broker.errors import FirepoolError, InvalidRequest, NotFound, UnknownField
+from broker.jobs import JobState
+from broker.ports.logs import STREAMS
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView}, 400: {"model": ErrorView},
+}
+
+
+def _error_response(exc: FirepoolError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError) -> FirepoolError:
+    errors = exc.errors()
+    for err in errors:
+        if err.get("type") == "extra_forbidden":
+            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+            field = ".".join(loc)
+            return UnknownField(f"unknown field {field!r}", {"field": field})
+    details = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg", "")}
+               for e in errors]
+    first = details[0] if details else {"field": "", "problem": "invalid request"}
+    return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}", {"errors": details})
+
+
+def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The verified caller of the request's bearer token."""
+    auth: TokenAuth = request.app.state.auth
+    return auth.caller(authorization)
+
+
+Caller = Annotated[str, Depends(current_caller)]
+
+
+def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
+    app = FastAPI(title="Firepool", version=__version__,
+                  description="A broker of warm, isolated GPU sandboxes for agentic and RL workloads.")
+    registry = registry_for(cp)
+    app.state.auth = auth
+
+    @app.exception_handler(FirepoolError)
+    async def firepool_error(_: Request, exc: FirepoolError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error_response(NotFound(str(exc.detail)))
+        err = InvalidRequest(str(exc.detail))
+        err.status = exc.status_code
+        return _error_response(err)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
+                "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(registry), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/whoami")
+    async def whoami(who: Caller) -> dict[str, str]:
+        return {"caller": who}
+
+    @app.post("/v1/jobs", status_code=201, responses={201: {"model": JobView}, 200: {"model": JobView}, **ERRORS})
+    async def submit(body: JobRequest, who: Caller) -> JSONResponse:
+        job, created = await cp.submit(who, body.to_spec())
+        return JSONResponse(job_view(job, cp.waiting_reason(job.id)), status_code=201 if created else 200)
+
+    @app.get("/v1/jobs", responses=ERRORS)
+    async def list_jobs(who: Caller, state: Annotated[list[JobState] | None, Query()] = None,
+                        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                        before: str | None = None) -> dict[str, Any]:
+        jobs = await cp.list_jobs(who, states=state, limit=limit, before=before)
+        return {"jobs": [job_view(j, cp.waiting_reason(j.id)) for j in jobs],
+                "next": jobs[-1].id if len(jobs) == limit else None}
+
+    @app.get("/v1/jobs/{job_id}", responses={200: {"model": JobView}, **ERRORS})
+    async def get_job(job_id: str, who: Caller,
+                      wait_s: Annotated[float, Query(ge=0, le=300)] = 0.0) -> JSONResponse:
+        job = await (cp.wait(who, job_id, wait_s) if wait_s > 0 else cp.get(who, job_id))
+        return JSONResponse(job_view(job, cp.waiting_reason(job.id)))
+
+    @app.post("/v1/jobs/{job_id}/cancel", responses={200: {"model": JobView}, **ERRORS})
+    async def cancel(job_id: str, who: Caller) -> JSONResponse:
+        job = await cp.cancel(who, job_id)
+        return JSONResponse(job_view(job))
+
+    @app.get("/v1/jobs/{job_id}/logs", responses=ERRORS)
+    async def logs(job_id: str, who: Caller, stream: str = "combined", follow: bool = True,
+                   attempt: Annotated[int | None, Query(ge=0)] = None,
+                   offset: Annotated[int, Query(ge=0)] = 0) -> StreamingResponse:
+        if stream not in STREAMS:
+            raise InvalidRequest(f"stream must be one of {', '.join(STREAMS)}", {"field": "stream"})
+        first = await cp.read_log(who, job_id, stream=stream, offset=offset, attempt=attempt,
+                                  wait_s=0.0)
+
+        async def body() -> AsyncIterator[bytes]:
+            chunk = first
+            while True:
+                if chunk.data:
+                    yield chunk.data
+                if chunk.complete:
+                    return
+                if not chunk.data:
+                    if not follow:
+                        return
+                    await asyncio.sleep(0.05)  # reads from the store do not block; the agent's do
+                try:
+                    chunk = await cp.read_log(who, job_id, stream=stream, offset=chunk.next_offset,
+                                              attempt=attempt, wait_s=5.0 if follow else 0.0)
+                except FirepoolError:
+                    return
+
+        return StreamingResponse(body(), media_type="text/plain; charset=utf-8",
+                                 headers={"X-Job-Id": job_id})
+
+    @app.get("/v1/pools", responses=ERRORS)
+    async def pools(who: Caller) -> dict[str, Any]:
+        return {"pools": cp.pools_view()}
+
+    @app.get("/v1/pods", responses=ERRORS)
+    async def pods(who: Caller, pool: str | None = None) -> dict[str, Any]:
+        return {"pods": cp.pods_view(pool), "isolated": cp.backend_isolated}
+
+    return app

@@ -1,0 +1,66 @@
+"""Prometheus exposition of the control plane's own counters: acquisitions by path, start-latency
+histograms, pods by state, jobs finished, resets."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from broker.control import ControlPlane
+
+
+class _Collector:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.cp.stats
+        acq = CounterMetricFamily("firepool_acquisitions", "Pods acquired by jobs, by path", labels=["pool", "path"])
+        for (pool, path), n in sorted(stats.acquisitions.items()):
+            acq.add_metric([pool, path], n)
+        yield acq
+        hist = HistogramMetricFamily("firepool_start_latency_seconds", "Submit to first instruction",
+                                     labels=["pool", "path"])
+        for (pool, path), h in sorted(stats.start_latency.items()):
+            hist.add_metric([pool, path], h.cumulative(), h.total)
+        yield hist
+        pods = GaugeMetricFamily("firepool_pods", "Tracked pods by pool and state", labels=["pool", "state"])
+        now = self.cp.clock.now()
+        by: Counter[tuple[str, str]] = Counter()
+        for pod in self.cp.tracker.snapshot():
+            state = "held" if pod.held(now) else pod.state.value
+            by[(pod.pool, state)] += 1
+        for (pool, state), n in sorted(by.items()):
+            pods.add_metric([pool, state], n)
+        yield pods
+        queued = GaugeMetricFamily("firepool_queued_jobs", "Jobs waiting to be placed", labels=["pool"])
+        q: Counter[str] = Counter(j.spec.pool for j in self.cp.dispatcher.queued.values())
+        for pool in self.cp.catalog.pools:
+            queued.add_metric([pool], q.get(pool, 0))
+        yield queued
+        done = CounterMetricFamily("firepool_jobs_finished", "Jobs that reached a terminal state",
+                                   labels=["pool", "state"])
+        for (pool, state), n in sorted(stats.jobs_finished.items()):
+            done.add_metric([pool, state], n)
+        yield done
+        resets = CounterMetricFamily("firepool_resets", "Pod resets by outcome", labels=["pool", "clean"])
+        for (pool, clean), n in sorted(stats.resets.items()):
+            resets.add_metric([pool, "true" if clean else "false"], n)
+        yield resets
+        created = CounterMetricFamily("firepool_pods_created", "Pods created", labels=["pool"])
+        for pool, n in sorted(stats.pods_created.items()):
+            created.add_metric([pool], n)
+        yield created
+
+
+def registry_for(cp: ControlPlane) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(cp))  # type: ignore[arg-type]
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,100 @@
+"""Request models (strict: unknown fields and wrong types are rejected) and the JSON views of jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.jobs import TIMING_FIELDS, Attempt, Job, JobSpec
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class JobRequest(Strict):
+    """POST /v1/jobs."""
+
+    pool: str = Field(default="cpu", min_length=1, max_length=63, description="Hardware pool (SKU) to run on.")
+    command: list[str] = Field(min_length=1, max_length=4096, description="argv of rank 0's process.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment; steering variables are dropped.")
+    lease_tag: str = Field(default="", max_length=256, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
+    queue: str = Field(default="default", min_length=1, max_length=64)
+    pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
+    single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    max_retries: int = Field(default=0, ge=0, le=20)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
+
+    def to_spec(self) -> JobSpec:
+        return JobSpec(pool=self.pool, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
+                       queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
+                       max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key)
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """Drop absent values: an exit code that never happened is absent, not 0 and not null."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def attempt_view(a: Attempt) -> dict[str, Any]:
+    return _clean({"id": a.id, "n": a.n, "pods": list(a.pods), "state": str(a.state), "launched_at": a.launched_at,
+                   "first_instruction_at": a.first_instruction_at, "finished_at": a.finished_at,
+                   "exit_code": a.exit_code, "error_class": a.error_class, "message": a.message})
+
+
+def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
+    spec = job.spec
+    view = {
+        "id": job.id, "state": str(job.state), "caller": job.caller, "pool": spec.pool,
+        "command": list(spec.command), "env": dict(spec.env), "lease_tag": spec.lease_tag, "queue": spec.queue,
+        "pods": spec.pods, "single_use": spec.single_use, "timeout_s": spec.timeout_s,
+        "max_retries": spec.max_retries, "priority": spec.priority, "idempotency_key": spec.idempotency_key,
+        "bound_pods": list(job.pods), "retries": job.retries,
+        "exit_code": job.exit_code, "error_class": job.error_class, "error_message": job.error_message,
+        "acquisition": [a.to_json() for a in job.acquisition],
+        "attempts": [attempt_view(a) for a in job.attempts],
+        "timings": {k: job.timings[k] for k in TIMING_FIELDS if k in job.timings},
+        "dropped_env": [dict(d) for d in job.dropped_env],
+        "cancel_requested": job.cancel_requested or None,
+        "waiting_reason": waiting_reason,
+    }
+    return _clean(view)
+
+
+class AcquisitionView(BaseModel):
+    pod: str
+    path: str = Field(description="warm | recycled | standby | new | custom_image")
+    reason: str | None = Field(default=None, description="Why a warmer path was not used.")
+
+
+class JobView(BaseModel):
+    """A job as the API returns it (documentation model; absent fields are omitted)."""
+
+    id: str
+    state: str
+    caller: str
+    pool: str
+    lease_tag: str
+    queue: str
+    pods: int
+    retries: int
+    exit_code: int | None = Field(default=None, description="Rank 0's exit code; absent when no process exited.")
+    error_class: str | None = None
+    acquisition: list[AcquisitionView] = []
+    attempts: list[dict[str, Any]] = []
+    timings: dict[str, float] = {}
+    dropped_env: list[dict[str, str]] = []
+
+
+class ErrorBody(BaseModel):
+    class_: str = Field(alias="class")
+    message: str
+    retryable: bool
+    details: dict[str, Any]
+
+
+class ErrorView(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,258 @@
+"""The Python SDK: `Client` (sync) and `AsyncClient` over httpx, with the broker's typed errors.
+
+    from broker.client import Client
+    with Client() as fp:                      # FIREPOOL_URL / FIREPOOL_TOKEN, or the local broker
+        job = fp.run(["python3", "-c", "print(1)"], pool="cpu", lease_tag="my-session")
+        print(job.state, job.exit_code, job.path, fp.logs(job.id))
+
+Errors come back as the classes of `broker.errors` (same names as the wire `class`), so callers
+switch on `UnknownPool`, `Unauthorized`, `NotFound`, ... instead of status codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from broker.errors import FirepoolError, Unavailable, all_error_classes
+from broker.locations import DEFAULT_PORT, default_state_dir
+
+_ERRORS = all_error_classes()
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the broker reported it; `raw` has every field."""
+
+    id: str
+    state: str
+    caller: str
+    pool: str
+    exit_code: int | None
+    error_class: str | None
+    acquisition: list[dict[str, Any]]
+    timings: dict[str, float]
+    attempts: list[dict[str, Any]]
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def path(self) -> str | None:
+        """Rank 0's acquisition path (warm, recycled, standby, new, custom_image)."""
+        return self.acquisition[0]["path"] if self.acquisition else None
+
+    @property
+    def start_latency(self) -> float | None:
+        """Submit -> first instruction, seconds."""
+        t = self.timings
+        if "first_instruction_at" in t and "submitted_at" in t:
+            return t["first_instruction_at"] - t["submitted_at"]
+        return None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobInfo:
+        return cls(id=data["id"], state=data["state"], caller=data.get("caller", ""), pool=data.get("pool", ""),
+                   exit_code=data.get("exit_code"), error_class=data.get("error_class"),
+                   acquisition=data.get("acquisition", []), timings=data.get("timings", {}),
+                   attempts=data.get("attempts", []), raw=data)
+
+
+def discover(url: str | None = None, token: str | None = None,
+             state_dir: Path | None = None) -> tuple[str, str]:
+    """The broker's URL and token: arguments, then FIREPOOL_URL/FIREPOOL_TOKEN, then the local state dir."""
+    state = state_dir or default_state_dir()
+    url = url or os.environ.get("FIREPOOL_URL")
+    if not url:
+        try:
+            url = json.loads((state / "broker.json").read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    token = token or os.environ.get("FIREPOOL_TOKEN")
+    if not token:
+        try:
+            token = (state / "token").read_text().strip()
+        except OSError:
+            token = ""
+    return url.rstrip("/"), token
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()["error"]
+        cls = _ERRORS.get(body.get("class", ""), FirepoolError)
+        err = cls(body.get("message", response.text), body.get("details") or {})
+    except (ValueError, KeyError, TypeError):
+        err = FirepoolError(f"HTTP {response.status_code}: {response.text[:200]}")
+    err.status = response.status_code
+    raise err
+
+
+def _job_body(command: Sequence[str], pool: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    body = {"pool": pool, "command": list(command)}
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return body
+
+
+class Client:
+    """Synchronous SDK."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 330.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url, token = discover(url, token)
+        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                                  timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        _raise_for(response)
+        return response
+
+    def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
+        """Queue a job; `fields` are the REST request fields (lease_tag, env, pods, timeout_s, ...)."""
+        return JobInfo.from_json(self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields)).json())
+
+    def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:
+        params = {"wait_s": wait_s} if wait_s else None
+        return JobInfo.from_json(self._call("GET", f"/v1/jobs/{job_id}", params=params).json())
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """Block until the job is terminal (or `timeout` passes; then the job as it stands)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
+            job = self.get(job_id, wait_s=left)
+            if job.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return job
+
+    def run(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
+        """submit + wait."""
+        return self.wait(self.submit(command, pool, **fields).id)
+
+    def cancel(self, job_id: str) -> JobInfo:
+        return JobInfo.from_json(self._call("POST", f"/v1/jobs/{job_id}/cancel").json())
+
+    def jobs(self, state: str | None = None, limit: int = 100) -> list[JobInfo]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        return [JobInfo.from_json(j) for j in self._call("GET", "/v1/jobs", params=params).json()["jobs"]]
+
+    def logs(self, job_id: str, stream: str = "combined", follow: bool = False) -> str:
+        return b"".join(self.stream_logs(job_id, stream, follow)).decode(errors="replace")
+
+    def stream_logs(self, job_id: str, stream: str = "combined", follow: bool = True) -> Iterator[bytes]:
+        params = {"stream": stream, "follow": "true" if follow else "false"}
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                yield from response.iter_bytes()
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+
+    def pools(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/pools").json()["pools"])
+
+    def pods(self, pool: str | None = None) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/pods", params={"pool": pool} if pool else None).json()["pods"])
+
+    def whoami(self) -> str:
+        return str(self._call("GET", "/v1/whoami").json()["caller"])
+
+
+class AsyncClient:
+    """Asynchronous SDK (same methods as `Client`, awaited)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 330.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url, token = discover(url, token)
+        self._http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                                       timeout=timeout, transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        _raise_for(response)
+        return response
+
+    async def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
+        response = await self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields))
+        return JobInfo.from_json(response.json())
+
+    async def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:
+        params = {"wait_s": wait_s} if wait_s else None
+        return JobInfo.from_json((await self._call("GET", f"/v1/jobs/{job_id}", params=params)).json())
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
+            job = await self.get(job_id, wait_s=left)
+            if job.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return job
+
+    async def run(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
+        return await self.wait((await self.submit(command, pool, **fields)).id)
+
+    async def cancel(self, job_id: str) -> JobInfo:
+        return JobInfo.from_json((await self._call("POST", f"/v1/jobs/{job_id}/cancel")).json())
+
+    async def logs(self, job_id: str, stream: str = "combined", follow: bool = False) -> str:
+        chunks = [c async for c in self.stream_logs(job_id, stream, follow)]
+        return b"".join(chunks).decode(errors="replace")
+
+    async def stream_logs(self, job_id: str, stream: str = "combined", follow: bool = True) -> AsyncIterator[bytes]:
+        params = {"stream": stream, "follow": "true" if follow else "false"}
+        try:
+            async with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for(response)
+                async for chunk in response.aiter_bytes():
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+
+    async def pools(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/pools")).json()["pools"])
+
+    async def pods(self, pool: str | None = None) -> list[dict[str, Any]]:
+        response = await self._call("GET", "/v1/pods", params={"pool": pool} if pool else None)
+        return list(response.json()["pods"])

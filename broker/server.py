@@ -1,0 +1,119 @@
+"""The composition root: build the adapters (SQL store, backend, log store, auth) and serve the API.
+
+Settings are values built once from the command line and passed down; nothing reads the environment
+at import time. The embedded defaults: SQLite in the state dir, the local backend, a token for the
+local user written to `<state-dir>/token`, and the broker's address in `<state-dir>/broker.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.api.auth import TokenAuth, local_caller, local_token
+from broker.clock import RealClock
+from broker.control import ControlPlane, Tuning
+from broker.locations import DEFAULT_PORT
+from broker.pools import Catalog, default_catalog, load_catalog
+
+log = logging.getLogger("firepool.server")
+
+@dataclass(frozen=True)
+class ServeSettings:
+    state_dir: Path
+    """SQLite file, pod workspaces, logs, the local token."""
+    db_url: str | None = None
+    """SQLAlchemy URL of the job store; default SQLite in the state dir."""
+    backend: str = "local"
+    pools_file: Path | None = None
+    tokens_file: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    virtual_gpus: int | None = None
+    sandbox: str = "auto"
+    """Local backend isolation: auto (bubblewrap when it works), bwrap, or none (unisolated)."""
+    tuning: Tuning = Tuning()
+
+
+def build_catalog(settings: ServeSettings, gpu_count: int, gpu_model: str) -> Catalog:
+    if settings.pools_file is not None:
+        return load_catalog(settings.pools_file.read_text())
+    return default_catalog(gpu_count, gpu_model)
+
+
+def build_auth(settings: ServeSettings) -> TokenAuth:
+    if settings.tokens_file is not None:
+        return TokenAuth.from_file(settings.tokens_file)
+    return TokenAuth({local_token(settings.state_dir): local_caller()})
+
+
+def build_control_plane(settings: ServeSettings) -> ControlPlane:
+    from broker.logstore import FileLogStore
+    from broker.store.sql import SqlJobStore
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.state_dir, 0o700)
+    clock = RealClock()
+    if settings.backend != "local":
+        raise ValueError(f"backend {settings.backend!r} is not available here (choose: local)")
+    from broker.backends.local import LocalBackend
+
+    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=settings.sandbox)
+    devices = backend.devices()
+    catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
+    store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
+    logs = FileLogStore(settings.state_dir / "logs")
+    return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
+                        tuning=settings.tuning)
+
+
+def write_address(settings: ServeSettings) -> None:
+    """Tell local clients where the embedded broker listens."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    path = settings.state_dir / "broker.json"
+    path.write_text(json.dumps({"url": f"http://{host}:{settings.port}", "pid": os.getpid()}))
+
+
+def serve(settings: ServeSettings) -> int:
+    """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
+    import uvicorn
+
+    from broker.api.app import create_app
+
+    auth = build_auth(settings)
+    cp = build_control_plane(settings)
+    app = create_app(cp, auth)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: object) -> AsyncIterator[None]:
+        await cp.start()
+        write_address(settings)
+        log.info("broker ready on %s:%s (backend %s, isolated %s, pools %s; recovery %s)", settings.host,
+                 settings.port, cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
+        watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            await cp.stop()
+            await asyncio.to_thread(cp.store.close)
+
+    app.router.lifespan_context = lifespan
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run()
+    return 1 if cp.tasks.failure is not None else 0
+
+
+async def _stop_on_failure(cp: ControlPlane, server: object) -> None:
+    """A critical loop died: stop serving rather than accept jobs nobody will dispatch."""
+    await cp.tasks.failed.wait()
+    log.error("a control loop failed; shutting down: %r", cp.tasks.failure)
+    server.should_exit = True  # type: ignore[attr-defined]

@@ -1,0 +1,101 @@
+"""The tracker under contention: one lock, no double claims, quotas hold, indexes stay consistent."""
+
+from __future__ import annotations
+
+import threading
+
+from broker.pods import Origin, Pod, PodState
+from broker.pools import CallerLimits, PoolSpec
+from broker.tracker import Claim, Lease, Shortfall, Tracker
+
+POOL = PoolSpec(name="p", gpus=1, max_count=10_000)
+
+
+def _tracker(n: int, limits: dict[str, CallerLimits] | None = None) -> Tracker:
+    t = Tracker({"p": POOL}, limits)
+    for i in range(n):
+        t.add(Pod(f"p{i}", "p", state=PodState.STARTING, origin=Origin.WARM))
+        t.ready(f"p{i}", 0.0, (f"gpu{i}",))
+    return t
+
+
+def test_32_threads_never_claim_one_pod_twice() -> None:
+    t = _tracker(64)
+    owners: dict[str, str] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def worker(w: int) -> None:
+        for i in range(400):
+            job = f"w{w}-{i}"
+            got = t.claim(Claim(job, f"c{w % 5}", "p", tag=str(w), pods=1 + (i % 3)), 0.0)
+            if isinstance(got, Shortfall):
+                continue
+            with lock:
+                for pod in got.pods:
+                    if pod.name in owners:
+                        errors.append(f"{pod.name} claimed by {job} while {owners[pod.name]} holds it")
+                    owners[pod.name] = job
+            if not t.start(job):
+                errors.append(f"{job} could not start on its own pods")
+            with lock:
+                for pod in got.pods:
+                    del owners[pod.name]
+            t.release(job, (f"c{w % 5}", "default", str(w)), 0.0, 0.0)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(32)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    # recycled pods (another session of the same caller) retire; nothing is left mid-lease
+    assert {p.state for p in t.snapshot()} <= {PodState.IDLE, PodState.RETIRING}
+    assert all(t.usage(f"c{i}") == (0, 0) for i in range(5))
+
+
+def test_a_gang_takes_all_or_nothing() -> None:
+    t = _tracker(3)
+    assert isinstance(t.claim(Claim("a", "alice", "p", pods=2), 0.0), Lease)
+    short = t.claim(Claim("g", "bob", "p", pods=2), 0.0)
+    assert isinstance(short, Shortfall) and short.missing == 1
+    assert sum(p.state is PodState.IDLE for p in t.snapshot()) == 1
+
+
+def test_caller_limits_are_checked_in_the_claim() -> None:
+    t = _tracker(8, {"alice": CallerLimits(max_gpus=2), "default": CallerLimits(max_pods=1)})
+    assert isinstance(t.claim(Claim("a1", "alice", "p", pods=2), 0.0), Lease)
+    assert t.claim(Claim("a2", "alice", "p"), 0.0) == Shortfall("caller quota", 1)
+    assert isinstance(t.claim(Claim("b1", "bob", "p"), 0.0), Lease)
+    assert t.claim(Claim("b2", "bob", "p"), 0.0) == Shortfall("caller quota", 1)
+    t.unclaim("a1", 0.0)
+    assert isinstance(t.claim(Claim("a2", "alice", "p"), 0.0), Lease)
+
+
+def test_held_pods_serve_only_their_owner_and_a_new_session_recycles() -> None:
+    t = _tracker(1)
+    lease = t.claim(Claim("j1", "alice", "p", tag="s1"), 0.0)
+    assert isinstance(lease, Lease) and lease.pods[0].path == "warm"
+    t.start("j1")
+    t.release("j1", ("alice", "default", "s1"), 1.0, 60.0)
+    assert t.claim(Claim("b", "bob", "p"), 2.0) == Shortfall("no idle pod", 1)
+    again = t.claim(Claim("j2", "alice", "p", tag="s2"), 2.0)
+    assert isinstance(again, Lease) and again.pods[0].path == "recycled" and again.pods[0].retire
+    t.start("j2")
+    t.begin_reset("j2", ("alice", "default", "s2"))
+    assert t.finish_reset(again.pods[0].name, True, 3.0, 60.0) is False
+    assert again.pods[0].state is PodState.RETIRING
+
+
+def test_the_gate_blocks_a_second_pod_on_a_busy_gpu() -> None:
+    t = Tracker({"p": POOL})
+    for name in ("a", "b"):
+        t.add(Pod(name, "p", state=PodState.STARTING))
+        t.ready(name, 0.0, ("gpu0",))
+    first = t.claim(Claim("j1", "alice", "p"), 0.0)
+    assert isinstance(first, Lease) and t.start("j1")
+    assert t.claim(Claim("j2", "bob", "p"), 0.0) == Shortfall("no idle pod", 1)
+    t.begin_reset("j1", ("alice", "default", ""))
+    assert t.claim(Claim("j2", "bob", "p"), 0.0) == Shortfall("no idle pod", 1)  # not verified yet
+    t.finish_reset(first.pods[0].name, True, 1.0, 60.0)
+    assert isinstance(t.claim(Claim("j2", "bob", "p"), 1.0), Lease)

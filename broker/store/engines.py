@@ -71,6 +71,7 @@ def create_store_engine(url: str) -> sa.Engine:
     if backend in ("mysql", "mariadb"):
         # Row locks only, no gap locks: the version-checked UPDATEs and attempt upserts of concurrent
         # group commits then contend on the rows they write, not on the index ranges between them.
+        # (With binary logging on this needs binlog_format ROW or MIXED, the MySQL 8 / MariaDB default.)
         kwargs["isolation_level"] = "READ COMMITTED"
     return sa.create_engine(parsed, **kwargs)
 

@@ -9,7 +9,9 @@ Errors leaving this module, all raised `from` the library error they translate (
     (a lost version race is not an error: `commit` reports it as False)
 
 Deadlocks, serialization failures and dropped connections are retried (three tries) when they
-happen before COMMIT, since the database then rolled the whole transaction back.
+happen before COMMIT, since the database then rolled the whole transaction back. A failure during
+COMMIT is not retried: the batch may or may not have landed. Re-sending it is still safe, since a
+write that did land has moved its row's version and now loses; re-read to find out.
 """
 
 from __future__ import annotations

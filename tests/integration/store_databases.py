@@ -59,6 +59,19 @@ class Databases:
                 conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         return self.server.set(database=name).render_as_string(hide_password=False)
 
+    def kill_connections(self, database: str) -> None:
+        """End every server session connected to `database`, as a failover or an idle timeout would."""
+        assert self._admin is not None
+        with self._admin.connect() as conn:
+            if self.backend == "postgresql":
+                conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                     " WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": database})
+                return
+            ids = conn.execute(sa.text("SELECT id FROM information_schema.processlist WHERE db = :db"),
+                               {"db": database}).scalars().all()
+            for session in ids:
+                conn.exec_driver_sql(f"KILL {int(session)}")
+
     def drop_all(self) -> None:
         if self._admin is None:
             return

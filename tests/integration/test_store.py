@@ -21,6 +21,7 @@ from broker.jobs import JobState, transition
 from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 from broker.store.schema import VERSION_TABLE, metadata
+from broker.store.sql import _transient
 
 # The contract sits in tests/ and the fixtures beside this file; pytest's default import mode puts
 # only this directory on sys.path.
@@ -212,3 +213,63 @@ def test_store_calls_from_many_threads_share_one_store(store: SqlJobStore) -> No
     race(12, work)
     assert errors == []
     assert len(store.list_jobs(states=[JobState.QUEUED])) == 12
+
+
+# --- transient failures ------------------------------------------------------------------------------------
+
+
+def _fail_once(store: SqlJobStore, verb: str, error: Exception) -> list[str]:
+    """Make the next statement starting with `verb` raise `error`; returns the statements run."""
+    seen: list[str] = []
+
+    def before(conn: sa.Connection, cursor: object, statement: str, *args: object) -> None:
+        seen.append(statement.split()[0])
+        if statement.startswith(verb) and seen.count(verb) == 1:
+            raise error
+
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    return seen
+
+
+def test_a_dropped_connection_before_commit_is_retried(store: SqlJobStore) -> None:
+    job = store.insert(make_job("j-1"))
+    dropped = sa.exc.OperationalError("UPDATE", {}, ConnectionResetError("gone"), connection_invalidated=True)
+    seen = _fail_once(store, "UPDATE", dropped)
+    queued = transition(job, JobState.QUEUED, at=1.0)
+    assert store.commit([(queued, 0)]) == [True]
+    assert seen.count("UPDATE") == 2
+    assert store.get("j-1") == queued
+
+
+def test_a_non_transient_failure_is_not_retried(store: SqlJobStore) -> None:
+    job = store.insert(make_job("j-1"))
+    seen = _fail_once(store, "UPDATE", sa.exc.OperationalError("UPDATE", {}, OSError("disk full")))
+    with pytest.raises(StoreError, match="disk full"):
+        store.commit([(transition(job, JobState.QUEUED, at=1.0), 0)])
+    assert seen.count("UPDATE") == 1
+    assert store.get("j-1") == job
+
+
+@pytest.mark.parametrize("databases", ["mariadb", "postgresql"], indirect=True)
+def test_connections_the_server_killed_are_replaced_without_an_error(
+        store: SqlJobStore, databases: Databases) -> None:
+    job = store.insert(make_job("j-1"))
+    databases.kill_connections(store.engine.url.database or "")
+    queued = transition(job, JobState.QUEUED, at=1.0)
+    assert store.commit([(queued, 0)]) == [True]
+    assert store.get("j-1") == queued
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+@pytest.mark.parametrize(("orig", "transient"), [
+    (_PgError("40P01"), True), (_PgError("40001"), True), (_PgError("23505"), False),
+    (Exception(1213, "Deadlock found"), True), (Exception(1205, "Lock wait timeout"), True),
+    (Exception(1062, "Duplicate entry"), False), (Exception("database is locked"), False),
+])
+def test_deadlocks_and_serialization_failures_are_transient(orig: Exception, transient: bool) -> None:
+    assert _transient(sa.exc.OperationalError("UPDATE", {}, orig)) is transient

@@ -156,6 +156,6 @@ def restore_owner(pod: Pod, annotations: Mapping[str, str]) -> None:
     pod.hold_until = float(get(ANNOTATION_PREFIX + "hold-until") or 0.0)
     pod.idle_since = float(get(ANNOTATION_PREFIX + "idle-since") or pod.created_at)
     pod.used = bool(get(ANNOTATION_PREFIX + "used"))
-    origin = get(ANNOTATION_PREFIX + "origin")
+    origin = get(ANNOTATION_PREFIX + "origin") or ""
     if origin in Origin._value2member_map_:
         pod.origin = Origin(origin)

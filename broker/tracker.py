@@ -11,7 +11,7 @@ retires) -> a new pod (the caller waits; the shortfall is demand for the pool co
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
@@ -154,19 +154,17 @@ class Tracker:
                 return Shortfall(f"unknown pool {want.pool}", 0)
             if self._limits and self._over_limit(want, bucket.spec.gpus):
                 return Shortfall("caller quota", want.pods)
+            picked: Sequence[tuple[Pod, str, str | None]] | Shortfall | None = None
             if want.single_use:
                 picked = self._pick_reserved(want)
             elif want.pods == 1 and (own := bucket.by_key.get((want.caller, want.queue, want.tag))):
                 # Fast path: the session's own idle pod, the common case of a warm loop.
-                picked = None
                 gate = self._gate
                 for pod in reversed(own.values()):
                     if not gate or self._gate_open(pod):
                         picked = ((pod, Path.WARM, None),)
                         break
-                if picked is None:
-                    picked = self._pick(bucket, want)
-            else:
+            if picked is None:
                 picked = self._pick(bucket, want)
             if isinstance(picked, Shortfall):
                 return picked

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints our figures beside the paper's (`firepool bench NAME`, `--json` for one object)."""

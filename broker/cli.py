@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(), db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox)
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods)
     return serve(settings)
 
 
@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="default: $XDG_DATA_HOME/firepool")
     p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"],
                    help="local isolation: bubblewrap when it works (auto), required (bwrap), or none")
+    p.add_argument("--keep-pods", action="store_true",
+                   help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)
 

@@ -20,6 +20,7 @@ from broker.errors import FirepoolError, InvalidRequest, NotFound
 from broker.executing import Executor
 from broker.jobbook import Abort, JobBook
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
+from broker.pods import PodState
 from broker.pooling import PoolController, count
 from broker.pools import Catalog
 from broker.ports.agent import LogChunk
@@ -88,9 +89,13 @@ class ControlPlane:
         self.dispatcher.wake()
         self.controller.wake()
 
-    async def stop(self) -> None:
-        """Stop the loops; pods keep running so a restarted broker re-attaches to them."""
+    async def stop(self, *, delete_idle_pods: bool = False) -> None:
+        """Stop the loops. Busy pods keep running so a restarted broker re-attaches to their jobs;
+        idle pods are deleted too when asked (a local broker shutting down for good)."""
         await self.tasks.stop()
+        if delete_idle_pods:
+            idle = [p.name for p in self.tracker.snapshot() if p.state in (PodState.IDLE, PodState.STARTING)]
+            await asyncio.gather(*(self.backend.delete(name) for name in idle), return_exceptions=True)
         await self.backend.close()
 
     # ---------------------------------------------------------------- jobs

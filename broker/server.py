@@ -38,6 +38,8 @@ class ServeSettings:
     virtual_gpus: int | None = None
     sandbox: str = "auto"
     """Local backend isolation: auto (bubblewrap when it works), bwrap, or none (unisolated)."""
+    keep_pods: bool = False
+    """On a clean shutdown keep idle pods for the next start (busy pods are always kept)."""
     tuning: Tuning = Tuning()
 
 
@@ -101,7 +103,7 @@ def serve(settings: ServeSettings) -> int:
             yield
         finally:
             watchdog.cancel()
-            await cp.stop()
+            await cp.stop(delete_idle_pods=not settings.keep_pods)
             await asyncio.to_thread(cp.store.close)
 
     app.router.lifespan_context = lifespan

@@ -19,7 +19,7 @@ class JobRequest(Strict):
     pool: str = Field(default="cpu", min_length=1, max_length=63, description="Hardware pool (SKU) to run on.")
     command: list[str] = Field(min_length=1, max_length=4096, description="argv of rank 0's process.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment; steering variables are dropped.")
-    lease_tag: str = Field(default="", max_length=256, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
+    lease_tag: str = Field(default="", max_length=255, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
     single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")

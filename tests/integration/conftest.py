@@ -1,0 +1,137 @@
+"""Integration fixtures: a real `firepool serve` process on a free port with its own state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerProcess:
+    """`firepool serve` as a subprocess; callers alice and bob have tokens."""
+
+    def __init__(self, state_dir: Path, *, pools: str | None = None, extra: tuple[str, ...] = (),
+                 callers: tuple[str, ...] = ("alice", "bob", "carol")) -> None:
+        self.state_dir = state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.tokens = {c: secrets.token_hex(16) for c in callers}
+        tokens = state_dir.parent / f"{state_dir.name}-tokens.json"
+        tokens.write_text(json.dumps({t: c for c, t in self.tokens.items()}))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "broker.cli", "serve", "--port", str(self.port), "--state-dir", str(state_dir),
+               "--tokens", str(tokens), "--virtual-gpus", "2", *extra]
+        if pools is not None:
+            pools_file = state_dir.parent / f"{state_dir.name}-pools.yaml"
+            pools_file.write_text(pools)
+            cmd += ["--pools", str(pools_file)]
+        self.cmd = cmd
+        self.log_path = state_dir.parent / f"{state_dir.name}-broker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited: {self.log()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).json().get("ok"):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"broker never became healthy: {self.log()[-2000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, caller: str = "alice") -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[caller]}"},
+                            timeout=120)
+
+    def env(self, caller: str = "alice") -> dict[str, str]:
+        return {**os.environ, "FIREPOOL_URL": self.url, "FIREPOOL_TOKEN": self.tokens[caller]}
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the broker process only (pods are separate sessions and survive)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        delete_pods(self.state_dir)
+
+
+def delete_pods(state_dir: Path) -> None:
+    """Remove every sandbox a broker left behind in its state dir (pods outlive the broker by design)."""
+    pods = state_dir / "pods"
+    if not pods.is_dir():
+        return
+    for record in pods.glob("*/pod.json"):
+        try:
+            pid = json.loads(record.read_text()).get("pid")
+            if pid:
+                os.killpg(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def run_job(c: httpx.Client, body: dict, wait: float = 60) -> dict:
+    r = c.post("/v1/jobs", json=body)
+    assert r.status_code in (200, 201), r.text
+    job = r.json()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        job = c.get(f"/v1/jobs/{job['id']}", params={"wait_s": min(30.0, deadline - time.monotonic())}).json()
+        if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return job
+    raise AssertionError(f"job {job['id']} not done in {wait} s: {job}")
+
+
+def paths(job: dict) -> list[str]:
+    return [a["path"] for a in job.get("acquisition", [])]
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator:
+    made: list[BrokerProcess] = []
+
+    def make(name: str = "broker", **kw) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / name, **kw)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.stop()
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    return broker_factory()

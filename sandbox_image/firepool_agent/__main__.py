@@ -1,0 +1,57 @@
+"""Entry point: `python -m firepool_agent ...`: read the secret, lock the process down, serve.
+
+Order matters: the secret is read and its fd closed before anything else runs, and the process is
+made non-dumpable before the first job can exist, so no job ever sees the secret in our memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from firepool_agent import privileges, proctree
+from firepool_agent.attempts import Attempts
+from firepool_agent.config import parse_args
+from firepool_agent.reaping import Reaper
+from firepool_agent.server import Agent, make_server
+
+log = logging.getLogger("firepool_agent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, secret = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s agent[{config.pod}] %(levelname)s %(message)s")
+    privileges.forbid_dumps()
+    if not proctree.in_own_pid_namespace():
+        privileges.become_subreaper()
+    for directory in (config.workspace, config.package_dir, config.run_dir, config.tmp_dir):
+        os.makedirs(directory, exist_ok=True)
+    reaper = Reaper()
+    reaper.start()
+    agent = Agent(config, secret, Attempts(config, reaper))
+    server = make_server(agent)
+    if not proctree.in_own_pid_namespace():
+        # Outside a namespace our jobs would outlive us; take them down when asked to stop. As PID 1
+        # no handler is installed, so jobs in the namespace cannot signal the agent at all.
+        def stop(signum: int, _frame: object) -> None:
+            log.info("signal %d: killing every attempt process and stopping", signum)
+            proctree.kill_all()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+    log.info("listening on %s (isolated=%s, pid namespace=%s)", config.listen, config.isolated,
+             proctree.in_own_pid_namespace())
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Attempts: launching rank 0, following it to its exit, timeouts, signals and cancellation.
+
+One attempt runs at a time. An attempt is `running` from its launch until rank 0 has been reaped
+and its output drained; only then do `wait` and log readers see it finished, so a finished
+attempt's logs are complete. All state changes happen under `cond`, which every waiter waits on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from firepool_agent import proctree, wiping
+from firepool_agent.config import AgentConfig
+from firepool_agent.output import Output
+from firepool_agent.reaping import Reaper
+
+REMEMBERED = 1000
+"""Finished attempts whose status the agent keeps (a restarted broker asks about recent ones)."""
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "USR1": signal.SIGUSR1,
+           "USR2": signal.SIGUSR2, "QUIT": signal.SIGQUIT, "KILL": signal.SIGKILL}
+
+
+class Conflict(Exception):
+    """Another attempt is running, or the attempt id was used before."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    attempt_id: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    session: str
+    cwd: str | None = None
+    timeout_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Attempt:
+    """One execution of a job on this pod; fields mirror the broker's `AttemptStatus`."""
+
+    def __init__(self, attempt_id: str, session: str, directory: Path) -> None:
+        self.attempt_id = attempt_id
+        self.session = session
+        self.directory = directory
+        self.running = True
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.timed_out = False
+        self.cancelled = False
+        self.oom = False
+        self.started_at: float | None = None
+        self.first_instruction_at: float | None = None
+        self.finished_at: float | None = None
+        self.error_class: str | None = None
+        self.message: str | None = None
+        self.timings: dict[str, float] = {}
+        self.output: Output | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.wait_status: int | None = None
+        self.drained = False
+        self.timer: threading.Timer | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt_id": self.attempt_id, "running": self.running, "pid": self.pid,
+            "exit_code": self.exit_code, "signal": self.signal, "timed_out": self.timed_out,
+            "cancelled": self.cancelled, "oom": self.oom, "started_at": self.started_at,
+            "first_instruction_at": self.first_instruction_at, "finished_at": self.finished_at,
+            "error_class": self.error_class, "message": self.message, "timings": dict(self.timings),
+        }
+
+
+def safe_name(attempt_id: str) -> str:
+    """A directory name for an attempt id: readable, and distinct for distinct ids."""
+    readable = re.sub(r"[^A-Za-z0-9._-]", "_", attempt_id)[:64].lstrip(".") or "attempt"
+    return f"{readable}.{hashlib.sha256(attempt_id.encode()).hexdigest()[:10]}"
+
+
+class Attempts:
+    def __init__(self, config: AgentConfig, reaper: Reaper) -> None:
+        self.config = config
+        self.reaper = reaper
+        self.cond = threading.Condition()
+        self.launch_lock = threading.Lock()
+        """Serialises launches and resets."""
+        self.by_id: OrderedDict[str, Attempt] = OrderedDict()
+        self.current: Attempt | None = None
+        self.session: str | None = None
+        self.attempts_dir = Path(config.run_dir) / "attempts"
+
+    # -- launching ------------------------------------------------------------------------------
+
+    def job_env(self, requested: Mapping[str, str], attempt_id: str) -> dict[str, str]:
+        """A fresh environment: the base, then the request on top; CUDA_VISIBLE_DEVICES is ours."""
+        c = self.config
+        env = {"PATH": c.job_path, "HOME": c.workspace, "LANG": "C.UTF-8", "TMPDIR": c.tmp_dir,
+               "FIREPOOL_WORKSPACE": c.workspace, "FIREPOOL_PACKAGE_DIR": c.package_dir,
+               "FIREPOOL_ATTEMPT_ID": attempt_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env.update(requested)
+        env["CUDA_VISIBLE_DEVICES"] = c.cuda_visible_devices
+        return env
+
+    def launch(self, spec: LaunchSpec) -> Attempt:
+        """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError)."""
+        with self.launch_lock:
+            attempt = Attempt(spec.attempt_id, spec.session, self.attempts_dir / safe_name(spec.attempt_id))
+            with self.cond:
+                if self.current is not None:
+                    raise Conflict(f"attempt {self.current.attempt_id} is running")
+                if spec.attempt_id in self.by_id:
+                    raise Conflict(f"attempt {spec.attempt_id} was launched before")
+                self.current = attempt
+                self._remember(attempt)
+            if self.session is not None and spec.session != self.session:
+                problems = self._cross_session(attempt)
+                if problems:
+                    self._fail(attempt, "LaunchError", "the workspace of the previous session could not be "
+                               "emptied: " + "; ".join(problems[:5]))
+                    return attempt
+            self.session = spec.session
+            try:
+                self._spawn(attempt, spec)
+            except Exception as exc:  # never leave `current` set by an attempt that did not start
+                self._fail(attempt, "LaunchError", f"the agent could not start the attempt: {exc!r}")
+            return attempt
+
+    def _cross_session(self, attempt: Attempt) -> list[str]:
+        """A new session sees nothing of the last one: its processes die and its scratch is emptied."""
+        began = time.perf_counter()
+        problems = []
+        if proctree.others():
+            proctree.kill_all()
+            problems += [f"process {p.pid} survived" for p in proctree.wait_gone(2.0)]
+        for directory in self.scratch_dirs(workspace=True):
+            problems += wiping.empty_dir(directory)
+        attempt.timings["session_wipe_s"] = time.perf_counter() - began
+        return problems
+
+    def scratch_dirs(self, workspace: bool) -> list[str]:
+        """The directories a session may leave data in, beyond the package dir."""
+        dirs = [self.config.workspace, self.config.tmp_dir] if workspace else []
+        if self.config.isolated:
+            dirs.append(self.config.shm_dir)  # private to this sandbox; the host's is never touched
+        return dirs
+
+    def _spawn(self, attempt: Attempt, spec: LaunchSpec) -> None:
+        began = time.perf_counter()
+        output = Output(attempt.directory, self._notify)
+        cwd = os.path.join(self.config.workspace, spec.cwd) if spec.cwd else self.config.workspace
+        env = self.job_env(spec.env, spec.attempt_id)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with self.reaper.lock:
+                attempt.started_at = time.time()
+                try:
+                    popen = subprocess.Popen(list(spec.argv), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                             env=env, cwd=cwd, start_new_session=True, close_fds=True)
+                except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                    os.close(out_r)
+                    os.close(err_r)
+                    self._fail(attempt, "LaunchError", f"cannot start {spec.argv[0]!r}: {exc}")
+                    return
+                # Popen returns after the child's exec succeeded: rank 0 is at its first instruction.
+                attempt.first_instruction_at = time.time()
+                attempt.pid = popen.pid
+                attempt.popen = popen
+                attempt.output = output
+                self.reaper.watch(popen.pid, partial(self._exited, attempt))
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        attempt.timings["spawn_s"] = time.perf_counter() - began
+        output.pump(out_r, err_r, partial(self._drained, attempt))
+        if spec.timeout_s is not None:
+            attempt.timer = threading.Timer(spec.timeout_s, self._time_out, args=(attempt,))
+            attempt.timer.daemon = True
+            attempt.timer.start()
+
+    def _fail(self, attempt: Attempt, error_class: str, message: str) -> None:
+        with self.cond:
+            attempt.error_class = error_class
+            attempt.message = message
+            attempt.finished_at = time.time()
+            self._finish(attempt)
+
+    # -- following the exit ---------------------------------------------------------------------
+
+    def _exited(self, attempt: Attempt, status: int, reaped_at: float) -> None:
+        code = os.waitstatus_to_exitcode(status)
+        with self.cond:
+            if attempt.popen is not None:
+                attempt.popen.returncode = code  # so Popen never waits on a pid the reaper took
+            attempt.wait_status = status
+            attempt.finished_at = reaped_at
+            if code < 0:
+                attempt.signal = -code
+                attempt.exit_code = 128 - code
+            else:
+                attempt.exit_code = code
+            if attempt.output is not None:
+                attempt.output.exited_at = time.monotonic()
+            if attempt.drained:
+                self._finish(attempt)
+
+    def _drained(self, attempt: Attempt) -> None:
+        with self.cond:
+            attempt.drained = True
+            if attempt.wait_status is not None:
+                self._finish(attempt)
+
+    def _finish(self, attempt: Attempt) -> None:
+        """Called under `cond`: the attempt is over and its logs are complete."""
+        attempt.running = False
+        if attempt.output is not None and attempt.output.error and not attempt.message:
+            attempt.message = attempt.output.error
+        if attempt.timer is not None:
+            attempt.timer.cancel()
+        if self.current is attempt:
+            self.current = None
+        self.cond.notify_all()
+
+    def _notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def _remember(self, attempt: Attempt) -> None:
+        self.by_id[attempt.attempt_id] = attempt
+        while len(self.by_id) > REMEMBERED:
+            oldest = next(iter(self.by_id.values()))
+            if oldest.running:
+                break
+            self.by_id.popitem(last=False)
+
+    # -- asking and steering --------------------------------------------------------------------
+
+    def get(self, attempt_id: str) -> Attempt | None:
+        with self.cond:
+            return self.by_id.get(attempt_id)
+
+    def wait(self, attempt: Attempt, wait_s: float) -> dict[str, Any]:
+        """The attempt's status once it finished or `wait_s` passed."""
+        with self.cond:
+            if wait_s > 0:
+                self.cond.wait_for(lambda: not attempt.running, timeout=wait_s)
+            return attempt.to_json()
+
+    def read_log(self, attempt: Attempt, stream: str, offset: int, max_bytes: int,
+                 wait_s: float) -> tuple[bytes, int, bool]:
+        """(data, next offset, complete); with `wait_s`, block until bytes past `offset` or the end."""
+        output = attempt.output
+        with self.cond:
+            if output is not None and wait_s > 0:
+                self.cond.wait_for(lambda: output.sizes[stream] > offset or not attempt.running, timeout=wait_s)
+            running = attempt.running
+            size = output.sizes[stream] if output is not None else 0
+        data = output.read(stream, offset, max_bytes) if output is not None else b""
+        next_offset = offset + len(data)
+        return data, next_offset, not running and next_offset >= size
+
+    def send_signal(self, attempt: Attempt, name: str) -> None:
+        """Signal rank 0's process group; KILL takes every process of the attempt."""
+        with self.cond:
+            if not attempt.running or attempt.pid is None:
+                return
+            pid = attempt.pid
+        if name == "KILL":
+            proctree.kill_all()
+            return
+        try:
+            os.killpg(pid, SIGNALS[name])
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cancel(self, attempt: Attempt, grace_s: float) -> None:
+        """TERM every process of the attempt now, KILL them if it has not ended after `grace_s`."""
+        with self.cond:
+            if not attempt.running or attempt.pid is None:
+                return
+            attempt.cancelled = True
+        proctree.signal_all(signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(attempt, grace_s), name="cancel", daemon=True).start()
+
+    def _kill_after(self, attempt: Attempt, grace_s: float) -> None:
+        with self.cond:
+            ended = self.cond.wait_for(lambda: not attempt.running, timeout=grace_s)
+        if not ended:
+            proctree.kill_all()
+
+    def _time_out(self, attempt: Attempt) -> None:
+        with self.cond:
+            if not attempt.running:
+                return
+            attempt.timed_out = True
+        proctree.kill_all()
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until no attempt is running (after its processes were killed); True when none is."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.current is None, timeout=timeout_s)
+
+    def forget_session(self) -> None:
+        self.session = None

@@ -1,0 +1,222 @@
+"""The agent's HTTP/1.1 API over a Unix socket or TCP: bearer auth, routing, one response per write.
+
+    GET  /v1/health                       POST /v1/attempts              GET /v1/attempts/{id}?wait_s=
+    GET  /v1/attempts/{id}/log?stream=&offset=&max_bytes=&wait_s=      POST /v1/reset
+    POST /v1/attempts/{id}/signal         POST /v1/attempts/{id}/cancel
+
+A thread per connection; connections stay open between requests (the broker's launch path is
+latency-bound). Every response goes out in one write, and TCP sockets set TCP_NODELAY, so no reply
+waits on Nagle's algorithm.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import socket
+import socketserver
+import sys
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from firepool_agent import __version__, wire
+from firepool_agent.attempts import Attempt, Attempts, Conflict
+from firepool_agent.config import AgentConfig
+from firepool_agent.resetting import Resetter
+
+log = logging.getLogger(__name__)
+MAX_BODY = 8 << 20
+
+
+class Agent:
+    """What the handlers act on: settings, the secret, the attempts and the resetter."""
+
+    def __init__(self, config: AgentConfig, secret: bytes, attempts: Attempts) -> None:
+        self.config = config
+        self.secret = secret
+        self.attempts = attempts
+        self.resetter = Resetter(attempts)
+        self.started = time.monotonic()
+
+    def health(self) -> dict[str, Any]:
+        current = self.attempts.current
+        return {
+            "pod": self.config.pod, "isolated": self.config.isolated,
+            "attempt": current.attempt_id if current is not None else None,
+            "uptime_s": time.monotonic() - self.started,
+            "info": {"pid": os.getpid(), "python": sys.version.split()[0], "version": __version__,
+                     "cuda_visible_devices": self.config.cuda_visible_devices,
+                     "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace},
+        }
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "firepool-agent/" + __version__
+    agent: Agent  # set on the subclass made by `serve`
+
+    def setup(self) -> None:
+        super().setup()
+        if self.request.family in (socket.AF_INET, socket.AF_INET6):
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # one line per request would dominate the agent's log; errors are logged where they happen
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _send(self, status: int, body: bytes = b"", content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
+        lines = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}",
+                 f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if self.close_connection:
+            lines.append("Connection: close")
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload, separators=(",", ":")).encode())
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": {"status": status, "message": message}})
+
+    def _body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise wire.HttpError(411, "chunked bodies are not supported; send Content-Length")
+        try:
+            size = int(length or 0)
+        except ValueError:
+            self.close_connection = True
+            raise wire.HttpError(400, "bad Content-Length") from None
+        if size > MAX_BODY:
+            self.close_connection = True
+            raise wire.HttpError(413, f"the body is larger than {MAX_BODY} bytes")
+        return self.rfile.read(size) if size else b""
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        # compare_digest takes time independent of where the tokens differ.
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.agent.secret)
+
+    def _handle(self, method: str) -> None:
+        if not self._authorized():
+            self.close_connection = True  # the body was not read; do not parse it as the next request
+            self._error(401, "missing or wrong bearer secret")
+            return
+        try:
+            url = urlsplit(self.path)
+            parts = [unquote(p) for p in url.path.strip("/").split("/")]
+            query = parse_qs(url.query)
+            body = self._body() if method == "POST" else b""
+            self._route(method, parts, query, body)
+        except wire.HttpError as exc:
+            self._error(exc.status, exc.message)
+        except Conflict as exc:
+            self._error(409, str(exc))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:
+            log.exception("request %s %s failed", method, self.path)
+            self.close_connection = True
+            self._error(500, f"agent error: {exc!r}")
+
+    def _attempt(self, attempt_id: str) -> Attempt:
+        attempt = self.agent.attempts.get(attempt_id)
+        if attempt is None:
+            raise wire.HttpError(404, f"this agent never ran attempt {attempt_id!r}")
+        return attempt
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    def _route(self, method: str, parts: list[str], query: dict[str, list[str]], body: bytes) -> None:
+        attempts = self.agent.attempts
+        if parts[:1] != ["v1"]:
+            raise wire.HttpError(404, "no such endpoint")
+        route = (method, *parts[1:2], len(parts))
+        if route == ("GET", "health", 2):
+            self._json(200, self.agent.health())
+        elif route == ("POST", "attempts", 2):
+            attempt = attempts.launch(wire.parse_launch(body))
+            self._json(201, attempt.to_json())
+        elif route == ("GET", "attempts", 3):
+            wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
+            self._json(200, attempts.wait(self._attempt(parts[2]), wait_s))
+        elif route == ("GET", "attempts", 4) and parts[3] == "log":
+            self._log(self._attempt(parts[2]), query)
+        elif route == ("POST", "attempts", 4) and parts[3] == "signal":
+            attempts.send_signal(self._attempt(parts[2]), wire.parse_signal(body))
+            self._send(204)
+        elif route == ("POST", "attempts", 4) and parts[3] == "cancel":
+            attempts.cancel(self._attempt(parts[2]), wire.parse_cancel(body))
+            self._send(202)
+        elif route == ("POST", "reset", 2):
+            self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
+        else:
+            raise wire.HttpError(404 if method in ("GET", "POST") else 405, "no such endpoint")
+
+    def _log(self, attempt: Attempt, query: dict[str, list[str]]) -> None:
+        stream = wire.query_stream(query)
+        offset = wire.query_int(query, "offset", 0, 1 << 62)
+        max_bytes = max(1, wire.query_int(query, "max_bytes", 1 << 20, wire.MAX_LOG_CHUNK))
+        wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
+        try:
+            data, next_offset, complete = self.agent.attempts.read_log(attempt, stream, offset, max_bytes, wait_s)
+        except FileNotFoundError:
+            raise wire.HttpError(410, f"the logs of {attempt.attempt_id!r} were wiped by a reset") from None
+        self._send(200, data, "application/octet-stream",
+                   {"X-Next-Offset": str(next_offset), "X-Complete": "1" if complete else "0"})
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+
+
+class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+
+class _Tcp6Server(_TcpServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(agent: Agent) -> socketserver.BaseServer:
+    """Bind the listening socket named by `--listen` (a stale Unix socket file is replaced)."""
+    handler = type("BoundHandler", (Handler,), {"agent": agent})
+    listen = agent.config.listen
+    if listen.startswith("unix:"):
+        path = listen[len("unix:"):]
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        bind_path = path
+        if len(path.encode()) > 100:
+            # sun_path holds ~107 bytes; a long path is reached through an fd of its directory.
+            dir_fd = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            bind_path = f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}"
+        old_umask = os.umask(0o177)  # the socket is ours alone (the broker is root or our uid)
+        try:
+            server: socketserver.BaseServer = _UnixServer(bind_path, handler)
+        finally:
+            os.umask(old_umask)
+        return server
+    host, _, port = listen[len("tcp:"):].rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    server_class = _Tcp6Server if ":" in host else _TcpServer
+    return server_class((host, int(port)), handler)

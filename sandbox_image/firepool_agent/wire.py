@@ -1,0 +1,150 @@
+"""The agent's request shapes: strict JSON bodies and query parameters, checked field by field.
+
+An unknown field or a wrong type is a 400, never silently ignored: a broker and an agent that
+disagree about the protocol should fail loudly at the first request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from firepool_agent.attempts import SIGNALS, LaunchSpec
+from firepool_agent.output import STREAMS
+from firepool_agent.resetting import ResetSpec
+
+MAX_WAIT_S = 600.0
+MAX_LOG_CHUNK = 16 << 20
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _object(raw: bytes, allowed: set[str], required: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HttpError(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise HttpError(400, f"unknown field(s): {', '.join(unknown)}")
+    missing = sorted(required - set(body))
+    if missing:
+        raise HttpError(400, f"missing field(s): {', '.join(missing)}")
+    return body
+
+
+def _string(name: str, value: Any, *, optional: bool = False, nonempty: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or "\0" in value or (nonempty and not value):
+        raise HttpError(400, f"{name} must be a{' non-empty' if nonempty else ''} string without NUL")
+    return value
+
+
+def _number(name: str, value: Any, *, optional: bool = False, minimum: float = 0.0) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
+        raise HttpError(400, f"{name} must be a number >= {minimum}")
+    return float(value)
+
+
+def _paths(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p.startswith("/") and "\0" not in p
+                                              for p in value):
+        raise HttpError(400, f"{name} must be a list of absolute paths")
+    return tuple(value)
+
+
+def parse_launch(raw: bytes) -> LaunchSpec:
+    body = _object(raw, {"attempt_id", "argv", "env", "session", "cwd", "timeout_s", "extra"},
+                   {"attempt_id", "argv", "session"})
+    attempt_id = _string("attempt_id", body["attempt_id"], nonempty=True)
+    assert attempt_id is not None
+    if len(attempt_id) > 256:
+        raise HttpError(400, "attempt_id is longer than 256 characters")
+    argv = body["argv"]
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) \
+            or not argv[0]:
+        raise HttpError(400, "argv must be a non-empty list of strings without NUL")
+    env = body.get("env") or {}
+    if not isinstance(env, dict):
+        raise HttpError(400, "env must be an object of strings")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or not isinstance(value, str) or "\0" in value:
+            raise HttpError(400, f"env entry {key!r} is not a valid variable")
+    extra = body.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise HttpError(400, "extra must be an object")
+    timeout = _number("timeout_s", body.get("timeout_s"), optional=True)
+    if timeout is not None and timeout <= 0:
+        raise HttpError(400, "timeout_s must be positive")
+    return LaunchSpec(attempt_id=attempt_id, argv=tuple(argv), env=env,
+                      session=_string("session", body["session"]) or "",
+                      cwd=_string("cwd", body.get("cwd"), optional=True), timeout_s=timeout, extra=extra)
+
+
+def parse_reset(raw: bytes) -> ResetSpec:
+    body = _object(raw, {"wipe_workspace", "wipe_paths", "keep_paths"})
+    wipe_workspace = body.get("wipe_workspace", False)
+    if not isinstance(wipe_workspace, bool):
+        raise HttpError(400, "wipe_workspace must be a boolean")
+    return ResetSpec(wipe_workspace=wipe_workspace, wipe_paths=_paths("wipe_paths", body.get("wipe_paths", [])),
+                     keep_paths=_paths("keep_paths", body.get("keep_paths", [])))
+
+
+def parse_signal(raw: bytes) -> str:
+    body = _object(raw, {"signal"}, {"signal"})
+    name = body["signal"]
+    if not isinstance(name, str) or name.upper().removeprefix("SIG") not in SIGNALS:
+        raise HttpError(400, f"signal must be one of {', '.join(SIGNALS)}")
+    return name.upper().removeprefix("SIG")
+
+
+def parse_cancel(raw: bytes) -> float:
+    body = _object(raw, {"grace_s"})
+    grace = _number("grace_s", body.get("grace_s", 5.0))
+    assert grace is not None
+    return min(grace, MAX_WAIT_S)
+
+
+def query_number(query: Mapping[str, list[str]], name: str, default: float, maximum: float) -> float:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = float(values[-1])
+    except ValueError:
+        raise HttpError(400, f"{name} must be a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise HttpError(400, f"{name} must be a non-negative number")
+    return min(value, maximum)
+
+
+def query_int(query: Mapping[str, list[str]], name: str, default: int, maximum: int) -> int:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[-1])
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer") from None
+    if value < 0:
+        raise HttpError(400, f"{name} must not be negative")
+    return min(value, maximum)
+
+
+def query_stream(query: Mapping[str, list[str]]) -> str:
+    stream = (query.get("stream") or ["combined"])[-1]
+    if stream not in STREAMS:
+        raise HttpError(400, f"stream must be one of {', '.join(STREAMS)}")
+    return stream

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 from broker.clock import Clock
@@ -35,6 +36,48 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a finished attempt means for its job."""
+
+    error: str | None
+    message: str | None
+    exit_code: int | None
+    cancelled: bool
+    final: AttemptState
+    state: JobState
+
+
+def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_requested: bool) -> Verdict:
+    """Rank 0's exit decides; a lost pod makes it PodLost, another failed rank fails a clean rank 0."""
+    rank0 = statuses[0]
+    exit_code = rank0.exit_code if rank0 is not None else None
+    cancelled = cancel_requested or bool(rank0 and rank0.cancelled)
+    error: str | None
+    message: str | None = None
+    if never_ran:
+        error, message = ErrorClass.CANCELLED, "cancelled before launch"
+    elif any(s is None for s in statuses):
+        error, message = ErrorClass.POD_LOST, "a pod of the attempt was lost"
+    else:
+        assert rank0 is not None
+        error = rank0.error_class or describe_exit(rank0.exit_code, timed_out=rank0.timed_out, cancelled=cancelled,
+                                                   oom=rank0.oom, signal=rank0.signal)
+        message = rank0.message
+        failed = next((s for s in statuses[1:] if s is not None and s.exit_code != 0), None)
+        if error is None and failed is not None:
+            error = failed.error_class or describe_exit(failed.exit_code, timed_out=failed.timed_out,
+                                                        oom=failed.oom, signal=failed.signal)
+            message = "another rank failed"
+    if cancelled:
+        error = ErrorClass.CANCELLED
+    lost = error == ErrorClass.POD_LOST
+    final = (AttemptState.SUCCEEDED if error is None else AttemptState.CANCELLED if cancelled
+             else AttemptState.LOST if lost else AttemptState.FAILED)
+    state = JobState.SUCCEEDED if error is None else JobState.CANCELLED if cancelled else JobState.FAILED
+    return Verdict(error, message, exit_code, cancelled, final, state)
 
 
 def session_key(job: Job) -> str:
@@ -238,47 +281,28 @@ class Executor:
                               never_ran: bool, may_retry: bool) -> Job | None:
         now = self.clock.now()
         rank0 = statuses[0]
-        lost = any(s is None for s in statuses) and not never_ran
-        failed_rank = next((s for s in statuses[1:] if s is not None and s.exit_code != 0), None)
 
         def outcome(job: Job) -> Job:
             attempt = job.current_attempt
             if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
                 raise Abort
-            cancelled = job.cancel_requested or bool(rank0 and rank0.cancelled)
-            exit_code = rank0.exit_code if rank0 is not None else None
-            if never_ran:
-                error, message = ErrorClass.CANCELLED, "cancelled before launch"
-            elif lost:
-                error, message = ErrorClass.POD_LOST, "a pod of the attempt was lost"
-            else:
-                assert rank0 is not None
-                error = rank0.error_class or describe_exit(rank0.exit_code, timed_out=rank0.timed_out,
-                                                           cancelled=cancelled, oom=rank0.oom, signal=rank0.signal)
-                message = rank0.message
-                if error is None and failed_rank is not None:
-                    error = failed_rank.error_class or describe_exit(failed_rank.exit_code, timed_out=failed_rank.timed_out,
-                                                                    oom=failed_rank.oom, signal=failed_rank.signal)
-                    message = "another rank failed"
-            if cancelled:
-                error = ErrorClass.CANCELLED
-            final = (AttemptState.SUCCEEDED if error is None else AttemptState.CANCELLED if cancelled
-                     else AttemptState.LOST if lost else AttemptState.FAILED)
-            changes = {"finished_at": now, "exit_code": exit_code, "error_class": error, "message": message}
+            verdict = judge(statuses, never_ran=never_ran, cancel_requested=job.cancel_requested)
+            changes: dict[str, object] = {"finished_at": now, "exit_code": verdict.exit_code,
+                                          "error_class": verdict.error, "message": verdict.message}
+            times: dict[str, float] = {}
             if rank0 is not None:
-                changes.update(launched_at=attempt.launched_at or rank0.started_at,
-                               first_instruction_at=attempt.first_instruction_at or rank0.first_instruction_at)
-            if attempt.state is AttemptState.LAUNCHING and final is not AttemptState.LOST and not never_ran:
+                changes["launched_at"] = attempt.launched_at or rank0.started_at
+                changes["first_instruction_at"] = attempt.first_instruction_at or rank0.first_instruction_at
+                if rank0.first_instruction_at is not None:
+                    times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
+            if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
                 attempt = attempt.move(AttemptState.RUNNING)
-            job = job.with_attempt(attempt.move(final, **changes))
-            times = {}
-            if rank0 is not None and rank0.first_instruction_at is not None:
-                times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
-            if error is not None and not cancelled and may_retry and job.retries < job.spec.max_retries:
+            job = job.with_attempt(attempt.move(verdict.final, **changes))
+            if verdict.error is not None and not verdict.cancelled and may_retry \
+                    and job.retries < job.spec.max_retries:
                 return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
-            state = (JobState.SUCCEEDED if error is None else JobState.CANCELLED if cancelled else JobState.FAILED)
-            return transition(job, state, now, exit_code=exit_code, error_class=error, error_message=message,
-                              timings=times)
+            return transition(job, verdict.state, now, exit_code=verdict.exit_code, error_class=verdict.error,
+                              error_message=verdict.message, timings=times)
 
         try:
             committed = await self.book.write(job_id, outcome)

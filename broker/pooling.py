@@ -168,9 +168,9 @@ class PoolController:
             for _ in range(p.create):
                 self._create(spec, Origin.DEMAND if self.demand.get(name) else Origin.WARM)
             for pod_name in p.retire:
-                pod = self.tracker.pods.get(pod_name)
-                if pod is not None:
-                    self.retire(pod_name, only_if_idle_since=pod.idle_since)
+                victim = self.tracker.pods.get(pod_name)
+                if victim is not None:
+                    self.retire(pod_name, only_if_idle_since=victim.idle_since)
             room = spec.max_count - counts.physical - p.create
             for job_id, (pool, n) in self.single_use.items():
                 if pool != name or job_id in self._reserved_started:

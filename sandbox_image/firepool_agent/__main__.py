@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from firepool_agent import privileges, proctree
 from firepool_agent.attempts import Attempts
@@ -40,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         def stop(signum: int, _frame: object) -> None:
             log.info("signal %d: killing every attempt process and stopping", signum)
             proctree.kill_all()
-            threading.Thread(target=server.shutdown, daemon=True).start()
+            logging.shutdown()
+            os._exit(0)  # nothing to flush: attempt state lives only in memory
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)

@@ -70,6 +70,11 @@ class HttpAgentClient:
         timeout = httpx.Timeout(self.timeout_s + wait_s + (_SLACK_S if wait_s else 0.0))
         try:
             response = await self._client.request(method, path, json=json, params=params, timeout=timeout)
+        except RuntimeError as exc:
+            if not self._client.is_closed:
+                raise
+            raise AgentError(f"the client of pod {self.pod or self.endpoint} was closed (pod deleted?)",
+                             {"pod": self.pod, "endpoint": self.endpoint}) from exc
         except httpx.HTTPError as exc:
             raise AgentError(f"agent of pod {self.pod or self.endpoint} unreachable: {type(exc).__name__}: {exc}",
                              {"pod": self.pod, "endpoint": self.endpoint}) from exc

@@ -1,0 +1,5 @@
+"""Backend adapters behind the `broker.ports.backend.Backend` port.
+
+`local`: bubblewrap sandboxes on this machine (or an unisolated fallback), GPUs from `gpus`
+(NVML, or virtual ones). Import the adapter you need; this package imports nothing on its own.
+"""

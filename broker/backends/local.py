@@ -41,6 +41,7 @@ from broker.backends.sandboxing import (
     exposed_sources,
     fallback_argv,
     parse_binds,
+    parse_network,
     probe_bwrap,
     python_of,
     python_prefixes,
@@ -173,6 +174,7 @@ class LocalBackend:
             raise BackendError(f"pod {name} already exists")
         try:
             binds = parse_binds(request.pool.template.get("binds"))
+            network = parse_network(request.pool.template.get("network"))
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -194,6 +196,7 @@ class LocalBackend:
         self._starting.add(name)
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds, uid=self.uid,
+                           network=network,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
         delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
         starting = asyncio.ensure_future(self._start(spec, record))

@@ -97,6 +97,8 @@ class SandboxSpec:
     binds: tuple[Bind, ...] = ()
     uid: int | None = None
     """Set when the broker is root: the uid (and gid) the agent and jobs run as."""
+    network: bool = True
+    """Share the host's network (jobs can reach it and localhost); False gives a private loopback only."""
 
 
 def agent_package_dir() -> str:
@@ -134,6 +136,15 @@ def python_prefixes(prefix: str) -> tuple[str, ...]:
 
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def parse_network(raw: Any) -> bool:
+    """`pool.template["network"]`: "host" (the default) or "none"."""
+    if raw in (None, "host"):
+        return True
+    if raw == "none":
+        return False
+    raise ValueError(f'template network must be "host" or "none", got {raw!r}')
 
 
 def parse_binds(raw: Any) -> tuple[Bind, ...]:
@@ -187,9 +198,9 @@ def agent_env(spec: SandboxSpec, *, isolated: bool) -> dict[str, str]:
     return {"PYTHONPATH": agent_root, "PATH": job_path(spec), "LANG": "C.UTF-8", "HOME": home}
 
 
-def _namespaces(name: str, uid: int | None) -> list[str]:
+def _namespaces(name: str, uid: int | None, network: bool = True) -> list[str]:
     argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", name, "--as-pid-1", "--new-session",
-            "--cap-drop", "ALL"]
+            "--cap-drop", "ALL", *([] if network else ["--unshare-net"])]
     if uid is None:
         return ["--unshare-user", *argv]
     # Privileged bwrap keeps only what setpriv needs to drop to the sandbox uid, then drops it too.
@@ -239,7 +250,7 @@ class _Tree:
 def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     """The full command that starts the pod: bwrap, [setpriv], python -m firepool_agent."""
     tree = _Tree()
-    tree.argv += _namespaces(spec.name, spec.uid) + ["--info-fd", str(INFO_FD)]
+    tree.argv += _namespaces(spec.name, spec.uid, spec.network) + ["--info-fd", str(INFO_FD)]
     tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
     for prefix in spec.prefixes:

@@ -57,7 +57,9 @@ class Agent:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "firepool-agent/" + __version__
-    agent: Agent  # set on the subclass made by `serve`
+    timeout = 300.0
+    """Idle connections close after this; the broker's client drops its idle ones after 60 s, first."""
+    agent: Agent  # set on the subclass made by `make_server`
 
     def setup(self) -> None:
         super().setup()

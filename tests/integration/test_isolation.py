@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -149,3 +150,20 @@ async def test_a_job_sees_nothing_of_other_pods_its_agents_secret_or_the_broker(
     assert report["ptrace_pid1"] == -1
     if os.geteuid() == 0:
         assert report["uid"] == 65534 and denied["/etc/shadow"] == "Permission denied"
+
+
+async def test_network_none_cuts_a_pod_off_the_hosts_loopback(backend: LocalBackend) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    dial = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
+    try:
+        await backend.create(PodRequest(name="shared", pool=CPU))
+        await backend.create(PodRequest(name="cut-off", pool=PoolSpec(name="offline", template={"network": "none"})))
+        assert await run(backend, "shared", "dial:0", sys.executable, "-S", "-c", dial) == "connected\n"
+        agent = backend.agent("cut-off")
+        await agent.launch(LaunchRequest(attempt_id="dial:0", argv=(sys.executable, "-S", "-c", dial), env={},
+                                         session="s"))
+        status = await agent.wait("dial:0", 30)
+        assert status.exit_code == 1 and b"ConnectionRefusedError" in (await agent.read_log("dial:0")).data
+    finally:
+        server.close()

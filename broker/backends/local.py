@@ -107,7 +107,7 @@ class LocalBackend:
         if not _warned_unisolated:
             _warned_unisolated = True
             log.warning("local pods run UNISOLATED (%s): jobs share this host's processes, files and /dev/shm, "
-                        "and run as uid %d", why, os.geteuid())
+                        "run as uid %d and can read the broker's state directory", why, os.geteuid())
         return "none"
 
     def _spec_template(self) -> SandboxSpec:
@@ -136,14 +136,16 @@ class LocalBackend:
             return None
 
     def _write(self, record: dict[str, Any]) -> None:
-        """Replace the record atomically: a crash leaves the old or the new one, never half of one."""
+        """Replace the record atomically: a broker crash leaves the old or the new one, never half of one.
+
+        No fsync: a record only has to outlive the broker, and after a host crash no pod survives.
+        Synchronous (well under a millisecond), so concurrent writers of one record cannot interleave.
+        """
         target = self._dirs(record["name"]).record
-        temp = target.with_name(f".pod.json.{os.getpid()}.tmp")
+        temp = target.with_name(".pod.json.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(temp, target)
 
     def _info(self, record: Mapping[str, Any]) -> PodInfo:
@@ -224,9 +226,11 @@ class LocalBackend:
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
+        self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
         pid, info_fd = self._spawn(argv, record["secret"], spec)
         record["launcher_pid"] = pid
         record["launcher_start"] = _starttime(pid)
+        self._write(record)
         if info_fd is not None:
             record["agent_pid"] = await self._read_agent_pid(info_fd, pid)
         else:
@@ -344,6 +348,10 @@ class LocalBackend:
     async def _kill(self, record: Mapping[str, Any]) -> None:
         agent = _same_process(record.get("agent_pid"), record.get("agent_start"))
         launcher = _same_process(record.get("launcher_pid"), record.get("launcher_start"))
+        if agent is None and launcher is not None and record.get("mode") == "bwrap":
+            # The broker died before it learnt the sandbox's pid: it is the launcher's child.
+            for proc in proctree.descendants(launcher):
+                _signal(proc.pid, signal.SIGKILL)
         if record.get("mode") == "none" and agent is not None:
             # Unisolated, the agent's jobs would outlive it: freeze it, kill its tree, then it.
             _signal(agent, signal.SIGSTOP)
@@ -416,7 +424,7 @@ class LocalBackend:
         if record is None:
             raise BackendError(f"pod {name} is gone")
         record["annotations"] = {**record["annotations"], **annotations}
-        await asyncio.to_thread(self._write, record)
+        self._write(record)
 
     def agent(self, name: str) -> HttpAgentClient:
         client = self._clients.get(name)

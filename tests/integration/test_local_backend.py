@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -215,3 +216,15 @@ async def test_unisolated_fallback_works_and_says_so(tmp_path: Path) -> None:
         assert await backend.list_pods() == []
     finally:
         await backend.close()
+
+
+async def test_a_pod_that_died_is_dropped_and_its_gpu_freed(backend: LocalBackend) -> None:
+    info = await backend.create(PodRequest(name="doomed", pool=GPU))
+    os.kill(info.details["agent_pid"], signal.SIGKILL)  # the sandbox's PID 1: the whole pod goes
+    for _ in range(200):
+        if not host_processes_running("--pod doomed "):
+            break
+        await asyncio.sleep(0.01)
+    assert await backend.list_pods() == []
+    assert not (backend.pods_dir / "doomed").exists()
+    assert (await backend.create(PodRequest(name="heir", pool=GPU))).gpus == info.gpus

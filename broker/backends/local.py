@@ -11,28 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
 import re
 import secrets
 import shutil
-import signal
-import stat
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import proctree
-
 from broker.agent_http import HttpAgentClient
 from broker.backends import gpus as gpu_discovery
+from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
-    INFO_FD,
-    SECRET_FD,
     PodDirs,
     SandboxSpec,
     agent_env,
@@ -83,7 +77,7 @@ class LocalBackend:
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
-        self._children: set[int] = set()
+        self.procs = PodProcesses()
         for path in sorted(self.pods_dir.glob("*/pod.json")):
             record = self._read(path)
             if record is not None:
@@ -226,88 +220,31 @@ class LocalBackend:
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
+        # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
+        env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
-        pid, info_fd = self._spawn(argv, record["secret"], spec)
+        try:
+            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated)
+        except OSError as exc:
+            raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
         record["launcher_pid"] = pid
-        record["launcher_start"] = _starttime(pid)
+        record["launcher_start"] = starttime(pid)
         self._write(record)
+        agent_pid: int | None = pid
         if info_fd is not None:
-            record["agent_pid"] = await self._read_agent_pid(info_fd, pid)
-        else:
-            record["agent_pid"] = pid
-        record["agent_start"] = _starttime(record["agent_pid"])
+            agent_pid = await self.procs.sandbox_pid(info_fd, pid, START_TIMEOUT_S)
+            if agent_pid is None:
+                raise BackendError(f"bwrap did not start pod {spec.name}: {self._log_tail(spec.name)}")
+        record["agent_pid"] = agent_pid
+        record["agent_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
         log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
                  record["cuda_visible_devices"] or "none")
 
-    def _spawn(self, argv: list[str], secret: str, spec: SandboxSpec) -> tuple[int, int | None]:
-        """Start the pod's process tree in its own session; the secret travels through a pipe only."""
-        secret_r, secret_w = os.pipe()
-        os.write(secret_w, secret.encode())
-        os.close(secret_w)
-        info_r, info_w = os.pipe() if self.isolated else (None, None)
-        log_fd = os.open(spec.dirs.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        extra: list[int] = []
-        try:
-            # dup2 onto fixed numbers clears close-on-exec in the child only, so no other child of the
-            # broker can inherit the pipes; a source already on a target number is moved away first.
-            secret_src = _off(secret_r, (SECRET_FD, INFO_FD), extra)
-            actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                       (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2),
-                       (os.POSIX_SPAWN_DUP2, secret_src, SECRET_FD)]
-            if info_w is not None:
-                actions.append((os.POSIX_SPAWN_DUP2, _off(info_w, (SECRET_FD, INFO_FD), extra), INFO_FD))
-            env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-            try:
-                pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True,
-                                     setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
-            except OSError as exc:
-                raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
-            self._children.add(pid)
-            return pid, info_r
-        finally:
-            for fd in (secret_r, info_w, log_fd, *extra):
-                if fd is not None:
-                    os.close(fd)
-
-    async def _read_agent_pid(self, info_fd: int, launcher: int) -> int:
-        """bwrap reports the sandbox's PID 1 as the host sees it: the pid that tears the sandbox down."""
-        os.set_blocking(info_fd, False)
-        data = b""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            while True:
-                try:
-                    chunk = os.read(info_fd, 4096)
-                except BlockingIOError:
-                    chunk = None
-                if chunk:
-                    data += chunk
-                    with contextlib.suppress(ValueError):
-                        return int(json.loads(data)["child-pid"])
-                elif chunk == b"" or not self._launcher_alive(launcher) or time.monotonic() > deadline:
-                    raise BackendError(f"bwrap did not start the sandbox: {self._log_tail(launcher)}")
-                await asyncio.sleep(0.001)
-        finally:
-            os.close(info_fd)
-
-    def _launcher_alive(self, pid: int) -> bool:
-        if pid in self._children:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done == pid:
-                self._children.discard(pid)
-                return False
-        return True
-
-    def _log_tail(self, pid: int) -> str:
-        for name, record in self._records.items():
-            if record.get("launcher_pid") == pid:
-                with contextlib.suppress(OSError):
-                    return self._dirs(name).log.read_text(errors="replace")[-600:].strip() or "(no output)"
+    def _log_tail(self, name: str) -> str:
+        with contextlib.suppress(OSError):
+            return self._dirs(name).log.read_text(errors="replace")[-600:].strip() or "(no output)"
         return "(no output)"
 
     async def _wait_healthy(self, name: str, launcher: int) -> None:
@@ -319,8 +256,8 @@ class LocalBackend:
                 await client.health()
                 return
             except AgentError as exc:
-                if not self._launcher_alive(launcher):
-                    raise BackendError(f"pod {name} exited while starting: {self._log_tail(launcher)}") from exc
+                if self.procs.exited(launcher):
+                    raise BackendError(f"pod {name} exited while starting: {self._log_tail(name)}") from exc
                 if time.monotonic() > deadline:
                     raise BackendError(f"pod {name}'s agent did not answer within {START_TIMEOUT_S:.0f} s") from exc
             await asyncio.sleep(pause)
@@ -341,40 +278,10 @@ class LocalBackend:
         fd = self._dir_fds.pop(name, None)
         if fd is not None:
             os.close(fd)
-        await self._kill(record)
-        await asyncio.to_thread(_remove_tree, self._dirs(name).root)
+        if not await self.procs.kill(record, KILL_TIMEOUT_S):
+            log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
+        await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
-
-    async def _kill(self, record: Mapping[str, Any]) -> None:
-        agent = _same_process(record.get("agent_pid"), record.get("agent_start"))
-        launcher = _same_process(record.get("launcher_pid"), record.get("launcher_start"))
-        if agent is None and launcher is not None and record.get("mode") == "bwrap":
-            # The broker died before it learnt the sandbox's pid: it is the launcher's child.
-            for proc in proctree.descendants(launcher):
-                _signal(proc.pid, signal.SIGKILL)
-        if record.get("mode") == "none" and agent is not None:
-            # Unisolated, the agent's jobs would outlive it: freeze it, kill its tree, then it.
-            _signal(agent, signal.SIGSTOP)
-            for _ in range(100):
-                tree = [p for p in proctree.descendants(agent) if p.alive]
-                if not tree:
-                    break
-                for proc in tree:
-                    _signal(proc.pid, signal.SIGKILL)
-        # SIGKILL to a PID namespace's init takes every process in the namespace with it.
-        for pid in (agent, launcher):
-            if pid is not None:
-                _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + KILL_TIMEOUT_S
-        for pid, start in ((agent, record.get("agent_start")), (launcher, record.get("launcher_start"))):
-            while pid is not None and time.monotonic() < deadline:
-                if pid in self._children and not self._launcher_alive(pid):
-                    break
-                if _same_process(pid, start) is None:
-                    break
-                await asyncio.sleep(0.005)
-        if time.monotonic() >= deadline:
-            log.error("pod %s: processes still alive %.0f s after SIGKILL", record["name"], KILL_TIMEOUT_S)
 
     # -- list, annotate, agents -----------------------------------------------------------------
 
@@ -401,11 +308,10 @@ class LocalBackend:
         return live
 
     def _alive(self, record: Mapping[str, Any]) -> bool:
-        pid = _same_process(record.get("agent_pid"), record.get("agent_start"))
         launcher = record.get("launcher_pid")
-        if launcher in self._children:
-            self._launcher_alive(launcher)  # reap it if it exited
-        return pid is not None
+        if launcher:
+            self.procs.exited(launcher)  # reaps it when it is our child and gone
+        return same_process(record.get("agent_pid"), record.get("agent_start")) is not None
 
     async def _healthy(self, name: str) -> bool:
         record = self._records.get(name)
@@ -453,54 +359,3 @@ class LocalBackend:
         fds, self._dir_fds = self._dir_fds, {}
         for fd in fds.values():
             os.close(fd)
-
-
-def _off(fd: int, taken: tuple[int, ...], extra: list[int]) -> int:
-    while fd in taken:
-        fd = os.dup(fd)
-        extra.append(fd)
-    return fd
-
-
-def _starttime(pid: int | None) -> int | None:
-    proc = proctree.read_proc(pid) if pid else None
-    return proc.starttime if proc is not None else None
-
-
-def _same_process(pid: int | None, start: int | None) -> int | None:
-    """`pid` when it still names the process that had it at `start` and has not exited; else None."""
-    if not pid:
-        return None
-    proc = proctree.read_proc(pid)
-    if proc is None or not proc.alive or (start is not None and proc.starttime != start):
-        return None
-    return pid
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _remove_tree(root: Path) -> None:
-    """Remove a pod directory even when a job left read-only or unreadable directories in it."""
-
-    def unlock(function: Any, path: str, _exc_info: Any) -> None:
-        parent = os.path.dirname(path)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, stat.S_IRWXU)
-        if os.path.isdir(path) and not os.path.islink(path):
-            with contextlib.suppress(OSError):
-                os.chmod(path, stat.S_IRWXU)
-            shutil.rmtree(path, onerror=unlock)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-    try:
-        shutil.rmtree(root, onerror=unlock)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.error("could not remove %s: %s", root, exc)

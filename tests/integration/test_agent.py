@@ -286,7 +286,8 @@ async def test_clean_reset_is_fast_and_empties_the_package_dir(agent: RunningAge
     await agent.client.wait("job-r:0", 10)
     result = await agent.client.reset(ResetRequest())
     assert result.clean and result.killed == 0 and not result.problems
-    assert result.duration_s < 0.05
+    # Unisolated, the proof scans the host's whole /proc; inside a sandbox it takes ~0.1 ms.
+    assert result.duration_s < 0.25
     assert not list((agent.root / "pkg").iterdir())
     assert not (agent.root / "run" / "attempts").exists() or not list((agent.root / "run" / "attempts").iterdir())
     assert (agent.root / "run" / "agent.sock").exists()

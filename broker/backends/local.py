@@ -1,7 +1,7 @@
 """`LocalBackend`: pods as bubblewrap sandboxes on this machine, each with the pod agent as PID 1.
 
-A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, pids, GPUs and
-annotations; never visible in any sandbox), the agent's log, and the workspace, package and run
+A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, GPUs, annotations and
+`pid`, the agent's host pid, whose SIGKILL ends the whole pod; never visible in any sandbox), the agent's log, and the workspace, package and run
 directories bound into the sandbox. Pods survive a broker restart: a new instance over the same
 state directory finds them through their records, and `list_pods` drops the records of dead ones.
 GPUs are bound exclusively; without bubblewrap, pods run unisolated and say so.
@@ -146,7 +146,7 @@ class LocalBackend:
         return PodInfo(name=record["name"], pool=record["pool"], gpus=tuple(record["gpus"]),
                        template=record["template"], created_at=record["created_at"], isolated=record["isolated"],
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
-                       details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("agent_pid"),
+                       details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
                                 "root": str(self._dirs(record["name"]).root)})
 
@@ -235,8 +235,8 @@ class LocalBackend:
             agent_pid = await self.procs.sandbox_pid(info_fd, pid, START_TIMEOUT_S)
             if agent_pid is None:
                 raise BackendError(f"bwrap did not start pod {spec.name}: {self._log_tail(spec.name)}")
-        record["agent_pid"] = agent_pid
-        record["agent_start"] = starttime(agent_pid)
+        record["pid"] = agent_pid  # the agent; SIGKILL to it ends the whole pod (a PID namespace init)
+        record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
         log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
@@ -311,7 +311,7 @@ class LocalBackend:
         launcher = record.get("launcher_pid")
         if launcher:
             self.procs.exited(launcher)  # reaps it when it is our child and gone
-        return same_process(record.get("agent_pid"), record.get("agent_start")) is not None
+        return same_process(record.get("pid"), record.get("pid_start")) is not None
 
     async def _healthy(self, name: str) -> bool:
         record = self._records.get(name)

@@ -99,7 +99,7 @@ class PodProcesses:
 
     async def kill(self, record: Mapping[str, Any], timeout_s: float) -> bool:
         """SIGKILL every process of a pod and wait until they are gone; False if some outlived `timeout_s`."""
-        agent = same_process(record.get("agent_pid"), record.get("agent_start"))
+        agent = same_process(record.get("pid"), record.get("pid_start"))
         launcher = same_process(record.get("launcher_pid"), record.get("launcher_start"))
         if agent is None and launcher is not None and record.get("mode") == "bwrap":
             # The broker died before it learnt the sandbox's pid: it is the launcher's child.
@@ -119,7 +119,7 @@ class PodProcesses:
             if pid is not None:
                 _signal(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
-        for pid, start in ((agent, record.get("agent_start")), (launcher, record.get("launcher_start"))):
+        for pid, start in ((agent, record.get("pid_start")), (launcher, record.get("launcher_start"))):
             while pid is not None and not self.exited(pid) and same_process(pid, start) is not None:
                 if time.monotonic() >= deadline:
                     return False

@@ -44,6 +44,7 @@ class BrokerProcess:
         self.cmd = cmd
         self.log_path = state_dir.parent / f"{state_dir.name}-broker.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._clients: list[httpx.Client] = []
         self.start()
 
     def start(self) -> None:
@@ -66,8 +67,10 @@ class BrokerProcess:
         return self.log_path.read_text(errors="replace")
 
     def client(self, caller: str = "alice") -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[caller]}"},
-                            timeout=120)
+        client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[caller]}"},
+                              timeout=120)
+        self._clients.append(client)
+        return client
 
     def env(self, caller: str = "alice") -> dict[str, str]:
         return {**os.environ, "FIREPOOL_URL": self.url, "FIREPOOL_TOKEN": self.tokens[caller]}
@@ -79,6 +82,8 @@ class BrokerProcess:
         self.proc.wait(30)
 
     def stop(self) -> None:
+        for client in self._clients:
+            client.close()
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

@@ -22,12 +22,8 @@ from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 from broker.store.schema import VERSION_TABLE, metadata
 from broker.store.sql import _transient
-
-# The contract sits in tests/ and the fixtures beside this file; pytest's default import mode puts
-# only this directory on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from store_contract import JobStoreContract, make_job, race  # noqa: E402
-from store_databases import BACKENDS, Databases  # noqa: E402
+from tests.integration.store_databases import BACKENDS, Databases
+from tests.store_contract import JobStoreContract, make_job, race
 
 pytestmark = pytest.mark.integration
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from firepool_agent import wire
 from firepool_agent.attempts import safe_name
 

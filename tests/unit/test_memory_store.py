@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from broker.ports.store import MemoryJobStore
-
-# The contract sits in tests/, which pytest's default import mode does not put on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from store_contract import JobStoreContract, make_job  # noqa: E402
+from tests.store_contract import JobStoreContract, make_job
 
 
 class TestMemoryJobStore(JobStoreContract):

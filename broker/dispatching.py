@@ -79,16 +79,18 @@ class Dispatcher:
         claimed = 0
         for job in sorted(self.queued.values(), key=job_sort_key):
             spec = job.spec
-            got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag,
-                                           spec.pods, spec.single_use), now)
+            got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
+                                           spec.single_use, job.timings.get("submitted_at", now)), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if spec.single_use:
                     single_use[job.id] = (spec.pool, spec.pods)
                 else:
-                    demand[spec.pool] += got.missing
+                    demand[spec.pool] += spec.pods  # the controller subtracts the pods still coming or idle
                 continue
             claimed += 1
+            if any(p.retire for p in got.pods):
+                self.controller.wake()  # a pod crossing a session boundary wants a replacement now
             del self.queued[job.id]
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)

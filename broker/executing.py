@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError

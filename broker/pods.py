@@ -64,10 +64,10 @@ class Path(enum.StrEnum):
 
 
 class Origin(enum.StrEnum):
-    """Why a pod was created: it decides the path of its first claim."""
+    """Why a pod was created."""
 
-    DEMAND = "demand"      # a queued job had nothing to run on -> first claim is `new`
-    WARM = "warm"          # the floor or a pre-warm created it ahead of demand -> first claim is `warm`
+    DEMAND = "demand"      # queued jobs (or a replacement for a retiring pod) wanted it
+    WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
 
 

@@ -35,6 +35,8 @@ class Counts:
     starting: int = 0
     idle: int = 0
     """Unheld idle pods: never used, or their owner's hold expired."""
+    fresh: int = 0
+    """Never-used idle pods nobody reserved: supply for any caller's demand."""
     held: int = 0
     held_by: Mapping[str, int] = field(default_factory=dict)
     assigned: int = 0
@@ -43,6 +45,8 @@ class Counts:
     retiring: int = 0
     stale: int = 0
     single_use: int = 0
+    replacing: int = 0
+    """Busy pods that retire at release (a session boundary was crossed): each wants a replacement."""
     physical: int = 0
     """Every pod that holds capacity, retiring ones included until deleted."""
 
@@ -65,12 +69,16 @@ def count(pods: list[Pod], spec: PoolSpec, now: float) -> Counts:
             c["single_use"] += 1
         if pod.template != template and state is not PodState.RETIRING:
             c["stale"] += 1
+        if pod.retire and state in (PodState.ASSIGNED, PodState.RUNNING, PodState.RESETTING):
+            c["replacing"] += 1
         if state is PodState.IDLE:
             if pod.held(now):
                 c["held"] += 1
                 held_by[pod.caller or ""] += 1
             else:
                 c["idle"] += 1
+                if not pod.used and pod.reserved_for is None:
+                    c["fresh"] += 1
         else:
             c[state.value] += 1
     return Counts(held_by=dict(held_by), **{k: v for k, v in c.items()})
@@ -86,13 +94,16 @@ class Plan:
 def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: float) -> Plan:
     """Pods to create for demand and the floor, and expired idle pods to retire.
 
-    Creation: need = max(floor - physical, demand - starting); starting pods are supply, so a slow
-    start does not trigger another wave on every pass. Retirement: a used pod whose owner hold expired
+    Creation: need = max(floor - physical, demand + replacing - starting - fresh); starting and fresh
+    pods are supply, so a slow start does not trigger another wave on every pass (nor a pod that became
+    ready since the dispatcher reported the demand), and a pod that runs one job across a
+    session boundary is replaced while it runs, so the new session's next job finds a warm pod instead
+    of waiting for one. Retirement: a used pod whose owner hold expired
     retires (its state belongs to one caller); a never-used idle pod past its keep-alive retires unless
     the floor or the idle cap keeps it.
     """
     floor_deficit = max(0, spec.min_count - (counts.physical - counts.retiring - counts.single_use))
-    demand_deficit = max(0, demand - counts.starting)
+    demand_deficit = max(0, demand + counts.replacing - counts.starting - counts.fresh)
     want = max(floor_deficit, demand_deficit)
     room = spec.max_count - counts.physical
     create = max(0, min(want, room, spec.step))

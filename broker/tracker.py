@@ -3,8 +3,8 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-Search order inside a pool: the session's own idle pod (warm) -> a never-used idle pod (warm, or new
-when it was created for demand) -> the caller's pod from another session (recycled: runs once, then
+Search order inside a pool: the session's own idle pod (warm) -> a never-used idle pod (warm when it
+was ready before the job came, new when the job waited for it) -> the caller's pod from another session (recycled: runs once, then
 retires) -> a new pod (the caller waits; the shortfall is demand for the pool controller).
 """
 
@@ -41,6 +41,8 @@ class Claim:
     tag: str = ""
     pods: int = 1
     single_use: bool = False
+    since: float = 0.0
+    """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
 
 
 class Lease:
@@ -57,7 +59,7 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Shortfall:
-    """Why a claim took nothing; `missing` pods count as demand."""
+    """Why a claim took nothing, and how many of its pods it could not find."""
 
     reason: str
     missing: int
@@ -234,7 +236,7 @@ class Tracker:
                         return picked
         for pod in reversed(bucket.fresh.values()):
             if usable(pod):
-                path = Path.NEW if pod.origin is Origin.DEMAND else Path.WARM
+                path = Path.NEW if pod.idle_since >= want.since else Path.WARM
                 picked.append((pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD))
                 taken.add(pod.name)
                 if len(picked) == n:

@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import proctree
-
 from broker.backends.sandboxing import INFO_FD, SECRET_FD
+from firepool_agent import proctree
 
 log = logging.getLogger(__name__)
 

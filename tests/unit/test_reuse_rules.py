@@ -110,3 +110,17 @@ async def test_reuse_tag_hint_keeps_the_pod_across_tags() -> None:
         assert h.paths(other_queue) == ["recycled"]
     finally:
         await h.stop()
+
+
+async def test_a_recycled_pod_is_replaced_while_it_runs_so_the_session_stays_warm() -> None:
+    h = await Harness([cpu_pool()], start_delay=1.0).start()
+    try:
+        old = await h.run_job(lease_tag="a")
+        crossing = await h.run_job(lease_tag="b", command=("sleep", "2"))
+        assert h.paths(crossing) == ["recycled"]
+        assert len(h.backend.created) == 2  # the replacement started while the recycled pod ran
+        after = await h.run_job(lease_tag="b")
+        assert h.paths(after) == ["warm"] and after.pods != old.pods
+        assert after.timings["first_instruction_at"] - after.timings["submitted_at"] < 0.1
+    finally:
+        await h.stop()

@@ -74,7 +74,7 @@ def test_caller_limits_are_checked_in_the_claim() -> None:
 
 def test_held_pods_serve_only_their_owner_and_a_new_session_recycles() -> None:
     t = _tracker(1)
-    lease = t.claim(Claim("j1", "alice", "p", tag="s1"), 0.0)
+    lease = t.claim(Claim("j1", "alice", "p", tag="s1", since=1.0), 1.0)  # the pod was ready first
     assert isinstance(lease, Lease) and lease.pods[0].path == "warm"
     t.start("j1")
     t.release("j1", ("alice", "default", "s1"), 1.0, 60.0)

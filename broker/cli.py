@@ -157,8 +157,10 @@ def cmd_pods(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
+    rest = [a for a in args.rest if a != "--json"]
+    json_out = args.json or len(rest) != len(args.rest)
     module = importlib.import_module("bench." + args.name.replace("-", "_"))
-    return int(module.main(args.rest, json_out=args.json) or 0)
+    return int(module.main(rest, json_out=json_out) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

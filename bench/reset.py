@@ -19,9 +19,9 @@ from bench.common import Row, at_most, median, report
 from broker.backends.local import LocalBackend
 from broker.clock import RealClock
 from broker.pods import Origin
+from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
-from broker.pools import PoolSpec
 
 CASES = {
     "clean": ["true"],

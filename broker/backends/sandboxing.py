@@ -253,12 +253,14 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.argv += _namespaces(spec.name, spec.uid, spec.network) + ["--info-fd", str(INFO_FD)]
     tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
-    for prefix in spec.prefixes:
-        tree.mount(prefix, "--ro-bind", prefix, prefix)
-    tree.mount(f"{AGENT_MOUNT}/firepool_agent", "--ro-bind", spec.agent_dir, f"{AGENT_MOUNT}/firepool_agent")
+    # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
+    # and must land on top of the tmpfs, not under it.
     tree.argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
                   "--perms", "1777", "--tmpfs", "/dev/shm"]
     tree.present.update(("/proc", "/dev", "/tmp"))
+    for prefix in spec.prefixes:
+        tree.mount(prefix, "--ro-bind", prefix, prefix)
+    tree.mount(f"{AGENT_MOUNT}/firepool_agent", "--ro-bind", spec.agent_dir, f"{AGENT_MOUNT}/firepool_agent")
     if spec.gpu_nodes:
         for node in (*_NVIDIA_SHARED, *spec.gpu_nodes):
             tree.argv += ["--dev-bind-try", node, node]

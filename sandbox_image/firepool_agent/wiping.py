@@ -2,8 +2,10 @@
 
 Every step works relative to an open directory fd with O_NOFOLLOW, so a job that swaps a directory
 for a symlink mid-wipe cannot steer the agent outside the directory it was asked to empty. Paths
-listed in `keep` (and the directories leading to them) survive. A job may have made its directories
-read-only or unreadable; they are ours, so the wipe opens them up instead of giving up.
+listed in `keep` (and the directories leading to them) survive, and so does every mount point inside
+the wiped directory (the sandbox's own binds, e.g. a venv that lives under /tmp on the host): they are
+the pod's, not the job's. A job may have made its directories read-only or unreadable; they are ours,
+so the wipe opens them up instead of giving up.
 """
 
 from __future__ import annotations
@@ -19,9 +21,24 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mounts_under(path: str) -> tuple[str, ...]:
+    """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [_unescape(line.split(" ", 5)[4]) for line in f]
+    except OSError:
+        return ()
+    return tuple(m for m in points if m != path and _under(m, path))
+
+
 def empty_dir(path: str, keep: tuple[str, ...] = ()) -> list[str]:
-    """Remove everything inside `path` except `keep` paths; returns problems (empty when it worked)."""
+    """Remove everything inside `path` except `keep` paths and mount points; returns problems (empty when it worked)."""
     path = os.path.normpath(path)
+    keep = keep + mounts_under(path)
     if any(_under(path, k) for k in keep):
         return []
     try:
@@ -108,6 +125,7 @@ def leftovers(path: str, keep: tuple[str, ...] = (), limit: int = 5) -> list[str
     """Entries still inside `path` (outside `keep`), the proof of a wipe; at most `limit` of them."""
     found: list[str] = []
     path = os.path.normpath(path)
+    keep = keep + mounts_under(path)
     if any(_under(path, k) for k in keep):
         return found
     try:

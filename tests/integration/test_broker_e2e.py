@@ -238,3 +238,22 @@ def test_the_broker_runs_on_each_production_database(broker_factory, tmp_path: P
         b.stop()
     finally:
         dbs.drop_all()
+
+
+def test_a_bind_under_tmp_survives_the_wipes_of_a_new_session(broker_factory, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "model.bin").write_text("weights")
+    data.chmod(0o755)
+    pools = (f"pools:\n  - name: cpu\n    max_count: 2\n"
+             f"    template: {{binds: [{{src: '{data}', dst: /tmp/models/base, ro: true}}]}}\n")
+    b = broker_factory(pools=pools)
+    c = b.client()
+    first = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "touch /tmp/mine; cat /tmp/models/base/model.bin"],
+                        "lease_tag": "a"})
+    crossing = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "ls /tmp; cat /tmp/models/base/model.bin"],
+                           "lease_tag": "b"})
+    assert paths(crossing) == ["recycled"]
+    assert c.get(f"/v1/jobs/{crossing['id']}/logs").text == "models\nweights"  # /tmp/mine is gone, the bind is not
+    assert first["state"] == crossing["state"] == "SUCCEEDED"
+    assert 'clean="false"' not in httpx.get(b.url + "/metrics").text

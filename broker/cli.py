@@ -35,6 +35,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else
     settings = ServeSettings(
         state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(), db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,

@@ -228,16 +228,22 @@ def _drop_privileges(uid: int | None) -> list[str]:
 
 
 class _Tree:
-    """Emits `--dir` (mode 0755) for every missing parent of a mount point, in mount order."""
+    """Emits `--dir` (mode 0755) for every missing parent of a mount point, in mount order.
+
+    `present` are directories that exist; `filled` are binds of host directories, whose subdirectories
+    exist too. A tmpfs (/tmp) is present but empty: parents below it must be made, or bwrap makes
+    them root-only and the sandbox uid cannot reach the bind.
+    """
 
     def __init__(self) -> None:
         self.present = {"/"}
+        self.filled: set[str] = set()
         self.argv: list[str] = []
 
     def mount(self, dst: str, *mount: str) -> None:
         parents: list[str] = []
         parent = os.path.dirname(dst)
-        while parent not in self.present and not any(_under(parent, p) for p in self.present if p != "/"):
+        while parent not in self.present and not any(_under(parent, p) for p in self.filled):
             parents.append(parent)
             parent = os.path.dirname(parent)
         for directory in reversed(parents):
@@ -245,6 +251,8 @@ class _Tree:
             self.present.add(directory)
         self.argv += mount
         self.present.add(dst)
+        if mount and mount[0] in ("--bind", "--ro-bind", "--ro-bind-try", "--dev-bind-try"):
+            self.filled.add(dst)
 
 
 def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
@@ -253,6 +261,7 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.argv += _namespaces(spec.name, spec.uid, spec.network) + ["--info-fd", str(INFO_FD)]
     tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
+    tree.filled.update(_SYSTEM_RO)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
     # and must land on top of the tmpfs, not under it.
     tree.argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",

@@ -19,6 +19,16 @@ pytestmark = pytest.mark.integration
 PY = ["python3", "-c"]
 
 
+def _tmp_baseline() -> str:
+    """What a fresh sandbox's /tmp holds: the parents of binds that live under /tmp on the host
+    (a checkout in /tmp puts the venv and the agent there)."""
+    names = set()
+    for path in (sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])):
+        if path.startswith("/tmp/"):
+            names.add(path.split("/")[2])
+    return "".join(f"{n}\n" for n in sorted(names))
+
+
 def test_same_session_is_warm_and_reports_every_timing(broker: BrokerProcess) -> None:
     c = broker.client()
     first = run_job(c, {"pool": "cpu", "command": PY + ["print('hi')"], "lease_tag": "conv-1"})
@@ -58,7 +68,8 @@ def test_a_new_tag_runs_once_on_the_old_pod_with_an_empty_workspace_then_it_reti
     other = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "ls -A; ls -A /tmp"], "lease_tag": "b"})
     assert paths(other) == ["recycled"]
     assert other["acquisition"][0]["pod"] == first["acquisition"][0]["pod"]
-    assert c.get(f"/v1/jobs/{other['id']}/logs").text == ""  # the new session saw an empty workspace
+    # the new session saw an empty workspace and /tmp (but for the sandbox's own binds)
+    assert c.get(f"/v1/jobs/{other['id']}/logs").text == _tmp_baseline()
     pod = first["acquisition"][0]["pod"]
     deadline = time.monotonic() + 10
     while any(p["name"] == pod for p in c.get("/v1/pods").json()["pods"]):
@@ -254,6 +265,7 @@ def test_a_bind_under_tmp_survives_the_wipes_of_a_new_session(broker_factory, tm
     crossing = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "ls /tmp; cat /tmp/models/base/model.bin"],
                            "lease_tag": "b"})
     assert paths(crossing) == ["recycled"]
-    assert c.get(f"/v1/jobs/{crossing['id']}/logs").text == "models\nweights"  # /tmp/mine is gone, the bind is not
+    text = c.get(f"/v1/jobs/{crossing['id']}/logs").text  # /tmp/mine is gone, the bind is not
+    assert text == "".join(sorted([_tmp_baseline(), "models\n"])) + "weights"
     assert first["state"] == crossing["state"] == "SUCCEEDED"
     assert 'clean="false"' not in httpx.get(b.url + "/metrics").text

@@ -53,19 +53,23 @@ def upgrade(engine: sa.Engine) -> None:
     with _process_lock, engine.connect() as conn:
         conn.execution_options(**{WRITE: True})
         name = conn.dialect.name
-        with conn.begin():
-            if name == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
-                             {"key": zlib.crc32(LOCK_NAME.encode())})
-            elif name in ("mysql", "mariadb"):
-                _mysql_lock(conn)
-            config = alembic_config()
-            config.attributes["connection"] = conn
-            try:
+        mysql = name in ("mysql", "mariadb")
+        if mysql:
+            _mysql_lock(conn)
+            conn.commit()  # GET_LOCK autobegan a transaction; the named lock outlives it
+        try:
+            with conn.begin():
+                if name == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                                 {"key": zlib.crc32(LOCK_NAME.encode())})
+                config = alembic_config()
+                config.attributes["connection"] = conn
                 command.upgrade(config, "head")
-            finally:
-                if name in ("mysql", "mariadb"):
-                    conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _mysql_lock_name(conn)})
+        finally:
+            # Only after the commit: the version row must be visible before the next process looks.
+            if mysql:
+                conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _mysql_lock_name(conn)})
+                conn.commit()
 
 
 def _mysql_lock_name(conn: sa.Connection) -> str:

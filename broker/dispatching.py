@@ -10,7 +10,6 @@ A job that cannot be placed is skipped (no partial gang is ever held) and its po
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ from broker.jobbook import Abort, JobBook
 from broker.jobs import Acquisition, Attempt, Job, JobState, attempt_id, job_sort_key, transition
 from broker.pooling import PoolController
 from broker.stats import Stats
-from broker.tasks import Supervisor
+from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Claim, Lease, Shortfall, Tracker
 
 if TYPE_CHECKING:
@@ -48,27 +47,20 @@ class Dispatcher:
         self.waiting_reason: dict[str, str] = {}
         """job id -> why its last claim took nothing."""
         self.executor: Executor | None = None
-        self._wake = asyncio.Event()
+        self._loop = Wakeable(clock, tick, self.dispatch_once)
+        self.wake = self._loop.wake
+        self.run = self._loop.run
         self.passes = 0
 
     def enqueue(self, job: Job) -> None:
         """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
         self.queued[job.id] = job
-        self._wake.set()
+        self.wake()
 
     def drop(self, job_id: str) -> None:
         self.queued.pop(job_id, None)
         self.waiting_reason.pop(job_id, None)
         self.controller.forget_single_use(job_id)
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.clock.wait(self._wake, self.tick)
-            self._wake.clear()
-            self.dispatch_once()
 
     def dispatch_once(self) -> int:
         """One pass over the queue; returns how many jobs were claimed."""

@@ -9,7 +9,6 @@ expiries. Creation and deletion run as supervised tasks, off the claim path.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from collections import Counter
@@ -22,7 +21,7 @@ from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
 from broker.stats import Stats
-from broker.tasks import Supervisor
+from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
 
 log = logging.getLogger("firepool.pooling")
@@ -141,7 +140,9 @@ class PoolController:
         """job id -> (pool, pods) of unplaced single-use jobs."""
         self._reserved_started: dict[str, int] = {}
         self.last_plan: dict[str, Plan] = {}
-        self._wake = asyncio.Event()
+        self._loop = Wakeable(clock, tick, self.reconcile_once)
+        self.wake = self._loop.wake
+        self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]]) -> None:
@@ -150,16 +151,7 @@ class PoolController:
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         if changed:
-            self._wake.set()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.clock.wait(self._wake, self.tick)
-            self._wake.clear()
-            self.reconcile_once()
+            self.wake()
 
     def reconcile_once(self) -> dict[str, Plan]:
         """Observe, plan and act for every pool; returns the plans (for tests and /v1/pools)."""
@@ -244,4 +236,4 @@ class PoolController:
         self.tracker.remove(name)
         if pod is not None:
             self.stats.pods_deleted[pod.pool] += 1
-        self._wake.set()
+        self.wake()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
+
+from broker.clock import Clock
 
 log = logging.getLogger("firepool.tasks")
 
@@ -51,3 +53,22 @@ class Supervisor:
         """Wait until no task is left (tests use it to drain per-job work)."""
         while self.tasks:
             await asyncio.wait(list(self.tasks))
+
+
+class Wakeable:
+    """A pass that runs as soon as something wakes it, and every `tick` seconds at the latest."""
+
+    def __init__(self, clock: Clock, tick: float, step: Callable[[], object]) -> None:
+        self.clock = clock
+        self.tick = tick
+        self.step = step
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.clock.wait(self._event, self.tick)
+            self._event.clear()
+            self.step()

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from broker.backends.local import LocalBackend
+from broker.clock import RealClock
 
 
 def free_port() -> int:
@@ -105,6 +109,20 @@ def delete_pods(state_dir: Path) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
         except (OSError, ValueError):
             pass
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
+    """A bubblewrap local backend with 2 virtual GPUs; every pod it made is deleted afterwards.
+    bubblewrap is required: CI installs it, and isolation tests must not pass by skipping."""
+    assert shutil.which("bwrap"), "bubblewrap is not installed (apt-get install bubblewrap)"
+    backend = LocalBackend(tmp_path / "state", RealClock(), virtual_gpus=2, sandbox="bwrap")
+    try:
+        yield backend
+    finally:
+        for pod in await backend.list_pods():
+            await backend.delete(pod.name)
+        await backend.close()
 
 
 def run_job(c: httpx.Client, body: dict, wait: float = 60) -> dict:

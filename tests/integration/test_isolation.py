@@ -9,16 +9,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import socket
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from broker.backends.local import LocalBackend
-from broker.clock import RealClock
 from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest
 from broker.ports.backend import PodRequest
@@ -93,19 +89,6 @@ for top, dirs, files in os.walk("/"):
             pass
 print(json.dumps(report))
 """
-
-
-@pytest.fixture
-async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
-    backend = LocalBackend(tmp_path / "state", RealClock(), sandbox="bwrap")
-    try:
-        yield backend
-    finally:
-        for pod in await backend.list_pods():
-            await backend.delete(pod.name)
-        await backend.close()
 
 
 async def run(backend: LocalBackend, pod: str, attempt_id: str, *argv: str, env: dict[str, str] | None = None) -> str:

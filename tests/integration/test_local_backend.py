@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,22 +26,8 @@ from broker.ports.backend import PodRequest
 
 pytestmark = pytest.mark.integration
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 CPU = PoolSpec(name="cpu")
 GPU = PoolSpec(name="gpu", gpus=1, accelerator="virtual")
-
-
-@pytest.fixture
-async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
-    backend = LocalBackend(tmp_path / "state", RealClock(), virtual_gpus=2, sandbox="bwrap")
-    try:
-        yield backend
-    finally:
-        for pod in await backend.list_pods():
-            await backend.delete(pod.name)
-        await backend.close()
 
 
 async def run(backend: LocalBackend, pod: str, attempt_id: str, *argv: str, session: str = "s") -> tuple[int, str]:
@@ -127,8 +112,7 @@ async def test_virtual_gpus_are_bound_exclusively(backend: LocalBackend) -> None
 
 
 async def test_start_delay_runs_on_the_injected_clock(tmp_path: Path) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
+    assert shutil.which("bwrap"), "bubblewrap is not installed"
     clock = VirtualClock()
     backend = LocalBackend(tmp_path / "state", clock, sandbox="bwrap")
     slow = PoolSpec(name="slow", template={"start_delay_s": 22.0})

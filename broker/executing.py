@@ -263,7 +263,7 @@ class Executor:
                     chunk = await agent.read_log(aid, stream, offset, 8 << 20)
                     chunks.append(chunk.data)
                     offset = chunk.next_offset
-                    if not chunk.data:
+                    if chunk.complete or not chunk.data:
                         break
             except FirepoolError as exc:
                 log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)

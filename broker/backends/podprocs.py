@@ -119,7 +119,7 @@ class PodProcesses:
                 _signal(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
         for pid, start in ((agent, record.get("pid_start")), (launcher, record.get("launcher_start"))):
-            while pid is not None and not self.exited(pid) and same_process(pid, start) is not None:
+            while pid is not None and not self.exited(pid) and not _finished(pid, start):
                 if time.monotonic() >= deadline:
                     return False
                 await asyncio.sleep(0.005)
@@ -147,6 +147,24 @@ def same_process(pid: int | None, start: int | None) -> int | None:
     if proc is None or not proc.alive or (start is not None and proc.starttime != start):
         return None
     return pid
+
+
+def _finished(pid: int, start: int | None) -> bool:
+    """True once every thread of the process `pid` (started at `start`) has exited.
+
+    A killed multi-threaded process shows its leader as a zombie while other threads are still
+    exiting, and when it is a PID namespace's init, the last of them is still killing and reaping
+    the namespace. Only when the leader is the one thread left has that finished.
+    """
+    proc = proctree.read_proc(pid)
+    if proc is None or (start is not None and proc.starttime != start):
+        return True
+    if proc.alive:
+        return False
+    try:
+        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except OSError:
+        return True
 
 
 def _signal(pid: int, sig: int) -> None:

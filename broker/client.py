@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -185,6 +186,10 @@ class Client:
     def whoami(self) -> str:
         return str(self._call("GET", "/v1/whoami").json()["caller"])
 
+    def end_session(self, tag: str, queue: str = "default") -> dict[str, Any]:
+        """Retire the caller's sandbox(es) of session `tag` now (running jobs of it are cancelled)."""
+        return dict(self._call("DELETE", f"/v1/sessions/{quote(tag, safe='')}", params={"queue": queue}).json())
+
 
 class AsyncClient:
     """Asynchronous SDK (same methods as `Client`, awaited)."""
@@ -256,3 +261,15 @@ class AsyncClient:
     async def pods(self, pool: str | None = None) -> list[dict[str, Any]]:
         response = await self._call("GET", "/v1/pods", params={"pool": pool} if pool else None)
         return list(response.json()["pods"])
+
+    async def whoami(self) -> str:
+        return str((await self._call("GET", "/v1/whoami")).json()["caller"])
+
+    async def end_session(self, tag: str, queue: str = "default") -> dict[str, Any]:
+        response = await self._call("DELETE", f"/v1/sessions/{quote(tag, safe='')}", params={"queue": queue})
+        return dict(response.json())
+
+    async def read_log(self, job_id: str, stream: str = "combined", offset: int = 0) -> bytes:
+        """What the job's log holds from `offset` now, without following."""
+        params = {"stream": stream, "follow": "false", "offset": offset}
+        return (await self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)).content

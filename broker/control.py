@@ -154,6 +154,28 @@ class ControlPlane:
             await self.executor.cancel(job_id)
         return job
 
+    async def end_session(self, caller: str, tag: str, queue: str = "default") -> dict[str, Any]:
+        """End a caller's session now: cancel its live jobs, retire its idle pods, retire busy ones at release.
+
+        Owner-scoped: only the caller's own (caller, queue, tag) session is touched.
+        """
+        if not tag:
+            raise InvalidRequest("a session tag is required (the untagged session cannot be ended)", {"field": "tag"})
+        live = [j for j in self.book.live.values()
+                if j.caller == caller and j.spec.lease_tag == tag and j.spec.queue == queue and not j.terminal]
+        cancelled = []
+        for job in live:
+            try:
+                await self.cancel(caller, job.id)
+                cancelled.append(job.id)
+            except NotFound:
+                pass  # finished meanwhile
+        retired, at_release = self.tracker.end_session((caller, queue, tag), {j.id for j in live})
+        for name in retired:
+            self.controller.delete_retiring(name)
+        return {"tag": tag, "queue": queue, "cancelled_jobs": cancelled, "retired_pods": retired,
+                "retiring_at_release": at_release}
+
     def waiting_reason(self, job_id: str) -> str | None:
         return self.dispatcher.waiting_reason.get(job_id)
 

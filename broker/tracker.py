@@ -11,7 +11,7 @@ retires) -> a new pod (the caller waits; the shortfall is demand for the pool co
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
@@ -380,6 +380,28 @@ class Tracker:
             usage = self._usage.setdefault(caller, [0, 0])
             usage[0] += lease.gpus
             usage[1] += len(pods)
+
+    def end_session(self, key: SessionKey, jobs: Collection[str] = ()) -> tuple[list[str], list[str]]:
+        """A caller ended a session: its idle pods go RETIRING now, its busy ones retire at release.
+
+        A pod matches when it was last used by the session (`key`) or runs one of its `jobs` now.
+        Returns (retired now, retiring at release). Pods of other callers never match the key.
+        """
+        now_retired: list[str] = []
+        at_release: list[str] = []
+        with self._lock:
+            for pod in self.pods.values():
+                if pod.key != key and (pod.job is None or pod.job not in jobs):
+                    continue
+                if pod.state is _IDLE:
+                    self._unindex_idle(pod)
+                    pod.move(_RETIRING)
+                    self._leave_gate(pod)
+                    now_retired.append(pod.name)
+                elif pod.state in (_ASSIGNED, _RUNNING, _RESETTING):
+                    pod.retire = True
+                    at_release.append(pod.name)
+        return now_retired, at_release
 
     # ---------------------------------------------------------------- views
 

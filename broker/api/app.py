@@ -140,6 +140,10 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
         return StreamingResponse(body(), media_type="text/plain; charset=utf-8",
                                  headers={"X-Job-Id": job_id})
 
+    @app.delete("/v1/sessions/{tag}", responses=ERRORS)
+    async def end_session(tag: str, who: Caller, queue: str = "default") -> dict[str, Any]:
+        return await cp.end_session(who, tag, queue)
+
     @app.get("/v1/pools", responses=ERRORS)
     async def pools(who: Caller) -> dict[str, Any]:
         return {"pools": cp.pools_view()}

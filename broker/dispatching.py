@@ -72,7 +72,8 @@ class Dispatcher:
         for job in sorted(self.queued.values(), key=job_sort_key):
             spec = job.spec
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
-                                           spec.single_use, job.timings.get("submitted_at", now)), now)
+                                           spec.single_use, job.timings.get("submitted_at", now),
+                                           recycle=spec.recycle), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if spec.single_use:

@@ -122,6 +122,9 @@ class JobSpec:
     idempotency_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields later features add (package, requirements, kernel); stored with the spec."""
+    recycle: bool = True
+    """May the job take the caller's idle pod of another session (which then retires)? False waits for a
+    fresh pod instead, so concurrent sessions of one caller (MCP conversations) never end each other."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -43,6 +43,8 @@ class Claim:
     single_use: bool = False
     since: float = 0.0
     """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
+    recycle: bool = True
+    """May take the caller's pod of another session (recycled); False waits for a fresh pod instead."""
 
 
 class Lease:
@@ -241,7 +243,7 @@ class Tracker:
                 taken.add(pod.name)
                 if len(picked) == n:
                     return picked
-        if mine:
+        if mine and want.recycle:
             for pod in reversed(mine.values()):
                 if usable(pod):
                     picked.append((pod, Path.RECYCLED, REASON_NEW_SESSION))

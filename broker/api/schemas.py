@@ -22,6 +22,8 @@ class JobRequest(Strict):
     lease_tag: str = Field(default="", max_length=255, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
+    recycle: bool = Field(default=True, description="May run once on the caller's pod of another session "
+                                                    "(which then retires); false waits for a fresh pod.")
     single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     max_retries: int = Field(default=0, ge=0, le=20)
@@ -29,7 +31,7 @@ class JobRequest(Strict):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
 
     def to_spec(self) -> JobSpec:
-        return JobSpec(pool=self.pool, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
+        return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key)
 
@@ -50,7 +52,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
     view = {
         "id": job.id, "state": str(job.state), "caller": job.caller, "pool": spec.pool,
         "command": list(spec.command), "env": dict(spec.env), "lease_tag": spec.lease_tag, "queue": spec.queue,
-        "pods": spec.pods, "single_use": spec.single_use, "timeout_s": spec.timeout_s,
+        "pods": spec.pods, "single_use": spec.single_use, "recycle": spec.recycle, "timeout_s": spec.timeout_s,
         "max_retries": spec.max_retries, "priority": spec.priority, "idempotency_key": spec.idempotency_key,
         "bound_pods": list(job.pods), "retries": job.retries,
         "exit_code": job.exit_code, "error_class": job.error_class, "error_message": job.error_message,

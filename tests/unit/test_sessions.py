@@ -1,4 +1,5 @@
-"""Ending a session (DELETE /v1/sessions/{tag}): the caller's sandbox of that tag retires now, nobody else's."""
+"""Sessions that live side by side (MCP conversations): `recycle: false` never takes another session's
+pod, and ending a session (DELETE /v1/sessions/{tag}) retires the caller's sandbox of that tag now, nobody else's."""
 
 from __future__ import annotations
 
@@ -67,3 +68,20 @@ async def test_ending_a_session_cancels_its_running_job_and_retires_the_pod_at_r
 async def test_the_untagged_session_cannot_be_ended(h: Harness) -> None:
     with pytest.raises(InvalidRequest, match="tag is required"):
         await h.cp.end_session("alice", "")
+
+
+async def test_a_job_that_may_not_recycle_leaves_the_other_sessions_pod_alone(h: Harness) -> None:
+    a1 = await h.run_job(lease_tag="conv-A", recycle=False)
+    b1 = await h.run_job(lease_tag="conv-B", recycle=False)
+    a2 = await h.run_job(lease_tag="conv-A", recycle=False)
+    assert b1.pods != a1.pods and h.paths(b1) == ["new"]
+    assert a2.pods == a1.pods and h.paths(a2) == ["warm"]
+
+
+async def test_recycle_is_part_of_the_rest_request(api) -> None:
+    r = await api.post("/v1/jobs", json={"pool": "cpu", "command": ["true"], "recycle": False},
+                       headers={"Authorization": f"Bearer {ALICE}"})
+    assert r.status_code == 201 and r.json()["recycle"] is False
+    r = await api.post("/v1/jobs", json={"pool": "cpu", "command": ["true"], "recycle": "no"},
+                       headers={"Authorization": f"Bearer {ALICE}"})
+    assert r.status_code == 422

@@ -164,6 +164,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(module.main(rest, json_out=json_out) or 0)
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from mcp_server.main import main as mcp_main
+
+    return mcp_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firepool", description="A broker of warm, isolated GPU sandboxes.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -233,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_pods)
+
+    from mcp_server.main import add_arguments as mcp_arguments
+
+    p = sub.add_parser("mcp", help="MCP server (stdio, or streamable HTTP with --http): a warm sandbox per conversation")
+    mcp_arguments(p)
+    p.set_defaults(fn=cmd_mcp)
 
     p = sub.add_parser("bench", help="run a benchmark and print ours beside the paper's figures")
     p.add_argument("name", choices=BENCHMARKS)

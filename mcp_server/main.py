@@ -1,0 +1,83 @@
+"""`firepool mcp`: the MCP server over stdio (default) or streamable HTTP (`--http --port P`).
+
+This module imports the MCP SDK only when run, so the `firepool` CLI works without the `[mcp]` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="broker URL (default: $FIREPOOL_URL, else the local broker)")
+    p.add_argument("--token", help="broker token for stdio (default: $FIREPOOL_TOKEN, else the local token)")
+    p.add_argument("--pool", default="cpu", help="pool the sessions' sandboxes come from (default: cpu)")
+    p.add_argument("--queue", default="default", help="broker queue of the sessions' jobs")
+    p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8322)
+    p.add_argument("--tokens", help="HTTP: JSON object MCP bearer token -> caller (clients present these)")
+    p.add_argument("--broker-tokens",
+                   help="HTTP: JSON object broker token -> caller (the broker's token file format); the server "
+                        "acts toward the broker as each verified caller with that caller's broker token")
+    p.add_argument("--log-level", default="warning")
+
+
+def http_app(args: argparse.Namespace) -> Any:
+    """The Starlette app of the streamable-HTTP server (mountable; its lifespan runs the sessions)."""
+    from mcp.server.auth.settings import AuthSettings
+
+    from mcp_server.identity import HttpBroker, KnownCallerVerifier, read_token_file
+    from mcp_server.server import build_server
+
+    if not args.tokens or not args.broker_tokens:
+        raise SystemExit("firepool mcp --http needs --tokens (MCP client tokens) and --broker-tokens "
+                         "(the broker credentials it acts with); see docs/mcp.md")
+    broker = HttpBroker(args.url, read_token_file(Path(args.broker_tokens)))
+    verifier = KnownCallerVerifier(read_token_file(Path(args.tokens)), broker)
+    here = f"http://{args.host}:{args.port}/mcp"
+    auth = AuthSettings(issuer_url=here, resource_server_url=here, validate_token_resource=False)  # type: ignore[arg-type]
+    server = build_server(broker, pool=args.pool, queue=args.queue, token_verifier=verifier, auth=auth)
+    return server.streamable_http_app(host=args.host)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.http:
+        import uvicorn
+
+        uvicorn.run(http_app(args), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                    access_log=False, timeout_graceful_shutdown=5)
+        return 0
+    import anyio
+
+    from mcp_server.identity import StdioBroker
+    from mcp_server.server import build_server
+
+    async def serve() -> None:
+        broker = StdioBroker(args.url, args.token)
+        try:
+            await build_server(broker, pool=args.pool, queue=args.queue).run_stdio_async()
+        finally:
+            await broker.close()
+
+    anyio.run(serve)
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """`python -m mcp_server.main`: the same options as `firepool mcp`."""
+    parser = argparse.ArgumentParser(prog="firepool mcp", description=__doc__)
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,503 @@
+"""The MCP server: tools that run in a warm Firepool sandbox per conversation (session).
+
+Every tool takes an optional `session`, which becomes the jobs' `lease_tag`: the same caller and
+session reuse the warm sandbox, whose workspace, installed packages and Python state survive between
+calls; another session (or another caller naming the same session) gets a sandbox of its own.
+Resolution: the explicit argument -> the `Mcp-Session-Id` header of older HTTP clients -> one default
+per stdio process -> a newly minted one. Every result echoes `session`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import mimetypes
+import re
+import secrets
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from broker.client import AsyncClient, JobInfo
+from broker.errors import FirepoolError
+from mcp_server import sandbox_code
+from mcp_server.calls import CallOutcome, Calls, Progress
+from mcp_server.identity import Broker
+
+SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
+MAX_IMAGES = 3
+MAX_IMAGE_BYTES = 4 << 20
+MAX_WRITE_BYTES = 1536 * 1024
+"""write_files travels as job arguments (Linux caps their total near 2 MiB)."""
+IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
+
+INSTRUCTIONS = """Firepool runs your commands in an isolated sandbox (a warm GPU/CPU pod) that stays warm
+for the whole conversation. Every tool takes an optional `session` and echoes it in its result: pass
+that value back on every later call so the same sandbox (files, installed packages, Python variables)
+is reused. Use a new session name for an unrelated task; call end_session when done. Files written to
+`outputs/` come back from the call (images inline)."""
+
+_SESSION_DOC = ("Sandbox session: pass back the `session` value of earlier results to keep using the same "
+                "warm sandbox (files, packages, Python state). Omit it on the first call.")
+
+SessionArg = Annotated[str | None, Field(default=None, description=_SESSION_DOC, max_length=128)]
+
+
+class Artifact(BaseModel):
+    path: str = Field(description="Path under the workspace (outputs/...).")
+    size: int
+    mime_type: str
+    uri: str = Field(description="sandbox:// resource with the file's bytes.")
+
+
+class RunResult(BaseModel):
+    session: str = Field(description="Pass this back as `session` on later calls.")
+    job_id: str
+    state: str = Field(description="QUEUED | RUNNING | SUCCEEDED | FAILED | CANCELLED")
+    exit_code: int | None = None
+    error_class: str | None = None
+    timed_out: bool = False
+    duration_s: float
+    acquisition: str | None = Field(default=None, description="How the sandbox was obtained: warm, recycled, "
+                                                              "standby, new.")
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    truncated: bool = Field(default=False, description="Output was longer than the tails: read log_uri or "
+                                                      "job_status for all of it.")
+    log_uri: str
+    artifacts: list[Artifact] = []
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    session: str
+    state: str
+    exit_code: int | None = None
+    error_class: str | None = None
+    timed_out: bool = False
+    acquisition: str | None = None
+    output: str = Field(description="Combined output from byte offset `since`.")
+    next_offset: int = Field(description="Pass as `since` to continue reading.")
+    output_complete: bool = Field(description="The job ended and all of its output has been returned.")
+    log_uri: str
+
+
+class FileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, max_length=4096, description="Path relative to the workspace.")
+    text: str | None = None
+    base64: str | None = None
+
+    @model_validator(mode="after")
+    def _one_body(self) -> FileIn:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("give exactly one of `text` or `base64`")
+        return self
+
+
+class WriteResult(BaseModel):
+    session: str
+    written: list[dict[str, Any]]
+
+
+class ReadResult(BaseModel):
+    session: str
+    path: str
+    size: int
+    offset: int
+    bytes: int
+    eof: bool
+    text: str | None = Field(default=None, description="The bytes as UTF-8 text, when they decode.")
+    base64: str | None = Field(default=None, description="The bytes base64-encoded, when they are not text.")
+
+
+class ListResult(BaseModel):
+    session: str
+    path: str
+    entries: list[dict[str, Any]]
+    truncated: bool
+
+
+class InstallResult(BaseModel):
+    session: str
+    installed: list[str]
+    already_present: list[dict[str, Any]]
+    failed: list[str]
+    pip_exit_code: int
+    output_tail: str
+
+
+class EndResult(BaseModel):
+    session: str
+    retired_pods: list[str]
+    retiring_at_release: list[str]
+    cancelled_jobs: list[str]
+
+
+class FirepoolMCP(MCPServer[Any]):
+    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            known = set(tool.parameters.get("properties", {}))
+            unknown = sorted(set(arguments) - known)
+            if unknown:
+                raise ToolError(f"{name}: unknown argument(s) {', '.join(map(repr, unknown))}; "
+                                f"accepted: {', '.join(sorted(known))}")
+        return await super().call_tool(name, arguments, context)
+
+
+def _mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def log_uri(session: str, job_id: str) -> str:
+    return f"sandbox://{session}/jobs/{job_id}/log"
+
+
+def file_uri(session: str, path: str) -> str:
+    return f"sandbox://{session}/files/{path}"
+
+
+def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", name: str = "firepool",
+                 **server_kw: Any) -> FirepoolMCP:
+    """The MCP server over `broker`; `server_kw` goes to MCPServer (auth settings for HTTP)."""
+    mcp = FirepoolMCP(name, instructions=INSTRUCTIONS, **server_kw)
+    default_session = f"mcp-{secrets.token_hex(6)}" if broker.transport == "stdio" else None
+
+    def calls() -> tuple[str, Calls]:
+        try:
+            caller, client = broker.client()
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        return caller, Calls(client, pool=pool, queue=queue)
+
+    def session_of(explicit: str | None, ctx: Context | None) -> str:
+        if explicit is not None:
+            if not SESSION.match(explicit):
+                raise ToolError(f"session {explicit!r} is not a valid session name: use 1-128 letters, digits "
+                                "and . _ : @ - (starting with a letter or digit)")
+            return explicit
+        headers = _headers(ctx)
+        header = headers.get("mcp-session-id") if headers else None
+        if header:
+            return header if SESSION.match(header) else "mcp-" + hashlib.sha256(header.encode()).hexdigest()[:24]
+        return default_session or f"mcp-{secrets.token_hex(6)}"
+
+    def progress_of(ctx: Context | None) -> Progress | None:
+        if ctx is None:
+            return None
+
+        async def report(done: float, total: float | None, message: str) -> None:
+            try:
+                await ctx.report_progress(done, total, message)
+            except Exception:  # noqa: BLE001 - progress is advisory; a closed stream must not fail the call
+                pass
+
+        return report
+
+    async def images_for(c: Calls, session: str, outcome: CallOutcome) -> tuple[list[Artifact], list[ContentBlock]]:
+        artifacts = [Artifact(path=f"{sandbox_code.OUTPUTS}/{p}", size=size, mime_type=_mime(p),
+                              uri=file_uri(session, f"{sandbox_code.OUTPUTS}/{p}")) for size, p in outcome.artifacts]
+        images = [a for a in artifacts if a.mime_type in IMAGE_TYPES and a.size <= MAX_IMAGE_BYTES][:MAX_IMAGES]
+        blocks: list[ContentBlock] = []
+        if images:
+            answer, _ = await c.helper("read", {"files": [{"path": a.path, "max_bytes": MAX_IMAGE_BYTES}
+                                                          for a in images]}, session)
+            for item in answer.get("files", []):
+                blocks.append(ImageContent(type="image", data=item["base64"], mime_type=_mime(item["path"])))
+        inline = {a.path for a in images} if blocks else set()
+        for a in artifacts:
+            if a.path not in inline:
+                blocks.append(ResourceLink(type="resource_link", uri=a.uri, name=a.path, mime_type=a.mime_type,
+                                           size=a.size))
+        return artifacts, blocks
+
+    async def run_result(c: Calls, session: str, outcome: CallOutcome) -> CallToolResult:
+        job = outcome.job
+        artifacts, blocks = await images_for(c, session, outcome)
+        result = RunResult(session=session, job_id=job.id, state=job.state, exit_code=job.exit_code,
+                           error_class=job.error_class, timed_out=outcome.timed_out,
+                           duration_s=round(outcome.duration_s, 4), acquisition=outcome.acquisition,
+                           stdout_tail=outcome.stdout.text, stderr_tail=outcome.stderr.text,
+                           truncated=outcome.stdout.truncated or outcome.stderr.truncated,
+                           log_uri=log_uri(session, job.id), artifacts=artifacts)
+        head = (f"session {session} · job {job.id} · {job.state}"
+                + (f" · exit {job.exit_code}" if job.exit_code is not None else "")
+                + (" · TIMED OUT" if outcome.timed_out else "")
+                + f" · {outcome.acquisition or '-'} sandbox · {outcome.duration_s:.2f}s")
+        text = head
+        if result.stdout_tail:
+            text += "\n--- stdout ---\n" + result.stdout_tail
+        if result.stderr_tail:
+            text += "\n--- stderr ---\n" + result.stderr_tail
+        if result.truncated:
+            text += f"\n(output truncated; full log: {result.log_uri})"
+        return CallToolResult(content=[TextContent(type="text", text=text), *blocks],
+                              structured_content=result.model_dump(mode="json"))
+
+    async def helper(c: Calls, op: str, args: dict[str, Any], session: str, ctx: Context | None = None,
+                     timeout_s: float = 120.0) -> tuple[dict[str, Any], CallOutcome]:
+        try:
+            answer, outcome = await c.helper(op, args, session, timeout_s=timeout_s, progress=progress_of(ctx))
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        if "error" in answer and op != "install":
+            raise ToolError(f"{answer['error']}: {answer.get('message', '')}")
+        return answer, outcome
+
+    @mcp.tool(annotations=ToolAnnotations(title="Run a shell command in the sandbox", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=False, open_world_hint=True))
+    async def run_in_sandbox(
+        command: Annotated[str, Field(min_length=1, max_length=100_000, description="Shell command (bash -c).")],
+        session: SessionArg = None,
+        cwd: Annotated[str | None, Field(default=None, max_length=4096,
+                                         description="Directory relative to the workspace.")] = None,
+        env: Annotated[dict[str, str] | None, Field(default=None, description="Extra environment variables.")] = None,
+        timeout_s: Annotated[float, Field(gt=0, le=3600, description="Kill the command after this many "
+                                                                     "seconds; the partial output comes back "
+                                                                     "with timed_out true.")] = 600,
+        background: Annotated[bool, Field(description="Return at once with job_id; follow with "
+                                                      "job_status.")] = False,
+        ctx: Context | None = None,
+    ) -> Annotated[CallToolResult, RunResult]:
+        """Run a shell command in the session's warm sandbox and return its exit code and output.
+        The workspace (the starting directory) keeps its files for the whole session; files written
+        to outputs/ come back (images inline). Pass the result's `session` back on later calls."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        argv = sandbox_code.wrap(["bash", "-c", command], cwd or "")
+        try:
+            if background:
+                job = await c.submit(argv, sid, timeout_s=timeout_s, env=env)
+                return _background(sid, job)
+            outcome = await c.run(argv, sid, timeout_s=timeout_s, env=env, progress=progress_of(ctx))
+            return await run_result(c, sid, outcome)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+
+    @mcp.tool(annotations=ToolAnnotations(title="Run Python (state kept across calls)", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=False, open_world_hint=True))
+    async def python_exec(
+        code: Annotated[str, Field(min_length=1, max_length=100_000, description="Python source.")],
+        session: SessionArg = None,
+        timeout_s: Annotated[float, Field(gt=0, le=3600)] = 600,
+        ctx: Context | None = None,
+    ) -> Annotated[CallToolResult, RunResult]:
+        """Run Python in the session's sandbox. Variables, imports, functions and classes persist across
+        calls of the session; the value of a final expression is printed; matplotlib figures come back
+        as images."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        try:
+            outcome = await c.run(sandbox_code.python_exec(code), sid, timeout_s=timeout_s, progress=progress_of(ctx))
+            return await run_result(c, sid, outcome)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+
+    @mcp.tool(annotations=ToolAnnotations(title="Status and output of a job", read_only_hint=True,
+                                          open_world_hint=False))
+    async def job_status(
+        job_id: Annotated[str, Field(min_length=1, max_length=64)],
+        since: Annotated[int, Field(ge=0, description="Byte offset into the combined output.")] = 0,
+        wait_s: Annotated[float, Field(ge=0, le=300, description="Wait up to this long for the job "
+                                                                 "to end.")] = 0,
+        max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = 64 * 1024,
+    ) -> JobStatus:
+        """A job's state and its output from byte offset `since` (for background or long jobs)."""
+        _, c = calls()
+        try:
+            job = await (c.client.wait(job_id, timeout=wait_s) if wait_s > 0 else c.client.get(job_id))
+            data = await c.client.read_log(job_id, "combined", since)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        chunk = data[:max_bytes]
+        session = str(job.raw.get("lease_tag", ""))
+        return JobStatus(job_id=job.id, session=session, state=job.state, exit_code=job.exit_code,
+                         error_class=job.error_class, timed_out=job.error_class == "Timeout",
+                         acquisition=job.path, output=chunk.decode(errors="replace"),
+                         next_offset=since + len(chunk), output_complete=job.terminal and len(chunk) == len(data),
+                         log_uri=log_uri(session, job.id))
+
+    @mcp.tool(annotations=ToolAnnotations(title="Cancel a job", read_only_hint=False, destructive_hint=True,
+                                          idempotent_hint=True, open_world_hint=False))
+    async def job_cancel(job_id: Annotated[str, Field(min_length=1, max_length=64)]) -> dict[str, Any]:
+        """Cancel a queued or running job (its processes are killed)."""
+        _, c = calls()
+        try:
+            job = await c.client.cancel(job_id)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        return {"job_id": job.id, "state": job.state, "cancel_requested": bool(job.raw.get("cancel_requested"))}
+
+    @mcp.tool(annotations=ToolAnnotations(title="Write files into the workspace", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+    async def write_files(
+        files: Annotated[list[FileIn], Field(min_length=1, max_length=200)],
+        session: SessionArg = None,
+        ctx: Context | None = None,
+    ) -> WriteResult:
+        """Write files (UTF-8 `text` or `base64`) into the session's workspace; parents are created."""
+        sid = session_of(session, ctx)
+        size = sum(len(f.text or "") + len(f.base64 or "") for f in files)
+        if size > MAX_WRITE_BYTES:
+            raise ToolError(f"write_files carries at most {MAX_WRITE_BYTES} bytes per call ({size} given): "
+                            "split it over several calls")
+        for f in files:
+            if f.base64 is not None:
+                try:
+                    base64.b64decode(f.base64, validate=True)
+                except ValueError as exc:
+                    raise ToolError(f"{f.path}: `base64` is not valid base64") from exc
+        _, c = calls()
+        answer, _ = await helper(c, "write", {"files": [f.model_dump(exclude_none=True) for f in files]}, sid, ctx)
+        return WriteResult(session=sid, written=answer["written"])
+
+    @mcp.tool(annotations=ToolAnnotations(title="Read a file from the workspace", read_only_hint=True,
+                                          open_world_hint=False))
+    async def read_file(
+        path: Annotated[str, Field(min_length=1, max_length=4096, description="Relative to the workspace.")],
+        session: SessionArg = None,
+        offset: Annotated[int, Field(ge=0)] = 0,
+        max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = 64 * 1024,
+        ctx: Context | None = None,
+    ) -> Annotated[CallToolResult, ReadResult]:
+        """Read (part of) a file of the session's workspace; images also come back as image content."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        answer, _ = await helper(c, "read", {"files": [{"path": path, "offset": offset, "max_bytes": max_bytes}]},
+                                 sid, ctx)
+        item = answer["files"][0]
+        data = base64.b64decode(item["base64"])
+        try:
+            text: str | None = data.decode()
+            b64: str | None = None
+        except UnicodeDecodeError:
+            text, b64 = None, item["base64"]
+        result = ReadResult(session=sid, path=path, size=item["size"], offset=offset, bytes=len(data),
+                            eof=offset + len(data) >= item["size"], text=text, base64=b64)
+        blocks: list[ContentBlock] = [TextContent(type="text", text=text if text is not None else
+                                                  f"{path}: {len(data)} bytes of binary data (base64 in the "
+                                                  f"structured result)")]
+        mime = _mime(path)
+        if mime in IMAGE_TYPES and offset == 0 and result.eof:
+            blocks.append(ImageContent(type="image", data=item["base64"], mime_type=mime))
+        return CallToolResult(content=blocks, structured_content=result.model_dump(mode="json"))
+
+    @mcp.tool(annotations=ToolAnnotations(title="List workspace files", read_only_hint=True,
+                                          open_world_hint=False))
+    async def list_files(
+        path: Annotated[str, Field(min_length=1, max_length=4096)] = ".",
+        session: SessionArg = None,
+        depth: Annotated[int, Field(ge=1, le=10)] = 2,
+        ctx: Context | None = None,
+    ) -> ListResult:
+        """List files under a directory of the session's workspace (paths relative to the workspace)."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        answer, _ = await helper(c, "list", {"path": path, "depth": depth}, sid, ctx)
+        return ListResult(session=sid, path=path, entries=answer["entries"], truncated=answer["truncated"])
+
+    @mcp.tool(annotations=ToolAnnotations(title="Install Python packages in the sandbox", read_only_hint=False,
+                                          destructive_hint=False, idempotent_hint=True, open_world_hint=True))
+    async def install_packages(
+        packages: Annotated[list[Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[^-\s]")]],
+                            Field(min_length=1, max_length=50, description="pip requirement specifiers or "
+                                                                           "workspace paths of wheels.")],
+        session: SessionArg = None,
+        timeout_s: Annotated[float, Field(gt=0, le=3600)] = 600,
+        ctx: Context | None = None,
+    ) -> InstallResult:
+        """pip-install packages into the session's sandbox (kept for its later calls; already satisfied
+        requirements are skipped)."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        answer, outcome = await helper(c, "install", {"packages": packages}, sid, ctx, timeout_s=timeout_s)
+        if "error" in answer:
+            raise ToolError(f"{answer['error']}: {answer.get('message', '')}")
+        return InstallResult(session=sid, installed=answer["installed"], already_present=answer["already_present"],
+                             failed=answer["failed"], pip_exit_code=answer["pip_exit_code"],
+                             output_tail=outcome.stderr.text[-4000:])
+
+    @mcp.tool(annotations=ToolAnnotations(title="Describe the sandbox", read_only_hint=True,
+                                          open_world_hint=False))
+    async def sandbox_info(session: SessionArg = None, ctx: Context | None = None) -> dict[str, Any]:
+        """The session's sandbox: pool, GPUs (model, memory, driver/CUDA when present), disk, CPUs,
+        and how it was acquired (warm, recycled, standby, new)."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        answer, outcome = await helper(c, "info", {}, sid, ctx)
+        spec = next((p for p in await _pools(c.client) if p.get("name") == c.pool), {})
+        return {"session": sid, "pool": c.pool, "accelerator": spec.get("accelerator"),
+                "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition,
+                "pod": (outcome.job.acquisition[0].get("pod") if outcome.job.acquisition else None), **answer}
+
+    @mcp.tool(annotations=ToolAnnotations(title="End the session and retire its sandbox", read_only_hint=False,
+                                          destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+    async def end_session(session: SessionArg = None, ctx: Context | None = None) -> EndResult:
+        """Retire the session's sandbox now: running jobs of it are cancelled, its files and Python state
+        are gone. A later call with the same session starts a fresh sandbox."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        try:
+            ended = await c.client.end_session(sid, queue=c.queue)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        return EndResult(session=sid, retired_pods=ended["retired_pods"],
+                         retiring_at_release=ended["retiring_at_release"], cancelled_jobs=ended["cancelled_jobs"])
+
+    @mcp.resource("sandbox://{session}/jobs/{job_id}/log", name="job log", mime_type="text/plain",
+                  description="The full combined output of a job of the session.")
+    async def job_log(session: str, job_id: str) -> str:
+        _, c = calls()
+        try:
+            job = await c.client.get(job_id)
+            if job.raw.get("lease_tag") != session:
+                raise ResourceError(f"job {job_id} is not a job of session {session}")
+            return (await c.client.read_log(job_id, "combined")).decode(errors="replace")
+        except FirepoolError as exc:
+            raise ResourceError(f"{exc.error_class}: {exc.message}") from exc
+
+    @mcp.resource("sandbox://{session}/files/{+path}", name="workspace file",
+                  description="A file of the session's workspace (e.g. an artifact in outputs/).")
+    async def workspace_file(session: str, path: str) -> bytes:
+        _, c = calls()
+        try:
+            answer, _ = await c.helper("read", {"files": [{"path": path, "max_bytes": 16 << 20}]}, session)
+        except FirepoolError as exc:
+            raise ResourceError(f"{exc.error_class}: {exc.message}") from exc
+        if "error" in answer:
+            raise ResourceError(f"{answer['error']}: {answer.get('message', '')}")
+        return base64.b64decode(answer["files"][0]["base64"])
+
+    return mcp
+
+
+def _background(session: str, job: JobInfo) -> CallToolResult:
+    result = RunResult(session=session, job_id=job.id, state=job.state, exit_code=job.exit_code,
+                       error_class=job.error_class, duration_s=0.0, acquisition=job.path,
+                       log_uri=log_uri(session, job.id))
+    text = f"session {session} · job {job.id} started in the background ({job.state}); follow it with job_status."
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=result.model_dump(mode="json"))
+
+
+async def _pools(client: AsyncClient) -> list[dict[str, Any]]:
+    try:
+        return await client.pools()
+    except FirepoolError:
+        return []
+
+
+def _headers(ctx: Context | None) -> dict[str, str]:
+    if ctx is None:
+        return {}
+    try:
+        headers = ctx.headers
+    except ValueError:
+        return {}
+    return {k.lower(): v for k, v in (headers or {}).items()}

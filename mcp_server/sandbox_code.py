@@ -294,7 +294,7 @@ def files_op(op: str, args: dict[str, Any]) -> list[str]:
 
 def parse_result(stdout: str) -> dict[str, Any] | None:
     """The file helper's answer line, or None when it printed none."""
-    for line in reversed(stdout.splitlines()):
+    for line in reversed(stdout.split("\n")):  # not splitlines(): it splits at the marker's \x1e
         if line.startswith(RESULT_MARK):
             value = json.loads(line[len(RESULT_MARK):])
             return value if isinstance(value, dict) else None
@@ -307,7 +307,7 @@ def split_artifacts(stderr: str) -> tuple[str, list[tuple[int, str]]]:
     if at < 0:
         return stderr, []
     found = []
-    for line in stderr[at + len(ARTIFACTS_MARK) + 1:].splitlines():
+    for line in stderr[at + len(ARTIFACTS_MARK) + 1:].split("\n"):
         size, _, path = line.partition(" ")
         if size.isdigit() and path:
             found.append((int(size), path))

@@ -166,6 +166,7 @@ def file_uri(session: str, path: str) -> str:
 def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", name: str = "firepool",
                  **server_kw: Any) -> FirepoolMCP:
     """The MCP server over `broker`; `server_kw` goes to MCPServer (auth settings for HTTP)."""
+    server_kw.setdefault("log_level", "WARNING")
     mcp = FirepoolMCP(name, instructions=INSTRUCTIONS, **server_kw)
     default_session = f"mcp-{secrets.token_hex(6)}" if broker.transport == "stdio" else None
 
@@ -458,7 +459,8 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
             job = await c.client.get(job_id)
             if job.raw.get("lease_tag") != session:
                 raise ResourceError(f"job {job_id} is not a job of session {session}")
-            return (await c.client.read_log(job_id, "combined")).decode(errors="replace")
+            text = (await c.client.read_log(job_id, "combined")).decode(errors="replace")
+            return sandbox_code.split_artifacts(text)[0]
         except FirepoolError as exc:
             raise ResourceError(f"{exc.error_class}: {exc.message}") from exc
 

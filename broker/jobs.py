@@ -123,8 +123,9 @@ class JobSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields later features add (package, requirements, kernel); stored with the spec."""
     recycle: bool = True
-    """May the job take the caller's idle pod of another session (which then retires)? False waits for a
-    fresh pod instead, so concurrent sessions of one caller (MCP conversations) never end each other."""
+    """May the job take the caller's idle pod of another session (which then retires)? False prefers a
+    fresh pod, so concurrent sessions of one caller (MCP conversations) do not end each other; only at the
+    pool's ceiling does it take the caller's least recently used pod of another session."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -44,7 +44,7 @@ class Claim:
     since: float = 0.0
     """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
     recycle: bool = True
-    """May take the caller's pod of another session (recycled); False waits for a fresh pod instead."""
+    """May take the caller's pod of another session (recycled); False does so only at the pool's ceiling."""
 
 
 class Lease:
@@ -70,7 +70,7 @@ class Shortfall:
 class _Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "physical")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -81,6 +81,8 @@ class _Bucket:
         """Idle used pods by the session that used them last."""
         self.by_caller: dict[str, dict[str, Pod]] = {}
         """Idle used pods by their last caller (any session)."""
+        self.physical = 0
+        """Tracked pods of the pool (added, not yet removed): at the ceiling no new pod can come."""
 
 
 class Tracker:
@@ -108,6 +110,8 @@ class Tracker:
             if pod.name in self.pods:
                 raise ValueError(f"pod {pod.name} is already tracked")
             self.pods[pod.name] = pod
+            if (bucket := self._buckets.get(pod.pool)) is not None:
+                bucket.physical += 1
             if pod.state is _IDLE:
                 self._index_idle(pod)
 
@@ -147,6 +151,8 @@ class Tracker:
             pod = self.pods.pop(name, None)
             if pod is not None:
                 pod.move(PodState.GONE)
+                if (bucket := self._buckets.get(pod.pool)) is not None:
+                    bucket.physical -= 1
 
     # ---------------------------------------------------------------- claim path
 
@@ -243,8 +249,9 @@ class Tracker:
                 taken.add(pod.name)
                 if len(picked) == n:
                     return picked
-        if mine and want.recycle:
-            for pod in reversed(mine.values()):
+        if mine and (want.recycle or bucket.physical >= bucket.spec.max_count):
+            # recycle=False gives way only at the ceiling, and then takes the least recently used pod.
+            for pod in (reversed(mine.values()) if want.recycle else list(mine.values())):
                 if usable(pod):
                     picked.append((pod, Path.RECYCLED, REASON_NEW_SESSION))
                     taken.add(pod.name)

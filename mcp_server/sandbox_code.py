@@ -19,26 +19,32 @@ OUTPUTS = "outputs"
 STATE_DIR = ".firepool"
 """Workspace directory of the MCP layer's own state: installed packages, pickled Python namespace."""
 
-# Runs the call's argv inside the workspace (or `cwd` under it), with packages installed by
-# install_packages on the path and a headless matplotlib, then lists the files it left in outputs/.
+# Runs the call inside the workspace (or `cwd` below it), with packages installed by install_packages
+# on the path and a headless matplotlib, then lists the files it left in outputs/. Mode `shell` evals a
+# command string in a subshell (no second bash to start); mode `argv` runs the argument vector. Only
+# shell builtins besides `find`: every process costs milliseconds on the warm path.
 WRAPPER = r"""
-ws="${FIREPOOL_WORKSPACE:-$HOME}"
-cd "$ws" || exit 97
+__fp_ws="${FIREPOOL_WORKSPACE:-$HOME}"
+cd "$__fp_ws" || exit 97
+[ -d "$__fp_ws/outputs" ] && [ -d "$__fp_ws/.firepool" ] || mkdir -p "$__fp_ws/outputs" "$__fp_ws/.firepool"
 if [ -n "$1" ]; then cd -- "$1" || { echo "firepool: cannot enter directory $1" >&2; exit 2; }; fi
-shift
-mkdir -p "$ws/outputs" "$ws/.firepool"
-stamp="$ws/.firepool/stamp.$$"
-: > "$stamp"
-PYTHONPATH="$ws/.firepool/site${PYTHONPATH:+:$PYTHONPATH}"
-MPLBACKEND="${MPLBACKEND:-Agg}"
-MPLCONFIGDIR="$ws/.firepool/mpl"
-export PYTHONPATH MPLBACKEND MPLCONFIGDIR
-"$@"
-rc=$?
-new=$(find "$ws/outputs" -type f -newer "$stamp" -printf '%s %P\n' 2>/dev/null | head -n 50)
-rm -f "$stamp"
-if [ -n "$new" ]; then printf '\036firepool-artifacts\n%s\n' "$new" >&2; fi
-exit $rc
+__fp_mode=$2
+shift 2
+__fp_stamp="$__fp_ws/.firepool/stamp"
+: > "$__fp_stamp"
+export PYTHONPATH="$__fp_ws/.firepool/site${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND="${MPLBACKEND:-Agg}" \
+    MPLCONFIGDIR="$__fp_ws/.firepool/mpl"
+if [ "$__fp_mode" = shell ]; then
+    __fp_cmd=$1
+    set --
+    ( eval "$__fp_cmd" )
+else
+    "$@"
+fi
+__fp_rc=$?
+__fp_new=$(find "$__fp_ws/outputs" -type f -newer "$__fp_stamp" -printf '%s %P\n' 2>/dev/null | head -n 50)
+if [ -n "$__fp_new" ]; then printf '\036firepool-artifacts\n%s\n' "$__fp_new" >&2; fi
+exit $__fp_rc
 """
 
 # Stateful Python: the namespace of earlier calls of the session is restored from a pickle in the
@@ -276,7 +282,12 @@ _ARG_CHUNK = 96 * 1024
 
 def wrap(argv: Sequence[str], cwd: str = "") -> list[str]:
     """A job command that runs `argv` through the wrapper in the workspace (or `cwd` below it)."""
-    return ["sh", "-c", WRAPPER, "firepool-call", cwd, *argv]
+    return ["bash", "-c", WRAPPER, "firepool-call", cwd, "argv", *argv]
+
+
+def shell(command: str, cwd: str = "") -> list[str]:
+    """A job command that runs a bash command string through the wrapper."""
+    return ["bash", "-c", WRAPPER, "firepool-call", cwd, "shell", command]
 
 
 def python_exec(code: str) -> list[str]:

@@ -271,7 +271,7 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         to outputs/ come back (images inline). Pass the result's `session` back on later calls."""
         sid = session_of(session, ctx)
         _, c = calls()
-        argv = sandbox_code.wrap(["bash", "-c", command], cwd or "")
+        argv = sandbox_code.shell(command, cwd or "")
         try:
             if background:
                 job = await c.submit(argv, sid, timeout_s=timeout_s, env=env)

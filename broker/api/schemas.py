@@ -23,7 +23,8 @@ class JobRequest(Strict):
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
     recycle: bool = Field(default=True, description="May run once on the caller's pod of another session "
-                                                    "(which then retires); false waits for a fresh pod.")
+                                                    "(which then retires); false prefers a fresh pod and "
+                                                    "recycles only at the pool's ceiling.")
     single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     max_retries: int = Field(default=0, ge=0, le=20)

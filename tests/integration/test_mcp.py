@@ -296,7 +296,7 @@ def mcp_http(fp: BrokerProcess, tmp_path: Path) -> Iterator[tuple[str, dict[str,
 @contextlib.asynccontextmanager
 async def _http_client(url: str, token: str, mode: str = "auto") -> AsyncIterator[Client]:
     """The official client over streamable HTTP, presenting an MCP bearer token."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http, \
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=40) as http, \
             Client(streamable_http_client(url, http_client=http), mode=mode) as client:
         yield client
 

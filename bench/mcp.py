@@ -1,0 +1,119 @@
+"""B11: the MCP `run_in_sandbox` warm round trip, official MCP client, one conversation of N calls.
+
+A throwaway broker on the local backend; `firepool mcp` as a subprocess over stdio, then over
+streamable HTTP. Each call runs `python3 -c 'print(1)'` in the same session; the first call makes the
+sandbox, every later one should find it warm. The round trip is what the client waits for a tool call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.broker_proc import BenchBroker
+from bench.common import Row, at_most, percentile, report
+
+COMMAND = "python3 -c 'print(1)'"
+TARGET_MS = 60.0
+
+
+async def _conversation(client: Any, calls: int, session: str) -> tuple[list[float], dict[str, int], int]:
+    """(round trips of calls 2..N in s, acquisition counts of calls 2..N, how many printed 1)."""
+    times: list[float] = []
+    paths: dict[str, int] = {}
+    right = 0
+    for i in range(calls + 1):
+        t0 = time.perf_counter()
+        res = await client.call_tool("run_in_sandbox", {"command": COMMAND, "session": session})
+        took = time.perf_counter() - t0
+        if res.is_error:
+            raise RuntimeError(f"run_in_sandbox failed: {res.content}")
+        out = res.structured_content or {}
+        if i == 0:
+            continue  # the sandbox's creation
+        times.append(took)
+        path = str(out.get("acquisition"))
+        paths[path] = paths.get(path, 0) + 1
+        right += out.get("stdout_tail") == "1\n"
+    return times, paths, right
+
+
+async def _stdio(broker: BenchBroker, calls: int) -> tuple[list[float], dict[str, int], int]:
+    from mcp import Client, StdioServerParameters
+
+    env = {**os.environ, "FIREPOOL_URL": broker.url, "FIREPOOL_TOKEN": broker.tokens["bench"]}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "broker.cli", "mcp"], env=env)
+    async with Client(params) as client:
+        return await _conversation(client, calls, "b11-stdio")
+
+
+async def _http(broker: BenchBroker, calls: int) -> tuple[list[float], dict[str, int], int]:
+    import httpx
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = secrets.token_hex(16)
+    (broker.dir / "mcp-tokens.json").write_text(json.dumps({token: "bench"}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(broker.dir / "mcp-http.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "mcp", "--http", "--port", str(port), "--url",
+                                 broker.url, "--tokens", str(broker.dir / "mcp-tokens.json"),
+                                 "--broker-tokens", str(broker.dir / "tokens.json")],
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((broker.dir / "mcp-http.log").read_text()[-2000:]) from None
+                await asyncio.sleep(0.1)
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http, \
+                Client(streamable_http_client(url, http_client=http)) as client:
+            return await _conversation(client, calls, "b11-http")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def main(argv: list[str], json_out: bool = False) -> int:
+    parser = argparse.ArgumentParser(prog="firepool bench mcp", description=__doc__)
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    with BenchBroker() as broker:
+        for transport, run in (("stdio", _stdio), ("streamable HTTP", _http)):
+            times, paths, right = asyncio.run(run(broker, args.calls))
+            ms = [t * 1000 for t in times]
+            p50, p90 = percentile(ms, 50), percentile(ms, 90)
+            warm = paths.get("warm", 0)
+            target = "<= 60 ms" if transport == "stdio" else "-"
+            rows += [
+                Row("B11", f"run_in_sandbox print(1) p50, {transport} ({args.calls} calls)", p50, "ms", "-",
+                    target, at_most(p50, TARGET_MS) if transport == "stdio" else None),
+                Row("B11", f"run_in_sandbox print(1) p90, {transport}", p90, "ms", "-"),
+                Row("B11", f"calls after the first that were warm, {transport} ({paths})", warm, "calls", "-",
+                    f"= {args.calls}", warm == args.calls and right == args.calls),
+            ]
+            raw[transport] = {"round_trips_ms": ms, "paths": paths, "printed_1": right}
+    return report("mcp", rows, json_out=json_out, extra={"raw": raw, "command": COMMAND})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -125,7 +125,8 @@ class JobSpec:
     recycle: bool = True
     """May the job take the caller's idle pod of another session (which then retires)? False prefers a
     fresh pod, so concurrent sessions of one caller (MCP conversations) do not end each other; only at the
-    pool's ceiling does it take the caller's least recently used pod of another session."""
+    pool's ceiling does it take over the caller's least recently used pod of another session (for good: the
+    pod is not retired, the agent empties its workspace at the session change)."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -26,6 +26,7 @@ _RETIRING = PodState.RETIRING
 REASON_NO_SESSION_POD = "no idle pod of this session"
 REASON_NEW_SESSION = "new session: ran once on the caller's previous pod, which then retires"
 REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
+REASON_TAKEOVER = "pool at its ceiling: took over the caller's least recently used session's pod (workspace wiped)"
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
 
@@ -186,7 +187,7 @@ class Tracker:
                 pod.job = job_id
                 pod.path = path
                 pod.reason = reason
-                if path is Path.RECYCLED:
+                if path is Path.RECYCLED and reason is not REASON_TAKEOVER:
                     pod.retire = True
             n = len(picked)
             lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus)
@@ -250,10 +251,12 @@ class Tracker:
                 if len(picked) == n:
                     return picked
         if mine and (want.recycle or bucket.physical >= bucket.spec.max_count):
-            # recycle=False gives way only at the ceiling, and then takes the least recently used pod.
+            # recycle=False gives way only at the ceiling: the caller's least recently used session hands
+            # its pod over for good (the agent empties the workspace at the session change).
+            reason = REASON_NEW_SESSION if want.recycle else REASON_TAKEOVER
             for pod in (reversed(mine.values()) if want.recycle else list(mine.values())):
                 if usable(pod):
-                    picked.append((pod, Path.RECYCLED, REASON_NEW_SESSION))
+                    picked.append((pod, Path.RECYCLED, reason))
                     taken.add(pod.name)
                     if len(picked) == n:
                         return picked

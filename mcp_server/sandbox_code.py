@@ -30,19 +30,22 @@ cd "$__fp_ws" || exit 97
 if [ -n "$1" ]; then cd -- "$1" || { echo "firepool: cannot enter directory $1" >&2; exit 2; }; fi
 __fp_mode=$2
 shift 2
-__fp_stamp="$__fp_ws/.firepool/stamp"
-: > "$__fp_stamp"
+# File times come from the kernel's coarse clock (a few ms behind): count from 10 ms before the start.
+__fp_s=${EPOCHREALTIME%.*} __fp_us=${EPOCHREALTIME#*.}
+__fp_us=$((10#$__fp_us - 10000))
+if [ $__fp_us -lt 0 ]; then __fp_s=$((__fp_s - 1)) __fp_us=$((__fp_us + 1000000)); fi
+printf -v __fp_since '%d.%06d' "$__fp_s" "$__fp_us"
 export PYTHONPATH="$__fp_ws/.firepool/site${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND="${MPLBACKEND:-Agg}" \
     MPLCONFIGDIR="$__fp_ws/.firepool/mpl"
 if [ "$__fp_mode" = shell ]; then
     __fp_cmd=$1
     set --
-    ( eval "$__fp_cmd" )
+    ( eval "unset __fp_cmd __fp_mode __fp_s __fp_us; $__fp_cmd" )
 else
     "$@"
 fi
 __fp_rc=$?
-__fp_new=$(find "$__fp_ws/outputs" -type f -newer "$__fp_stamp" -printf '%s %P\n' 2>/dev/null | head -n 50)
+__fp_new=$(find "$__fp_ws/outputs" -type f -newermt "@$__fp_since" -printf '%s %P\n' 2>/dev/null | head -n 50)
 if [ -n "$__fp_new" ]; then printf '\036firepool-artifacts\n%s\n' "$__fp_new" >&2; fi
 exit $__fp_rc
 """

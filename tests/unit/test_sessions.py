@@ -87,7 +87,7 @@ async def test_recycle_is_part_of_the_rest_request(api) -> None:
     assert r.status_code == 422
 
 
-async def test_at_the_ceiling_a_job_that_may_not_recycle_takes_the_least_recently_used_session() -> None:
+async def test_at_the_ceiling_a_job_that_may_not_recycle_takes_over_the_least_recently_used_session() -> None:
     h = await Harness([cpu_pool(max_count=2)]).start()
     try:
         a = await h.run_job(lease_tag="conv-A", recycle=False)
@@ -95,6 +95,8 @@ async def test_at_the_ceiling_a_job_that_may_not_recycle_takes_the_least_recentl
         assert a.pods != b.pods
         c = await h.run_job(lease_tag="conv-C", recycle=False)
         assert h.paths(c) == ["recycled"] and c.pods == a.pods
+        c2 = await h.run_job(lease_tag="conv-C", recycle=False)
+        assert h.paths(c2) == ["warm"] and c2.pods == a.pods  # taken over for good, not retired
         b2 = await h.run_job(lease_tag="conv-B", recycle=False)
         assert h.paths(b2) == ["warm"] and b2.pods == b.pods
     finally:

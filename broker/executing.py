@@ -26,6 +26,7 @@ from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
+from broker.topology import Rendezvous, topology_env
 from broker.tracker import Lease, Tracker
 
 log = logging.getLogger("firepool.executing")
@@ -119,7 +120,15 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, [None] * len(lease.pods), never_ran=True)
             return
         handed_off_at = self.clock.now()
-        requests = [self._request(job, attempt.id, pod, rank, len(lease.pods)) for rank, pod in enumerate(lease.pods)]
+        try:
+            rdzv = self.backend.rendezvous(lease.pods[0].name, len(lease.pods))
+        except FirepoolError as exc:  # the ranks could not meet: the attempt fails as a whole, before any runs
+            await self.finish(job.id, attempt.id, lease.pods, [
+                AttemptStatus(attempt.id, running=False, error_class=ErrorClass.LAUNCH_ERROR, message=str(exc))
+                for _ in lease.pods])
+            return
+        requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
+                    for rank, pod in enumerate(lease.pods)]
         results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
         first = results[0]
         self.launched[job.id] = attempt.id
@@ -142,15 +151,15 @@ class Executor:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
 
-    def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:
+    def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int, rdzv: Rendezvous) -> LaunchRequest:
         spec = job.spec
         env = dict(spec.env)
         env.update({
             "FIREPOOL_CALLER": job.caller, "FIREPOOL_JOB_ID": job.id, "FIREPOOL_ATTEMPT_ID": aid,
             "FIREPOOL_POOL": spec.pool, "FIREPOOL_POD": pod.name, "FIREPOOL_LEASE_TAG": spec.lease_tag,
             "FIREPOOL_QUEUE": spec.queue, "FIREPOOL_ACQUISITION": pod.path,
-            "FIREPOOL_RANK": str(rank), "FIREPOOL_WORLD_SIZE": str(world),
         })
+        env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session_key(job),
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
 

@@ -56,6 +56,8 @@ class PoolSpec:
     """Stale pods retired at a time during a template rollout."""
     template: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific pod template (image, resources, binds, start delay)."""
+    reserve_gangs_after: float | None = 60.0
+    """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
 
     @property
     def hold_seconds(self) -> float:
@@ -139,6 +141,8 @@ def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
             if not isinstance(value, list) or not all(isinstance(p, str) and p.startswith("/") for p in value):
                 raise CatalogError(f"pool {name!r}: {key} must be a list of absolute paths")
             values[key] = tuple(value)
+        elif key == "reserve_gangs_after":
+            values[key] = _number(name, key, value, integer=False, allow_none=True)
         elif key == "template":
             if not isinstance(value, Mapping):
                 raise CatalogError(f"pool {name!r}: template must be a mapping")

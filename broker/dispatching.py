@@ -79,7 +79,8 @@ class Dispatcher:
             spec = job.spec
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
-                                           spec.single_use, job.timings.get("submitted_at", now), ends_by), now)
+                                           spec.single_use, job.timings.get("submitted_at", now), ends_by,
+                                           job_sort_key(job)), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if spec.single_use:

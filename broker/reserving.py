@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from broker.tracker import Tracker
 
 REASON_BACKFILL = "backfill: a pod reserved for a waiting gang, free again before the gang can fill"
+REASON_AHEAD = "a pod reserved for a gang that comes after this job in dispatch order"
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
 from broker.pools import CallerLimits, PoolSpec
-from broker.reserving import REASON_BACKFILL, Estimate, Reservation
+from broker.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
 
 _IDLE = PodState.IDLE
 _ASSIGNED = PodState.ASSIGNED
@@ -49,6 +49,8 @@ class Claim:
     """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
     ends_by: float = math.inf
     """When the job ends at the latest if it starts now (now + timeout_s): may it backfill a reservation?"""
+    order: tuple[int, float, str] | None = None
+    """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
 
 
 class Lease:
@@ -177,7 +179,7 @@ class Tracker:
             if picked is None:
                 gang = self._gangs and want.job_id in self._reserved
                 picked = self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
-            if isinstance(picked, Shortfall) and self._gangs and want.ends_by < math.inf:
+            if isinstance(picked, Shortfall) and self._gangs:
                 picked = self._backfill(want, picked)
             if isinstance(picked, Shortfall):
                 return picked
@@ -448,16 +450,21 @@ class Tracker:
         return picked + rest
 
     def _backfill(self, want: Claim, short: Shortfall) -> list[tuple[Pod, str, str | None]] | Shortfall:
-        """Reserved pods for a job sure to end before their gang could fill; lowest reservation first."""
+        """Reserved pods for a job sure to end before their gang could fill, or one ahead of the gang in
+        dispatch order (a reservation never inverts priorities); lowest reservation first."""
         for res in reversed(self._gangs.get(want.pool, ())):
             if res.job_id == want.job_id:
                 continue
             spare = self._reserved.get(res.job_id, ())
             if len(spare) < want.pods:
                 continue
-            if want.ends_by + (0.0 if want.caller == res.caller else res.restart_s) > res.fill_at:
+            ahead = want.order is not None and want.order < res.order
+            # An unknown fill time (inf) admits no backfill: nothing proves the job ends before it.
+            if not ahead and not want.ends_by + (0.0 if want.caller == res.caller else res.restart_s) \
+                    <= res.fill_at < math.inf:
                 continue
-            return [(pod, Path.WARM, REASON_BACKFILL) for pod in spare[-want.pods:]]
+            why = REASON_AHEAD if ahead else REASON_BACKFILL
+            return [(pod, Path.NEW if pod.idle_since >= want.since else Path.WARM, why) for pod in spare[-want.pods:]]
         return short
 
     def _settle(self, want: Claim, picked: Sequence[tuple[Pod, str, str | None]]) -> None:

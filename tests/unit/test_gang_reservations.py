@@ -188,3 +188,16 @@ def test_the_reservation_wait_is_a_checked_pool_setting() -> None:
     for bad in ("soon", -1, True):
         with pytest.raises(CatalogError, match="reserve_gangs_after"):
             parse_pool({"name": "p", "reserve_gangs_after": bad})
+
+
+def test_a_job_ahead_of_a_reserved_gang_may_take_its_pod_and_one_behind_may_not() -> None:
+    t = _tracker()
+    t.reserve_gang(Reservation("g", "bob", "p", 4, (0, 5.0, "g"), 0.0))
+    _idle(t, "a")
+    _idle(t, "b")
+    behind = t.claim(Claim("later", "alice", "p", order=(0, 6.0, "later")), 0.0)
+    assert isinstance(behind, Shortfall)
+    urgent = t.claim(Claim("urgent", "alice", "p", order=(-1, 9.0, "urgent")), 0.0)
+    earlier = t.claim(Claim("earlier", "carol", "p", order=(0, 4.0, "earlier")), 0.0)
+    assert isinstance(urgent, Lease) and isinstance(earlier, Lease)
+    assert t.reservations("p")[0][1] == 0

@@ -40,6 +40,20 @@ def test_two_ranks_in_two_sandboxes_all_reduce_with_gloo(broker: BrokerProcess) 
     assert all(pods[n]["state"] == "idle" and pods[n]["caller"] == "bob" for n in job["bound_pods"])
 
 
+def test_a_bare_torchrun_on_each_pod_forms_one_world_from_the_injected_topology(broker: BrokerProcess) -> None:
+    """torchrun reads PET_NNODES, PET_NODE_RANK and PET_MASTER_*: 2 pods x 2 local workers = world 4."""
+    c = broker.client("bob")
+    script = ALL_REDUCE.replace("socket.gethostname()", "socket.gethostname() + ' local ' + __import__('os')"
+                                                        ".environ['LOCAL_RANK']")
+    command = f"cat > $TMPDIR/step.py <<'EOF'\n{script}\nEOF\ntorchrun --nproc-per-node 2 $TMPDIR/step.py"
+    job = run_job(c, {"pool": "cpu", "pods": 2, "timeout_s": 110, "command": ["bash", "-c", command]}, wait=120)
+    log = c.get(f"/v1/jobs/{job['id']}/logs").text
+    assert job["state"] == "SUCCEEDED", (job, log)
+    # Global ranks 0-3 each add rank + 1: 1 + 2 + 3 + 4; rank 0 and 1 run on the coordinator pod.
+    assert f"rank 0 of 4 on {job['bound_pods'][0]} local 0 sum 10" in log, log
+    assert f"rank 1 of 4 on {job['bound_pods'][0]} local 1 sum 10" in log, log
+
+
 def test_caller_env_cannot_override_the_topology_in_a_real_sandbox(broker: BrokerProcess) -> None:
     c = broker.client("bob")
     env = {"MASTER_ADDR": "203.0.113.9", "MASTER_PORT": "1", "RANK": "5", "WORLD_SIZE": "9", "LOCAL_RANK": "4",

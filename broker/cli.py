@@ -16,6 +16,7 @@ from broker.locations import DEFAULT_PORT, default_state_dir
 
 BENCHMARKS = ("tracker", "dispatch", "warm-start", "reset", "loops", "standby", "frontier", "late-binding",
               "mcp", "jupyter", "recovery")
+BENCHMARKS += ("gangs",)
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -74,7 +74,7 @@ class Dispatcher:
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
         claimed = 0
-        refresh_reservations(self.tracker, self.book.live, now)
+        refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for job in sorted(self.queued.values(), key=job_sort_key):
             spec = job.spec
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
@@ -89,7 +89,7 @@ class Dispatcher:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
-                        reserve_if_due(self.tracker, job, self.book.live, now)
+                        reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -100,6 +100,10 @@ class Dispatcher:
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
         self.controller.report_demand(demand, single_use)
         return claimed
+
+    def _break_hold(self, pod: str, idle_since: float) -> bool:
+        """Retire an idle pod another caller holds, for a reservation that needs its room."""
+        return self.controller.retire(pod, only_if_idle_since=idle_since)
 
     async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:
         """Commit the claim durably, then hand the job to the executor; undo the claim if it loses."""

@@ -7,12 +7,14 @@ gangs, so two reservations never split pods between them and deadlock. At the po
 that other callers release retire instead of being held, so their capacity comes back as fresh pods
 for the gang (owner-only reuse forbids handing them over). A job may still run on a reserved pod if
 it is sure to end before the gang could fill (backfill): its `timeout_s` ends by the gang's estimated
-fill time. The tracker applies all of this under its lock; this module owns the records and the
-estimates, which the dispatcher computes outside the lock from a snapshot once per pass.
+fill time. Idle pods other callers hold retire too when the gang needs their room. The tracker applies
+all of this under its lock; this module owns the records and the estimates, which the dispatcher
+computes outside the lock from a snapshot once per pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from broker.pools import PoolSpec
 
 if TYPE_CHECKING:
     from broker.tracker import Tracker
+
+Retire = Callable[[str, float], bool]
 
 REASON_BACKFILL = "backfill: a pod reserved for a waiting gang, free again before the gang can fill"
 REASON_AHEAD = "a pod reserved for a gang that comes after this job in dispatch order"
@@ -66,6 +70,8 @@ class Estimate:
     fill_at: float
     make_room: int
     restart_s: float
+    victims: tuple[tuple[str, float], ...] = ()
+    """(pod, idle since) of idle pods other callers hold, oldest first, to retire now for the room."""
 
 
 def estimate(spec: PoolSpec, reservations: Sequence[tuple[Reservation, int]], pods: Iterable[Pod],
@@ -84,6 +90,8 @@ def estimate(spec: PoolSpec, reservations: Sequence[tuple[Reservation, int]], po
     """When a pod any gang may use appears (fresh, starting, or capacity coming free)."""
     used: list[tuple[str, float, float]] = []
     """(caller, when free, when free for another caller): pods that stay their caller's."""
+    holds: list[tuple[float, str, str]] = []
+    """(idle since, pod, caller) of idle used pods: their holds break for a reservation that needs room."""
     for pod in pods:
         state = pod.state
         if state is PodState.GONE or pod.origin is Origin.SINGLE_USE:
@@ -97,8 +105,8 @@ def estimate(spec: PoolSpec, reservations: Sequence[tuple[Reservation, int]], po
             if pod.key is None or pod.caller is None:
                 shared.append(now)
             else:
-                until = pod.hold_until if pod.held(now) else now
-                used.append((pod.caller, now, until + restart))
+                used.append((pod.caller, now, now + restart))
+                holds.append((pod.idle_since, pod.name, pod.caller))
         else:  # assigned, running or resetting: free once its job ends, at the latest
             caller, ends = running(pod.job) if pod.job is not None else (pod.caller or "", now)
             if pod.retire:
@@ -117,24 +125,27 @@ def estimate(spec: PoolSpec, reservations: Sequence[tuple[Reservation, int]], po
         fill_at = now if missing == 0 else times[missing - 1] if len(times) >= missing else math.inf
         # Only the first reservation makes room: pods go to reservations in order.
         make_room = max(0, missing - len(shared) - len(own)) if i == 0 else 0
-        out.append(Estimate(res.job_id, fill_at, make_room, restart))
+        victims = tuple((name, since) for since, name, caller in sorted(holds) if caller != res.caller)[:make_room]
+        out.append(Estimate(res.job_id, fill_at, make_room, restart, victims))
         taken += missing
     return out
 
 
-def reserve_if_due(tracker: Tracker, job: Job, live: Mapping[str, Job], now: float) -> bool:
+def reserve_if_due(tracker: Tracker, job: Job, live: Mapping[str, Job], now: float, retire: Retire) -> bool:
     """After a gang's claim fell short: give it a reservation once it has waited long enough."""
     spec = tracker.pool(job.spec.pool)
     waited = now - job.timings.get("queued_at", job.timings.get("submitted_at", now))
     if spec is None or not due(spec, job.spec.pods, job.spec.single_use, waited):
         return False
     if tracker.reserve_gang(Reservation(job.id, job.caller, spec.name, job.spec.pods, job_sort_key(job), now)):
-        refresh(tracker, live, now)  # make room from the next release on, not one pass later
+        refresh(tracker, live, now, retire)  # make room now, not one pass later
     return True
 
 
-def refresh(tracker: Tracker, live: Mapping[str, Job], now: float) -> None:
-    """Re-estimate every reservation's fill time and room to make (outside the lock, once a pass)."""
+def refresh(tracker: Tracker, live: Mapping[str, Job], now: float, retire: Retire) -> None:
+    """Re-estimate every reservation's fill time and room to make (outside the lock, once a pass), and
+    break the holds the first reservation needs broken: `retire(pod, idle_since)` retires a pod still
+    idle since then (a claim since the snapshot wins) and says whether it did."""
     pools = tracker.reserved_pools()
     if not pools:
         return
@@ -153,5 +164,11 @@ def refresh(tracker: Tracker, live: Mapping[str, Job], now: float) -> None:
 
     for name in pools:
         spec = tracker.pool(name)
-        if spec is not None:
-            tracker.apply_estimates(name, estimate(spec, tracker.reservations(name), by_pool[name], running, now))
+        if spec is None:
+            continue
+        estimates = estimate(spec, tracker.reservations(name), by_pool[name], running, now)
+        for i, e in enumerate(estimates):
+            if e.victims:
+                broken = sum(1 for pod, since in e.victims if retire(pod, since))
+                estimates[i] = dataclasses.replace(e, make_room=e.make_room - broken)
+        tracker.apply_estimates(name, estimates)

@@ -201,3 +201,21 @@ def test_a_job_ahead_of_a_reserved_gang_may_take_its_pod_and_one_behind_may_not(
     earlier = t.claim(Claim("earlier", "carol", "p", order=(0, 4.0, "earlier")), 0.0)
     assert isinstance(urgent, Lease) and isinstance(earlier, Lease)
     assert t.reservations("p")[0][1] == 0
+
+
+async def test_a_reservation_at_the_ceiling_breaks_other_callers_idle_holds_but_not_its_own() -> None:
+    pool = cpu_pool(max_count=8, step=8, caller_hold_seconds=300.0, reserve_gangs_after=5.0)
+    h = await Harness([pool], start_delay=START_DELAY).start()
+    try:
+        holder = await h.run_job("alice", pods=3, command=("sleep", "10"))
+        mine = await h.run_job("bob", pods=2, lease_tag="own", command=("sleep", "1"))
+        gang = await h.submit("bob", pods=8, lease_tag="gang", command=("sleep", "1"))
+        done = await h.finish(gang, timeout=30.0)
+        # alice's three held pods retired for the gang (replaced after one pod start); bob's own two
+        # held pods joined his gang instead of being retired.
+        waited = done.timings["committed_at"] - gang.timings["submitted_at"]
+        assert waited <= 5.0 + h.cp.dispatcher.tick + START_DELAY + 0.5
+        assert set(mine.pods) <= set(done.pods) and not set(holder.pods) & set(done.pods)
+        assert all(name in h.backend.deleted for name in holder.pods)
+    finally:
+        await h.stop()

@@ -219,3 +219,22 @@ async def test_a_reservation_at_the_ceiling_breaks_other_callers_idle_holds_but_
         assert all(name in h.backend.deleted for name in holder.pods)
     finally:
         await h.stop()
+
+
+async def test_cancelling_a_reserved_gang_frees_its_pods_for_anyone() -> None:
+    h = await Harness([cpu_pool(max_count=4, step=4, reserve_gangs_after=0.0)], start_delay=START_DELAY).start()
+    try:
+        blocker = await h.submit("alice", command=("sleep", "30"))
+        await h.run_for(2.0)
+        gang = await h.submit("bob", pods=4, command=("sleep", "1"))
+        await h.run_for(3.0)
+        assert h.cp.tracker.reservations("cpu")[0][1] == 3
+        assert "reservation holds 3 of 4" in (h.cp.waiting_reason(gang.id) or "")
+        await h.cp.cancel("bob", gang.id)
+        assert h.cp.tracker.reservations("cpu") == []
+        assert not [p for p in h.cp.tracker.snapshot() if p.reserved_for is not None]
+        other = await h.run_job("carol", command=("sleep", "1"))
+        assert other.state is JobState.SUCCEEDED and other.acquisition[0].path == "warm"
+        assert (await h.finish(blocker)).state is JobState.SUCCEEDED
+    finally:
+        await h.stop()

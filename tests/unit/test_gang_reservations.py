@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ import pytest
 from broker.jobs import Job, JobState
 from broker.pods import Pod, PodState
 from broker.pools import CatalogError, PoolSpec, parse_pool
-from broker.reserving import REASON_BACKFILL, Reservation
+from broker.reserving import REASON_BACKFILL, Reservation, estimate
 from broker.tracker import Claim, Lease, Shortfall, Tracker
 from tests.unit.harness import Harness, cpu_pool
 
@@ -238,3 +239,24 @@ async def test_cancelling_a_reserved_gang_frees_its_pods_for_anyone() -> None:
         assert (await h.finish(blocker)).state is JobState.SUCCEEDED
     finally:
         await h.stop()
+
+
+def test_the_fill_estimate_waits_for_the_blocking_job_and_a_replacement_start() -> None:
+    spec = PoolSpec(name="p", max_count=4, template={"start_delay_s": 2.0})
+    res = Reservation("g", "bob", "p", 4, (0, 1.0, "g"), 0.0)
+    reserved = [Pod(f"r{i}", "p", state=PodState.IDLE) for i in range(3)]
+    for pod in reserved:
+        pod.reserved_for = "g"
+    busy = Pod("b", "p", state=PodState.RUNNING)
+    busy.job = "alice-job"
+    jobs = {"alice-job": ("alice", 50.0)}
+    [e] = estimate(spec, [(res, 3)], [*reserved, busy], jobs.__getitem__, now=10.0)
+    # alice's pod ends by 50, retires (it never changes callers) and a replacement takes 2 s.
+    assert (e.fill_at, e.make_room, e.restart_s) == (52.0, 1, 2.0)
+    jobs["alice-job"] = ("bob", 50.0)  # the gang's own caller's pod comes back to him as it is
+    assert estimate(spec, [(res, 3)], [*reserved, busy], jobs.__getitem__, now=10.0)[0].fill_at == 50.0
+    roomy = dataclasses.replace(spec, max_count=5)  # a free slot: a new pod, no room to make
+    [e] = estimate(roomy, [(res, 3)], [*reserved, busy], {"alice-job": ("alice", 50.0)}.__getitem__, now=10.0)
+    assert (e.fill_at, e.make_room) == (12.0, 0)
+    jobs["alice-job"] = ("alice", math.inf)  # no timeout: nothing bounds the fill, no backfill
+    assert estimate(spec, [(res, 3)], [*reserved, busy], jobs.__getitem__, now=10.0)[0].fill_at == math.inf

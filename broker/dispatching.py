@@ -68,6 +68,7 @@ class Dispatcher:
         now = self.clock.now()
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
+        queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
         for job in sorted(self.queued.values(), key=job_sort_key):
             spec = job.spec
@@ -79,6 +80,8 @@ class Dispatcher:
                     single_use[job.id] = (spec.pool, spec.pods)
                 else:
                     demand[spec.pool] += spec.pods  # the controller subtracts the pods still coming or idle
+                    by = queued_by[spec.pool]
+                    by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -87,7 +90,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use)
+        self.controller.report_demand(demand, single_use, queued_by)
         return claimed
 
     async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:

@@ -105,7 +105,8 @@ class PoolController:
                 plans[name] = Plan(reason="backing off after a failed create")
                 continue
             demand = self.demand.get(name, 0)
-            p = plan(spec, pods, counts, demand, now, self.headroom(spec))
+            headroom = self.headroom(spec)
+            p = plan(spec, pods, counts, demand, now, headroom)
             created = 0
             for _ in range(p.create):
                 if not self._create(spec, Origin.DEMAND if demand else Origin.WARM):
@@ -114,7 +115,7 @@ class PoolController:
             if created < p.create:
                 p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
             retire = list(p.retire)
-            broken = holds_to_break(pods, blocked_at_ceiling(spec, counts, demand), queued_by, now,
+            broken = holds_to_break(pods, blocked_at_ceiling(spec, counts, demand, headroom), queued_by, now,
                                     self.hold_tenure) if not created else []
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]

@@ -1,7 +1,7 @@
 """Template rollout: a changed pool template makes older pods stale; they drain a few at a time.
 
-At most `drain_budget` stale pods are in flight (retiring, or marked to retire when their job ends) at
-once. An idle stale pod retires now; a busy one finishes its job first, so no job fails. Replacements
+At most `drain_budget` stale pods are in flight (retiring, marked to retire when their job ends, or
+replaced by a pod still starting) at once. An idle stale pod retires now; a busy one finishes its job first, so no job fails. Replacements
 come from the ordinary scaler (a retiring pod is still physical, so the ceiling is never exceeded) and
 go to whichever job the dispatcher serves first, the longest waiter.
 """
@@ -28,7 +28,10 @@ def drain(spec: PoolSpec, pods: list[Pod], now: float) -> Drain:
     """The stale pods to start draining this pass, within the pool's drain budget."""
     template = spec.template_hash
     stale = [p for p in pods if p.template != template and p.state is not PodState.GONE]
-    in_flight = sum(1 for p in stale if p.state is PodState.RETIRING or (p.retire and p.state in _BUSY))
+    # A drain stays in flight until its replacement is ready: retiring or marked stale pods, and
+    # current-template pods still starting (a rolling update that never takes more than the budget away).
+    in_flight = (sum(1 for p in stale if p.state is PodState.RETIRING or (p.retire and p.state in _BUSY))
+                 + sum(1 for p in pods if p.template == template and p.state is PodState.STARTING))
     budget = max(0, spec.drain_budget - in_flight)
     if not budget:
         return Drain()

@@ -72,11 +72,12 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
     c: Counter[str] = Counter()
     held_by: Counter[str] = Counter()
     template = spec.template_hash
+    sharing = _group_members(pods, now) if spec.standbys_per_active > 0 else set()
     for pod in pods:
         state = pod.state
         if state is PodState.GONE:
             continue
-        if is_standby(pod):
+        if is_standby(pod) or pod.name in sharing:
             c["standby"] += 1
             continue
         c["physical"] += 1
@@ -105,6 +106,27 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
             c[state.value] += 1
     matched = sum(min(n, (queued_by or {}).get(owner, 0)) for owner, n in held_by.items())
     return Counts(held_by=dict(held_by), held_matched=matched, **{k: v for k, v in c.items()})
+
+
+def _rank(pod: Pod, now: float) -> int:
+    if pod.state in _BUSY:
+        return 4
+    if pod.state is PodState.IDLE:
+        return 3 if pod.held(now) else 2
+    return 1 if pod.state is PodState.STARTING else 0
+
+
+def _group_members(pods: list[Pod], now: float) -> set[str]:
+    """Pods sharing a GPU with a more active pod of their group (after a promotion): not counted again."""
+    best: dict[tuple[str, ...], Pod] = {}
+    for pod in pods:
+        if not pod.gpus or pod.state is PodState.GONE or is_standby(pod):
+            continue
+        other = best.get(pod.gpus)
+        if other is None or (_rank(pod, now), pod.created_at) > (_rank(other, now), other.created_at):
+            best[pod.gpus] = pod
+    return {p.name for p in pods if p.gpus and p.state is not PodState.GONE and not is_standby(p)
+            and best.get(p.gpus) is not p}
 
 
 @dataclass(frozen=True)
@@ -156,9 +178,12 @@ def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: floa
     return Plan(reason="steady")
 
 
-def blocked_at_ceiling(spec: PoolSpec, counts: Counts, demand: int) -> int:
-    """Pods queued jobs want that the ceiling alone keeps from being created (0 when not blocked)."""
+def blocked_at_ceiling(spec: PoolSpec, counts: Counts, demand: int, headroom: int | None = None) -> int:
+    """Pods queued jobs want that the ceiling (or the accelerator's budget, a ceiling across pools) keeps
+    from being created; 0 when nothing is blocked."""
     want = max(0, demand + counts.replacing - counts.starting - counts.fresh - counts.held_matched)
-    room = spec.max_count - counts.physical
-    return max(0, want - max(0, room))
+    room = max(0, spec.max_count - counts.physical)
+    if headroom is not None:
+        room = min(room, max(0, headroom))
+    return max(0, want - room)
 

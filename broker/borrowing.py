@@ -9,6 +9,7 @@ one retires when its job ends (no job fails). Polled every `poll_s` (10 s by def
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,10 +47,11 @@ class Borrowing:
         self.released: dict[str, float] = {}
         """GPUs given back to owners per model (counted when preemption starts)."""
 
-    def refresh(self) -> bool:
-        """Read the source and apply its figures; False when the read failed (figures unchanged)."""
+    def refresh(self, figures: Mapping[str, float] | None = None) -> bool:
+        """Read the source (unless `figures` were read already) and apply its figures; False when the read
+        failed (the last figures stay)."""
         try:
-            figures = dict(self.source.read())
+            figures = dict(self.source.read() if figures is None else figures)
         except FirepoolError as exc:
             log.warning("capacity source read failed; keeping the last figures: %s", exc)
             return False
@@ -96,7 +98,14 @@ class Borrowing:
         """Poll the source every `poll_s`; `wake()` the controller when figures change."""
         while True:
             before = dict(self.published)
-            if self.refresh() and self.published != before:
+            figures: Mapping[str, float] | None = None
+            if self.source.blocking:  # a file or URL: read off the event loop
+                try:
+                    figures = await asyncio.to_thread(self.source.read)
+                except FirepoolError as exc:
+                    log.warning("capacity source read failed; keeping the last figures: %s", exc)
+                    figures = self.published
+            if self.refresh(figures) and self.published != before:
                 wake()
             await self.clock.sleep(self.poll_s)
 

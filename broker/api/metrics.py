@@ -81,9 +81,11 @@ def _pool_gauges(cp: ControlPlane) -> Iterator[Metric]:
             held.add_metric([v["name"], caller], n)
         if v["last_plan"] is not None:
             plan.add_metric([v["name"], v["last_plan"]["reason"]], v["last_plan"]["create"])
-    for accelerator, entry in sorted(cp.controller.ledger.view().items()):
-        budget.add_metric([accelerator], entry["used"] or 0.0)
-        limit.add_metric([accelerator], math.inf if entry["limit"] is None else entry["limit"])
+    ledger = cp.controller.ledger
+    for accelerator in sorted(set(ledger.view()) | {spec.accelerator for spec in cp.catalog.pools.values()}):
+        budget.add_metric([accelerator], ledger.used(accelerator))
+        cap = ledger.limit(accelerator)
+        limit.add_metric([accelerator], math.inf if cap is None else cap)
     yield from (held, plan, budget, limit)
 
 

@@ -21,6 +21,9 @@ from broker.errors import Unavailable
 
 
 class CapacitySource(Protocol):
+    blocking: bool
+    """True when `read` does I/O (the caller runs it in a thread)."""
+
     def read(self) -> Mapping[str, float]:
         """GPUs per model that may be borrowed now (a model not named offers nothing)."""
         ...
@@ -43,6 +46,8 @@ def parse_capacity(doc: Any) -> dict[str, float]:
 class StaticCapacitySource:
     """In-memory figures: the fake beside the port."""
 
+    blocking = False
+
     def __init__(self, figures: Mapping[str, float] | None = None) -> None:
         self.figures: dict[str, float] = dict(figures or {})
         self.fail = False
@@ -58,6 +63,8 @@ class StaticCapacitySource:
 
 class FileCapacitySource:
     """A JSON file; a missing file publishes nothing."""
+
+    blocking = True
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -77,6 +84,8 @@ class FileCapacitySource:
 
 class HttpCapacitySource:
     """GET a URL that returns the capacity document."""
+
+    blocking = True
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         self.url = url

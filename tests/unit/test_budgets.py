@@ -80,3 +80,23 @@ async def test_one_gpu_and_eight_gpu_pools_draw_on_one_ledger() -> None:
         assert h.cp.controller.ledger.peak["H200"] <= 10.0
     finally:
         await h.stop()
+
+
+async def test_after_a_restart_recovered_pods_and_their_holds_count_against_the_budget() -> None:
+    pool = gpu_pool(max_count=2, caller_hold_seconds=600.0, idle_timeout=600.0)
+    h = await Harness([pool], gpus=2, budgets={"fake-gpu": 1}).start()
+    job = await h.run_job("alice", pool="gpu")
+    await h.run_for(1.0)
+    await h.stop()
+    again = await Harness([pool], store=h.store, backend=h.backend, clock=h.clock, budgets={"fake-gpu": 1}).start()
+    try:
+        pod = again.cp.tracker.pods[job.acquisition[0].pod]
+        assert pod.held(again.clock.now()) and pod.caller == "alice"  # the hold came back from annotations
+        bob = await again.submit("bob", pool="gpu")
+        await again.run_for(5.0)
+        assert again.cp.controller.ledger.used("fake-gpu") == 1.0  # adopted, not double-booked
+        assert len(again.backend.created) == 1 and (again.store.get(bob.id) or bob).state is JobState.QUEUED
+        mine = await again.run_job("alice", pool="gpu")
+        assert mine.acquisition[0].pod == pod.name and mine.acquisition[0].path == "warm"
+    finally:
+        await again.stop()

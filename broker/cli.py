@@ -15,7 +15,7 @@ from broker.errors import FirepoolError
 from broker.locations import DEFAULT_PORT, default_state_dir
 
 BENCHMARKS = ("tracker", "dispatch", "warm-start", "reset", "loops", "standby", "frontier", "late-binding",
-              "mcp", "jupyter", "recovery")
+              "mcp", "jupyter", "recovery", "rollout")
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -173,6 +173,9 @@ class PoolController:
     def _next_tick(self, snapshot: list[Pod], now: float) -> float:
         """Sleep until the next keep-alive or hold expiry (or hold tenure), at most the reconcile interval."""
         soonest = self.tick
+        for until in self._backoff_until.values():
+            if until > now:
+                soonest = min(soonest, until - now + 1e-3)
         for pod in snapshot:
             if pod.state is not PodState.IDLE:
                 continue
@@ -260,12 +263,14 @@ class PoolController:
             self.tracker.retire(pod.name)
             self.tracker.remove(pod.name)
             self._release(pod)
+            self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
             return
         self.stats.pods_created[spec.name] += 1
         if not self.tracker.ready(pod.name, self.clock.now(), info.gpus):
             await self._delete(pod.name)  # retired while starting
             return
         self.on_ready()
+        self.wake()  # a rollout's next drain waits for this replacement
 
     def forget_single_use(self, job_id: str) -> None:
         """A single-use job was placed or ended: stop tracking its reservation."""

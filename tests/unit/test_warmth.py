@@ -149,3 +149,21 @@ async def test_borrowed_pods_fill_the_published_ceiling_and_go_back_one_gpu_per_
         assert h.cp.controller.ledger.peak["fake-gpu"] <= 1.0
     finally:
         await h.stop()
+
+
+async def test_the_30_s_reconcile_loop_wakes_at_once_for_queue_growth_and_at_a_create_backoff() -> None:
+    h = Harness([cpu_pool()])
+    h.cp.controller.tick = h.cp.controller._loop.tick = 30.0  # the production default
+    await h.start()
+    try:
+        await h.run_for(40.0)
+        assert h.backend.created == []
+        h.backend.fail_creates = 1
+        job = await h.submit("alice")
+        await h.run_for(0.2)
+        assert len(h.backend.created) == 1 and not h.cp.tracker.pods  # woken at once; the create failed
+        await h.run_for(2.5)  # the 2 s backoff, not the 30 s tick, brings the retry
+        assert len(h.backend.created) == 2
+        assert (await h.finish(job)).state is JobState.SUCCEEDED
+    finally:
+        await h.stop()

@@ -115,8 +115,9 @@ class PoolController:
             if created < p.create:
                 p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
             retire = list(p.retire)
-            broken = holds_to_break(pods, blocked_at_ceiling(spec, counts, demand, headroom), queued_by, now,
-                                    self.hold_tenure) if not created else []
+            # Pods already retiring free their room soon: break holds only for what they will not cover.
+            blocked = blocked_at_ceiling(spec, counts, demand, headroom) - counts.retiring
+            broken = holds_to_break(pods, blocked, queued_by, now, self.hold_tenure) if not created else []
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]
             rollout = drain(spec, pods, now)
@@ -144,12 +145,13 @@ class PoolController:
             for job_id, (pool, n) in self.single_use.items():
                 if pool != name or job_id in self._reserved_started:
                     continue
-                if room < n or (self.headroom(spec) or n) < n:
+                fits = self.headroom(spec)
+                if room < n or (fits is not None and fits < n):
                     break
                 room -= n
                 self._reserved_started[job_id] = n
                 for _ in range(n):
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)
+                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans

@@ -13,7 +13,9 @@ from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
 
 async def test_an_owner_hold_expires_and_the_used_pod_retires() -> None:
-    h = await Harness([cpu_pool(caller_hold_seconds=30.0, idle_timeout=300.0, max_idle_count=4)]).start()
+    h = Harness([cpu_pool(caller_hold_seconds=30.0, idle_timeout=300.0, max_idle_count=4)])
+    h.cp.controller.tick = h.cp.controller._loop.tick = 300.0  # the expiry itself must wake the loop
+    await h.start()
     try:
         job = await h.run_job("alice")
         pod = job.acquisition[0].pod
@@ -165,5 +167,43 @@ async def test_the_30_s_reconcile_loop_wakes_at_once_for_queue_growth_and_at_a_c
         await h.run_for(2.5)  # the 2 s backoff, not the 30 s tick, brings the retry
         assert len(h.backend.created) == 2
         assert (await h.finish(job)).state is JobState.SUCCEEDED
+    finally:
+        await h.stop()
+
+
+async def test_a_hold_broken_for_one_blocked_job_is_not_followed_by_another_while_its_pod_is_deleted() -> None:
+    h = Harness([cpu_pool(max_count=2, caller_hold_seconds=600.0, idle_timeout=600.0)])
+    slow_delete = h.backend.delete
+
+    async def delete(name: str) -> None:
+        await h.clock.sleep(10.0)  # a Kubernetes pod takes a while to go
+        await slow_delete(name)
+
+    h.backend.delete = delete  # type: ignore[method-assign]
+    await h.start()
+    try:
+        await h.finish(await h.submit("alice"))
+        await h.finish(await h.submit("bob"))
+        await h.run_for(60.0)
+        carol = await h.submit("carol")
+        await h.run_for(5.0)
+        assert h.cp.controller.holds_broken == {"cpu": 1}
+        assert sum(1 for p in h.cp.tracker.snapshot() if p.state.value == "retiring") == 1
+        assert (await h.finish(carol)).state is JobState.SUCCEEDED
+        assert h.cp.controller.holds_broken == {"cpu": 1}
+    finally:
+        await h.stop()
+
+
+async def test_single_use_pods_wait_for_budget_headroom() -> None:
+    h = await Harness([gpu_pool(max_count=2)], gpus=2, budgets={"fake-gpu": 1}).start()
+    try:
+        first = await h.submit("alice", pool="gpu", single_use=True, command=("sleep", "5"))
+        second = await h.submit("bob", pool="gpu", single_use=True, command=("sleep", "5"))
+        await h.run_for(2.0)
+        assert len(h.backend.created) == 1 and h.cp.controller.ledger.peak["fake-gpu"] == 1.0
+        assert (await h.finish(first)).state is JobState.SUCCEEDED
+        assert (await h.finish(second)).state is JobState.SUCCEEDED
+        assert h.cp.controller.ledger.peak["fake-gpu"] == 1.0
     finally:
         await h.stop()

@@ -25,7 +25,7 @@ from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
 from broker.rollout import drain
-from broker.scaling import Counts, Plan, blocked_at_ceiling, count, is_standby, plan
+from broker.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
@@ -204,9 +204,17 @@ class PoolController:
                 pod = self.tracker.pods.get(name)
                 if pod is not None and pod.gpus:
                     groups.add(pod.gpus)
+        skip: set[str] = set()
+        by_pool: dict[str, list[Pod]] = {}
+        for pod in snapshot:
+            by_pool.setdefault(pod.pool, []).append(pod)
+        for name, pods in by_pool.items():
+            spec = self.pools.get(name)
+            if spec is not None:
+                skip |= followers(pods, spec, self.clock.now())
         for pod in snapshot:
             spec = self.pools.get(pod.pool)
-            if spec is None or pod.state is PodState.GONE or is_standby(pod) or pod.gpus in groups:
+            if spec is None or pod.state is PodState.GONE or pod.name in skip or pod.gpus in groups:
                 continue
             if not any(ledger.holds(pod.name) for ledger in ledgers):
                 self.ledger.adopt(pod.name, spec.accelerator, units_of(spec))
@@ -246,9 +254,11 @@ class PoolController:
 
     def _release(self, pod: Pod) -> None:
         """A pod is gone: its group's reservation moves to a pod still on its GPUs, or is given back."""
+        spec = self.pools.get(pod.pool)
+        shared = pod.gpus and spec is not None and spec.standbys_per_active > 0  # only standby pools share GPUs
         mate = next((p for p in self.tracker.snapshot()
-                     if pod.gpus and p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE),
-                    None)
+                     if p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE),
+                    None) if shared else None
         for ledger in (self.ledger, *((self.borrowing.ledger,) if self.borrowing is not None else ())):
             r = ledger.release(pod.name)
             if r is not None and mate is not None and not ledger.holds(mate.name):

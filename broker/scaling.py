@@ -72,12 +72,12 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
     c: Counter[str] = Counter()
     held_by: Counter[str] = Counter()
     template = spec.template_hash
-    sharing = _group_members(pods, now) if spec.standbys_per_active > 0 else set()
+    sharing = followers(pods, spec, now)
     for pod in pods:
         state = pod.state
         if state is PodState.GONE:
             continue
-        if is_standby(pod) or pod.name in sharing:
+        if pod.name in sharing:
             c["standby"] += 1
             continue
         c["physical"] += 1
@@ -109,6 +109,8 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
 
 
 def _rank(pod: Pod, now: float) -> int:
+    if is_standby(pod):
+        return -1
     if pod.state in _BUSY:
         return 4
     if pod.state is PodState.IDLE:
@@ -116,17 +118,27 @@ def _rank(pod: Pod, now: float) -> int:
     return 1 if pod.state is PodState.STARTING else 0
 
 
-def _group_members(pods: list[Pod], now: float) -> set[str]:
-    """Pods sharing a GPU with a more active pod of their group (after a promotion): not counted again."""
+def followers(pods: list[Pod], spec: PoolSpec, now: float) -> set[str]:
+    """Pods whose active–standby group is counted through another pod: unpromoted standbys, and pods
+    sharing a GPU with a more active member of their group. A group with no active pod (its active
+    retired, its standby not yet promoted) is counted through the standby, so it still holds its GPU."""
+    out: set[str] = set()
     best: dict[tuple[str, ...], Pod] = {}
     for pod in pods:
-        if not pod.gpus or pod.state is PodState.GONE or is_standby(pod):
+        if pod.state is PodState.GONE:
+            continue
+        if not pod.gpus or spec.standbys_per_active <= 0:
+            if is_standby(pod):
+                out.add(pod.name)
             continue
         other = best.get(pod.gpus)
         if other is None or (_rank(pod, now), pod.created_at) > (_rank(other, now), other.created_at):
+            if other is not None:
+                out.add(other.name)
             best[pod.gpus] = pod
-    return {p.name for p in pods if p.gpus and p.state is not PodState.GONE and not is_standby(p)
-            and best.get(p.gpus) is not p}
+        else:
+            out.add(pod.name)
+    return out
 
 
 @dataclass(frozen=True)

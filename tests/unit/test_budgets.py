@@ -7,6 +7,7 @@ import threading
 
 from broker.budgets import Ledger
 from broker.jobs import JobState
+from broker.pods import Origin, Pod, PodState
 from tests.unit.harness import Harness, gpu_pool
 
 
@@ -100,3 +101,22 @@ async def test_after_a_restart_recovered_pods_and_their_holds_count_against_the_
         assert mine.acquisition[0].pod == pod.name and mine.acquisition[0].path == "warm"
     finally:
         await again.stop()
+
+
+async def test_an_active_standby_group_holds_one_gpu_of_budget_even_after_its_active_pod_goes() -> None:
+    h = await Harness([gpu_pool(max_count=2, standbys_per_active=1)], gpus=2, budgets={"fake-gpu": 2}).start()
+    try:
+        job = await h.run_job("alice", pool="gpu")
+        active = h.cp.tracker.pods[job.acquisition[0].pod]
+        standby = Pod("gpu-standby", "gpu", active.gpus, state=PodState.IDLE, origin=Origin.STANDBY,
+                      template=active.template, created_at=h.clock.now())
+        h.cp.tracker.add(standby)
+        h.cp.controller.reconcile_once()
+        assert h.cp.controller.ledger.used("fake-gpu") == 1.0  # the standby adds no GPU
+        assert h.cp.pools_view()[0]["physical"] == 1 and h.cp.pools_view()[0]["standby"] == 1
+        assert h.cp.controller.retire(active.name)
+        await h.run_for(1.0)
+        assert h.cp.controller.ledger.holds("gpu-standby") and h.cp.controller.ledger.used("fake-gpu") == 1.0
+        assert h.cp.pools_view()[0]["physical"] == 1 and h.cp.pools_view()[0]["standby"] == 0
+    finally:
+        await h.stop()

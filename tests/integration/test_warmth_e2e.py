@@ -74,3 +74,38 @@ def test_sighup_with_a_changed_template_drains_old_pods_and_jobs_still_succeed(b
     job = run_job(alice, {"pool": "gpu", "command": ["true"]})
     assert job["state"] == "SUCCEEDED" and job["acquisition"][0]["pod"] not in old
     assert _pool(alice)["stale"] == 0 and "catalog reloaded" in b.log()
+
+
+def test_http_capacity_source_reads_a_capacity_controller_and_reports_failures() -> None:
+    import http.server
+    import threading
+
+    from broker.errors import Unavailable
+    from broker.ports.capacity import HttpCapacitySource
+
+    body = {"doc": json.dumps({"H200": {"unused": 3}, "A100": 1}).encode()}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body["doc"])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        source = HttpCapacitySource(f"http://127.0.0.1:{server.server_address[1]}/capacity")
+        assert source.read() == {"H200": 3.0, "A100": 1.0}
+        body["doc"] = b"{not json"
+        with pytest.raises(Unavailable):
+            source.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    with pytest.raises(Unavailable):
+        source.read()  # nobody listens any more

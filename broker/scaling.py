@@ -20,7 +20,7 @@ _BUSY = (PodState.ASSIGNED, PodState.RUNNING, PodState.RESETTING)
 
 def is_standby(pod: Pod) -> bool:
     """A zero-VRAM standby staged on an active pod's GPU (not yet promoted by a claim)."""
-    return pod.origin is Origin.STANDBY and pod.state in (PodState.STARTING, PodState.IDLE)
+    return pod.standby and pod.state in (PodState.STARTING, PodState.IDLE)
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
     held_by: Counter[str] = Counter()
     template = spec.template_hash
     sharing = followers(pods, spec, now)
+    standby_cards = {p.gpus for p in pods if p.gpus and is_standby(p)}
     for pod in pods:
         state = pod.state
         if state is PodState.GONE:
@@ -87,8 +88,8 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
             c["single_use"] += 1
         if old and state is not PodState.RETIRING:
             c["stale"] += 1
-        if pod.retire and state in _BUSY:
-            c["replacing"] += 1
+        if pod.retire and state in _BUSY and pod.gpus not in standby_cards:
+            c["replacing"] += 1  # (a standby on the same card is its replacement already)
         if state is PodState.IDLE:
             if pod.held(now):
                 c["held"] += 1

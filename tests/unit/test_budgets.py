@@ -110,6 +110,7 @@ async def test_an_active_standby_group_holds_one_gpu_of_budget_even_after_its_ac
         active = h.cp.tracker.pods[job.acquisition[0].pod]
         standby = Pod("gpu-standby", "gpu", active.gpus, state=PodState.IDLE, origin=Origin.STANDBY,
                       template=active.template, created_at=h.clock.now())
+        standby.standby = True
         h.cp.tracker.add(standby)
         h.cp.controller.reconcile_once()
         assert h.cp.controller.ledger.used("fake-gpu") == 1.0  # the standby adds no GPU

@@ -43,6 +43,7 @@ def _build(spec: PoolSpec, rows: list[P]) -> list[Pod]:
         pod = Pod(f"p{i}", spec.name, r.gpus, state=r.state, origin=r.origin,
                   template="old" if r.stale else spec.template_hash, created_at=NOW - r.age)
         pod.used = r.used
+        pod.standby = r.origin is Origin.STANDBY and r.state in (PodState.STARTING, PodState.IDLE)
         if r.caller is not None:
             pod.caller = r.caller
             pod.key = (r.caller, "default", "")
@@ -115,6 +116,10 @@ CASES: list[tuple[str, PoolSpec, list[P], int, dict[str, int], Callable[..., boo
     ("standby grouping is only for standby pools: pods pinned to one GPU count apiece", TTL_POOL,
      [P(PodState.RUNNING, gpus=("g0",)), P(PodState.IDLE, used=True, caller="a", hold_left=5.0, gpus=("g0",))],
      0, {}, lambda p, c: c.physical == 2 and c.held == 1),
+    ("a busy pod retiring at release is not replaced when a standby waits on its card", STANDBY_POOL,
+     [P(PodState.RUNNING, gpus=("g0",), extra={"retire": True}), P(PodState.IDLE, origin=Origin.STANDBY,
+                                                                   gpus=("g0",))], 0, {},
+     lambda p, c: c.replacing == 0 and p.create == 0),
     ("scale-down keeps the idle cap", TTL_POOL, [fresh(100.0)] * 4, 0, {},
      lambda p, c: len(p.retire) == 2),
     ("scale-down never goes below the floor", dataclasses.replace(TTL_POOL, min_count=3, max_idle_count=0),

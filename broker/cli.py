@@ -15,8 +15,7 @@ from broker.errors import FirepoolError
 from broker.locations import DEFAULT_PORT, default_state_dir
 
 BENCHMARKS = ("tracker", "dispatch", "warm-start", "reset", "loops", "standby", "frontier", "late-binding",
-              "mcp", "jupyter", "recovery")
-BENCHMARKS += ("gangs",)
+              "mcp", "jupyter", "recovery", "rollout", "gangs")
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -41,7 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(), db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods)
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity)
     return serve(settings)
 
 
@@ -136,7 +135,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
         print(json.dumps(pools, indent=2))
         return 0
     keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
-            "held", "starting", "busy", "standby", "stale", "queued_demand")
+            "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
     print(_table([[p.get(k) for k in keys] for p in pools], [k.upper() for k in keys]))
     return 0
 
@@ -186,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local isolation: bubblewrap when it works (auto), required (bwrap), or none")
     p.add_argument("--keep-pods", action="store_true",
                    help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
+    p.add_argument("--capacity", help="borrowed-capacity source: a JSON file or an http(s) URL (model -> GPUs)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)
 

@@ -73,6 +73,7 @@ class Dispatcher:
         now = self.clock.now()
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
+        queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for job in sorted(self.queued.values(), key=job_sort_key):
@@ -90,6 +91,8 @@ class Dispatcher:
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
                         reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
+                    by = queued_by[spec.pool]
+                    by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -98,7 +101,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use)
+        self.controller.report_demand(demand, single_use, queued_by)
         return claimed
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:

@@ -346,6 +346,7 @@ class Executor:
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
                 self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)
 

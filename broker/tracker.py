@@ -370,6 +370,15 @@ class Tracker:
             self._leave_gate(pod)
             return pod
 
+    def retire_at_release(self, name: str) -> bool:
+        """Mark a busy pod to retire when its job ends (drain, preemption); False when it is not busy."""
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state not in (_ASSIGNED, _RUNNING, _RESETTING):
+                return False
+            pod.retire = True
+            return True
+
     def reserve(self, pod: Pod, job_id: str) -> None:
         """Mark a STARTING pod as created for one single-use job."""
         with self._lock:

@@ -10,12 +10,14 @@ the attempt ends `PodLost` and the pod is deleted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from broker.clock import Clock
+from broker.delivering import PackageDelivery
 from broker.errors import AgentError, FirepoolError
 from broker.jobbook import Abort, JobBook
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
@@ -89,7 +91,8 @@ def session_key(job: Job) -> str:
 class Executor:
     def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
                  controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
-                 wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0) -> None:
+                 wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0,
+                 delivery: PackageDelivery | None = None) -> None:
         self.clock = clock
         self.book = book
         self.tracker = tracker
@@ -101,6 +104,7 @@ class Executor:
         self.wake_dispatcher = wake_dispatcher
         self.requeue = requeue
         self.kill_grace_s = kill_grace_s
+        self.delivery = delivery
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self._gate_opened = asyncio.Event()
@@ -120,6 +124,13 @@ class Executor:
             return
         handed_off_at = self.clock.now()
         requests = [self._request(job, attempt.id, pod, rank, len(lease.pods)) for rank, pod in enumerate(lease.pods)]
+        bound = await self._deliver(job, lease.pods)
+        if isinstance(bound, str):  # no rank starts without its code
+            self.launched[job.id] = attempt.id
+            await self.finish(job.id, attempt.id, lease.pods, [
+                AttemptStatus(attempt.id, running=False, error_class=ErrorClass.PACKAGE_ERROR, message=bound)
+                for _ in lease.pods])
+            return
         results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
         first = results[0]
         self.launched[job.id] = attempt.id
@@ -132,6 +143,7 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, statuses)
             return
         assert first is not None
+        first = dataclasses.replace(first, timings={**first.timings, **bound})
         submitted = job.timings.get("submitted_at")
         if first.first_instruction_at is not None and submitted is not None:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
@@ -141,6 +153,16 @@ class Executor:
         if self.book.live.get(job.id, job).cancel_requested:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
+
+    async def _deliver(self, job: Job, pods: Sequence[Pod]) -> dict[str, float] | str:
+        """Push the job's package to every pod: the push timings, or why the launch must fail."""
+        digest = job.spec.extra.get("package")
+        if digest is None:
+            return {}
+        if self.delivery is None:
+            return "this broker has no package store"
+        done = await self.delivery.deliver(job.caller, str(digest), [self.backend.agent(p.name) for p in pods])
+        return done.error if done.error is not None else {"package_push_s": done.push_s}
 
     def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:
         spec = job.spec
@@ -168,7 +190,8 @@ class Executor:
                     or attempt.state is not AttemptState.LAUNCHING:
                 raise Abort
             running = attempt.move(AttemptState.RUNNING, launched_at=first.started_at,
-                                   first_instruction_at=first.first_instruction_at)
+                                   first_instruction_at=first.first_instruction_at,
+                                   timings={**attempt.timings, **first.timings})
             times = {"handed_off_at": handed_off_at}
             if first.first_instruction_at is not None:
                 times["first_instruction_at"] = first.first_instruction_at
@@ -293,6 +316,7 @@ class Executor:
             if rank0 is not None:
                 changes["launched_at"] = attempt.launched_at or rank0.started_at
                 changes["first_instruction_at"] = attempt.first_instruction_at or rank0.first_instruction_at
+                changes["timings"] = {**attempt.timings, **rank0.timings}
                 if rank0.first_instruction_at is not None:
                     times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
             if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:

@@ -20,6 +20,7 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import DEFAULT_PORT
+from broker.packages import FilePackageStore, PackageLimits
 from broker.pools import Catalog, default_catalog, load_catalog
 
 log = logging.getLogger("firepool.server")
@@ -41,6 +42,8 @@ class ServeSettings:
     keep_pods: bool = False
     """On a clean shutdown keep idle pods for the next start (busy pods are always kept)."""
     tuning: Tuning = Tuning()
+    packages: PackageLimits = PackageLimits()
+    """Limits of code packages (compressed, extracted, push timeout)."""
 
 
 def build_catalog(settings: ServeSettings, gpu_count: int, gpu_model: str) -> Catalog:
@@ -71,8 +74,9 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
+    packages = FilePackageStore(settings.state_dir / "packages", settings.packages)
     return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
-                        tuning=settings.tuning)
+                        tuning=settings.tuning, packages=packages)
 
 
 def write_address(settings: ServeSettings) -> None:

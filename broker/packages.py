@@ -163,10 +163,10 @@ class FilePackageStore:
             try:
                 check(str(staged), self.limits.archive)
             except ArchiveRefused as exc:
-                details = {"entry": exc.entry, "reason": "extracted" if exc.too_large else "unsafe"}
+                details = {"entry": exc.entry, "reason": "extracted" if exc.too_large else exc.reason}
                 if exc.too_large:
                     raise PayloadTooLarge(exc.message, details) from exc
-                if exc.entry is None:
+                if exc.reason == "corrupt":
                     raise PackageError(exc.message, details) from exc
                 raise UnsafePackage(exc.message, details) from exc
             return self._commit(caller, digest, staged, size)

@@ -40,8 +40,8 @@ def _compile(line: str) -> _Pattern | None:
     if negate:
         line = line[1:]
     dir_only = line.endswith("/")
-    line = line.strip("/") if dir_only else line
-    anchored = "/" in line.rstrip("/")
+    line = line.rstrip("/")
+    anchored = "/" in line  # a slash anywhere but the end anchors the pattern at the tree's root
     line = line.lstrip("/")
     parts = []
     for piece in re.split(r"(\*\*/|/\*\*|\*\*)", line):

@@ -233,7 +233,9 @@ class FakeAgent:
     async def read_log(self, attempt_id: str, stream: str = "combined", offset: int = 0,
                        max_bytes: int = 1 << 20, wait_s: float = 0.0) -> LogChunk:
         self._check()
-        run = self.runs[attempt_id]
+        run = self.runs.get(attempt_id)
+        if run is None:
+            raise AgentError(f"{self.pod} never ran {attempt_id}")
         data = run.output[offset:offset + max_bytes]
         return LogChunk(data=data, next_offset=offset + len(data), complete=run.done.is_set())
 

@@ -20,13 +20,17 @@ _COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 
 
 class ArchiveRefused(Exception):
-    """The archive is not a safe package; `too_large` tells a size limit from an unsafe entry."""
+    """The archive is not a safe package; `reason` is `unsafe` (an entry), `too_large` or `corrupt`."""
 
-    def __init__(self, message: str, *, entry: str | None = None, too_large: bool = False) -> None:
+    def __init__(self, message: str, *, entry: str | None = None, reason: str = "unsafe") -> None:
         super().__init__(message)
         self.message = message
         self.entry = entry
-        self.too_large = too_large
+        self.reason = reason
+
+    @property
+    def too_large(self) -> bool:
+        return self.reason == "too_large"
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def entries(archive: zipfile.ZipFile, limits: ArchiveLimits) -> list[tuple[zipfi
     """Every entry as (info, relative path, kind), after the name and type checks."""
     infos = archive.infolist()
     if len(infos) > limits.max_entries:
-        raise ArchiveRefused(f"the archive has {len(infos)} entries (limit {limits.max_entries})", too_large=True)
+        raise ArchiveRefused(f"the archive has {len(infos)} entries (limit {limits.max_entries})", reason="too_large")
     seen: dict[str, str] = {}
     out = []
     for info in infos:
@@ -101,7 +105,7 @@ class _Budget:
         self.left -= n
         if self.left < 0:
             raise ArchiveRefused(f"extracting writes more than {self.limit} bytes (a zip bomb?); "
-                                 f"stopped in {entry!r}", entry=entry, too_large=True)
+                                 f"stopped in {entry!r}", entry=entry, reason="too_large")
 
 
 def _chunks(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: _Budget) -> Iterator[bytes]:
@@ -111,14 +115,15 @@ def _chunks(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: _Budget) ->
                 budget.take(len(chunk), info.filename)
                 yield chunk
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
-        raise ArchiveRefused(f"entry {info.filename!r} is corrupt: {exc}", entry=info.filename) from exc
+        raise ArchiveRefused(f"entry {info.filename!r} is corrupt: {exc}", entry=info.filename,
+                             reason="corrupt") from exc
 
 
 def _open_zip(path: str) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ArchiveRefused(f"not a zip archive: {exc}") from exc
+        raise ArchiveRefused(f"not a zip archive: {exc}", reason="corrupt") from exc
 
 
 def check(path: str, limits: ArchiveLimits) -> int:

@@ -136,7 +136,10 @@ class Client:
     def package(self, path: str | os.PathLike[str], excludes: Sequence[str] = ()) -> str:
         """Zip a directory deterministically, upload it unless the broker has it, and return its digest."""
         data, digest = packaging.build(path, excludes)
-        head = self._http.head(f"/v1/packages/{digest}")
+        try:
+            head = self._http.head(f"/v1/packages/{digest}")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
         if head.status_code == 200:
             return digest
         self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
@@ -227,7 +230,10 @@ class AsyncClient:
         import asyncio
 
         data, digest = await asyncio.to_thread(packaging.build, path, excludes)
-        head = await self._http.head(f"/v1/packages/{digest}")
+        try:
+            head = await self._http.head(f"/v1/packages/{digest}")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
         if head.status_code == 200:
             return digest
         await self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})

@@ -166,7 +166,8 @@ class Executor:
 
     def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:
         spec = job.spec
-        env = dict(spec.env)
+        pool = self.tracker.pool(spec.pool)
+        env = {**(pool.env if pool is not None else {}), **spec.env}
         env.update({
             "FIREPOOL_CALLER": job.caller, "FIREPOOL_JOB_ID": job.id, "FIREPOOL_ATTEMPT_ID": aid,
             "FIREPOOL_POOL": spec.pool, "FIREPOOL_POD": pod.name, "FIREPOOL_LEASE_TAG": spec.lease_tag,

@@ -18,26 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.wheels import write_wheel
 from broker.client import Client
 from tests.integration.conftest import run_job
 
 pytestmark = pytest.mark.integration
-
-
-def write_wheel(directory: Path, name: str, version: str) -> None:
-    """A minimal pure-Python wheel whose module reports its version."""
-    dist = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: firepool-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
-        for path, text in files.items():
-            wheel.writestr(path, text)
 
 
 @pytest.fixture

@@ -172,7 +172,7 @@ class LocalBackend:
         try:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
-            volumes = volume_binds(self.state_dir, request.pool, self._dirs(name))
+            volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:

@@ -3,7 +3,8 @@
 A `keep_paths` entry (a uv/pip cache, a model or compile cache) is one host directory under
 `state_dir/caches/<pool>/` shared by every pod of the pool: it outlives resets and pods. A
 `wipe_paths` entry is a directory private to the pod (`pods/<name>/volumes/`), which every reset
-empties. Both are writable by the sandbox uid; reset leaves mount points and kept paths alone.
+empties. Both are writable by the sandbox uid; reset leaves mount points and kept paths alone. A path
+the pool's template already binds is the operator's own volume and gets nothing more.
 """
 
 from __future__ import annotations
@@ -31,14 +32,17 @@ def _slug(path: str) -> str:
     return f"{readable}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
-def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs) -> tuple[Bind, ...]:
+def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs, template: tuple[Bind, ...] = ()) -> tuple[Bind, ...]:
     """Writable binds for the pool's keep and wipe paths; ValueError for a path a pod cannot own."""
     binds = []
+    bound = [b.dst for b in template]
     for paths, root in ((pool.keep_paths, state_dir / "caches" / pool.name), (pool.wipe_paths, dirs.volumes)):
         for raw in paths:
             path = os.path.normpath(raw)
             if path in _RESERVED:
                 raise ValueError(f"{raw} is reserved and cannot be a kept or wiped volume")
+            if any(path == dst or path.startswith(dst.rstrip("/") + "/") for dst in bound):
+                continue
             binds.append(Bind(str(root / _slug(path)), path, ro=False))
     return tuple(binds)
 

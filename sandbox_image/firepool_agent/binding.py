@@ -84,12 +84,12 @@ def receive_package(attempts: Attempts, digest: str, body: BinaryIO, length: int
 
 
 def prepare(attempts: Attempts, attempt: Attempt, spec: LaunchSpec) -> LaunchSpec | tuple[str, str]:
-    """The launch as it should run (cwd, PYTHONPATH), or (error class, message) when it must not."""
+    """The launch as it should run (cwd, PYTHONPATH), or (error class, message) when it must not.
+
+    Only `package` and `requirements` are read here; other launch extras belong to other features.
+    """
     extra: dict[str, Any] = dict(spec.extra)
     config = attempts.config
-    unknown = sorted(set(extra) - {"package", "requirements"})
-    if unknown:
-        return "LaunchError", f"this agent does not know the launch field(s) {', '.join(unknown)}"
     env = dict(spec.env)
     cwd = spec.cwd
     package = extra.get("package")

@@ -183,6 +183,29 @@ async def test_a_failed_push_fails_the_launch_with_package_error_and_runs_nothin
         await h.stop()
 
 
+async def test_the_sdk_uploads_a_tree_once_and_names_it_by_digest(api, store, tmp_path: Path) -> None:
+    from broker.client import AsyncClient
+
+    tree = tmp_path / "sdk-tree"
+    tree.mkdir()
+    (tree / "main.py").write_text("print('sdk')\n")
+    h: Harness = api.h  # type: ignore[attr-defined]
+    app = create_app(h.cp, TokenAuth({ALICE: "alice"}))
+    seen: list[str] = []
+
+    async def count(request: httpx.Request) -> None:
+        seen.append(request.method)
+
+    transport = httpx.ASGITransport(app=app)
+    async with AsyncClient(url="http://fp", token=ALICE, transport=transport) as fp:
+        fp._http.event_hooks["request"].append(count)
+        first = await fp.package(tree)
+        again = await fp.package(tree)
+    assert first == again == build(tree)[1]
+    assert seen == ["HEAD", "PUT", "HEAD"]  # the second call found it and uploaded nothing
+    assert store.exists("alice", first)
+
+
 def test_the_same_tree_gives_the_same_bytes_and_digest(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)

@@ -134,7 +134,7 @@ def main(argv: list[str], json_out: bool = False) -> int:
             "<= 0.54 s", at_most(unpack50, 0.54)),
         Row("LB", "package unpack p99", percentile(pkg["unpack"], 99) * s, "s", "<= 1.45 s (p99)", "<= 1.45 s",
             at_most(percentile(pkg["unpack"], 99), 1.45)),
-        Row("LB", "package push (broker -> agent) p50", median(pkg["push"]) * s, "s", "-"),
+        Row("LB", "package push incl. the agent's unpack p50", median(pkg["push"]) * s, "s", "-"),
         Row("LB", "deliver + unpack + start p50 (committed -> first instr.)", bound50, "s", "0.40-0.54 s",
             "<= 0.54 s", at_most(bound50, 0.54)),
         Row("LB", "  same phase without a package p50 (baseline)", median(pkg["plain"]) * s, "s", "-"),

@@ -97,6 +97,8 @@ class FilePackageStore:
         self.limits = limits
         self.tmp = root / "incoming"
         self.tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in self.tmp.iterdir():  # uploads a previous broker was receiving when it stopped
+            stale.unlink(missing_ok=True)
         self._lock = threading.Lock()
 
     def _file(self, digest: str) -> Path:

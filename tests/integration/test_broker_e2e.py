@@ -82,7 +82,11 @@ def test_hold_expiry_retires_the_pod(broker_factory) -> None:
     c = b.client()
     job = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "t"})
     pod = job["acquisition"][0]["pod"]
-    held = [p for p in c.get("/v1/pods").json()["pods"] if p["name"] == pod]
+    # The result commit and the reset run in parallel: the job can read terminal while the pod still resets.
+    deadline = time.monotonic() + 1.0
+    while (held := [p for p in c.get("/v1/pods").json()["pods"] if p["name"] == pod]) \
+            and held[0]["state"] == "resetting" and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert held and held[0]["held"] and held[0]["caller"] == "alice"
     time.sleep(3.5)
     assert all(p["name"] != pod for p in c.get("/v1/pods").json()["pods"])

@@ -161,7 +161,11 @@ class Executor:
             return {}
         if self.delivery is None:
             return "this broker has no package store"
-        done = await self.delivery.deliver(job.caller, str(digest), [self.backend.agent(p.name) for p in pods])
+        try:
+            agents = [self.backend.agent(p.name) for p in pods]
+        except FirepoolError as exc:
+            return f"a pod of the job is gone: {exc.message}"
+        done = await self.delivery.deliver(job.caller, str(digest), agents)
         return done.error if done.error is not None else {"package_push_s": done.push_s}
 
     def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:

@@ -16,11 +16,13 @@ from typing import Any
 from broker.admission import admit
 from broker.borrowing import Borrowing
 from broker.clock import Clock
+from broker.delivering import PackageDelivery
 from broker.dispatching import Dispatcher
-from broker.errors import FirepoolError, InvalidRequest, NotFound
+from broker.errors import FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.executing import Executor
 from broker.jobbook import Abort, JobBook
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
+from broker.packages import PackageStore
 from broker.pods import PodState
 from broker.pooling import PoolController, count
 from broker.pools import Catalog
@@ -54,12 +56,14 @@ class Tuning:
 
 class ControlPlane:
     def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
-                 tuning: Tuning = Tuning(), capacity: CapacitySource | None = None) -> None:
+                 tuning: Tuning = Tuning(), capacity: CapacitySource | None = None,
+                 packages: PackageStore | None = None) -> None:
         self.clock = clock
         self.store = store
         self.backend = backend
         self.logs = logs
         self.catalog = catalog
+        self.packages = packages
         self.stats = Stats()
         self.tasks = Supervisor()
         self.tracker = Tracker(catalog.pools, catalog.caller_limits)
@@ -74,7 +78,8 @@ class ControlPlane:
         self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
                                  controller=self.controller, logs=logs, tasks=self.tasks, stats=self.stats,
                                  wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
-                                 kill_grace_s=tuning.kill_grace_s)
+                                 kill_grace_s=tuning.kill_grace_s,
+                                 delivery=PackageDelivery(packages) if packages is not None else None)
         self.dispatcher.executor = self.executor
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
@@ -114,11 +119,23 @@ class ControlPlane:
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
         job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
         if created:
             self.dispatcher.enqueue(stored)
         return stored, created
+
+    async def _check_package(self, caller: str, spec: JobSpec) -> None:
+        """A job may name only a package its caller uploaded: refused at submit, not at launch."""
+        digest = spec.extra.get("package")
+        if digest is None:
+            return
+        if self.packages is None:
+            raise PackageError("this broker has no package store", {"package": digest})
+        if not await asyncio.to_thread(self.packages.exists, caller, str(digest)):
+            raise PackageError(f"no package {digest}: upload it with PUT /v1/packages/{digest} first",
+                               {"package": digest})
 
     async def get(self, caller: str, job_id: str) -> Job:
         job = await self.book.get(job_id) if _plausible_id(job_id) else None

@@ -52,6 +52,9 @@ class PoolSpec:
     """Paths inside the sandbox that reset never wipes (caches)."""
     wipe_paths: tuple[str, ...] = ()
     """Paths inside the sandbox that reset always empties."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment the operator gives every job of the pool (e.g. PIP_INDEX_URL, UV_INDEX_URL for
+    requirement installs); the job's own env is applied on top."""
     drain_budget: int = 1
     """Stale pods retired at a time during a template rollout."""
     borrow: bool = False
@@ -151,6 +154,11 @@ def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
             values[key] = tuple(value)
         elif key == "reserve_gangs_after":
             values[key] = _number(name, key, value, integer=False, allow_none=True)
+        elif key == "env":
+            if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and k.replace("_", "").isalnum() and isinstance(v, str) for k, v in value.items()):
+                raise CatalogError(f"pool {name!r}: env must map variable names to strings")
+            values[key] = dict(value)
         elif key == "template":
             if not isinstance(value, Mapping):
                 raise CatalogError(f"pool {name!r}: template must be a mapping")

@@ -21,6 +21,7 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import DEFAULT_PORT
+from broker.packages import FilePackageStore, PackageLimits
 from broker.pools import Catalog, default_catalog, load_catalog
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 
@@ -45,6 +46,8 @@ class ServeSettings:
     tuning: Tuning = Tuning()
     capacity: str | None = None
     """Borrowed-capacity source: a JSON file path, or an http(s) URL serving the same document."""
+    packages: PackageLimits = PackageLimits()
+    """Limits of code packages (compressed, extracted, push timeout)."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -97,8 +100,9 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
+    packages = FilePackageStore(settings.state_dir / "packages", settings.packages)
     return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
-                        tuning=settings.tuning, capacity=build_capacity(settings))
+                        tuning=settings.tuning, capacity=build_capacity(settings), packages=packages)
 
 
 def write_address(settings: ServeSettings) -> None:

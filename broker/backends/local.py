@@ -42,6 +42,7 @@ from broker.backends.sandboxing import (
     python_prefixes,
     uses,
 )
+from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.ports.backend import Device, PodInfo, PodRequest
@@ -174,6 +175,7 @@ class LocalBackend:
         try:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
+            volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -195,7 +197,7 @@ class LocalBackend:
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
-                           agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds, uid=self.uid,
+                           agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
                            network=network,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
         delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
@@ -219,10 +221,12 @@ class LocalBackend:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
-        for path in (dirs.workspace, dirs.pkg, dirs.run, *([] if self.isolated else [dirs.tmp])):
+        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, *([] if self.isolated else [dirs.tmp])):
             path.mkdir(mode=0o700)
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
+        make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
+                         self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}

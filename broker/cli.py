@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
         virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
-                               push_timeout_s=args.package_push_timeout))
+                               push_timeout_s=args.package_push_timeout), mcp=args.mcp)
     return serve(settings)
 
 
@@ -198,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-pods", action="store_true",
                    help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
     p.add_argument("--capacity", help="borrowed-capacity source: a JSON file or an http(s) URL (model -> GPUs)")
+    p.add_argument("--mcp", action="store_true", help="also serve the MCP server at /mcp/ (docs/mcp.md)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--package-max-bytes", type=int, default=512 << 20, help="compressed size limit of a package")
     p.add_argument("--package-max-extracted", type=int, default=2_000_000_000,

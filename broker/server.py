@@ -16,6 +16,7 @@ import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
@@ -48,6 +49,8 @@ class ServeSettings:
     """Borrowed-capacity source: a JSON file path, or an http(s) URL serving the same document."""
     packages: PackageLimits = PackageLimits()
     """Limits of code packages (compressed, extracted, push timeout)."""
+    mcp: bool = False
+    """Also serve the MCP server (streamable HTTP) at /mcp/ on the broker's port (needs the [mcp] extra)."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -121,6 +124,7 @@ def serve(settings: ServeSettings) -> int:
     auth = build_auth(settings)
     cp = build_control_plane(settings)
     app = create_app(cp, auth)
+    mcp_lifespan = _mount_mcp(app, settings) if settings.mcp else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
@@ -131,7 +135,11 @@ def serve(settings: ServeSettings) -> int:
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_catalog, cp, settings)
         try:
-            yield
+            if mcp_lifespan is None:
+                yield
+            else:
+                async with mcp_lifespan():
+                    yield
         finally:
             watchdog.cancel()
             await cp.stop(delete_idle_pods=not settings.keep_pods)
@@ -143,6 +151,18 @@ def serve(settings: ServeSettings) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 1 if cp.tasks.failure is not None else 0
+
+
+def _mount_mcp(app: object, settings: ServeSettings) -> Any:
+    """Mount the MCP server at /mcp/; its clients use the broker's own tokens."""
+    from mcp_server.mounting import mount
+
+    if settings.tokens_file is not None:
+        tokens = json.loads(settings.tokens_file.read_text())
+    else:
+        tokens = {local_token(settings.state_dir): local_caller()}
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return mount(app, broker_url=f"http://{host}:{settings.port}", tokens=tokens, host=settings.host)
 
 
 async def _stop_on_failure(cp: ControlPlane, server: object) -> None:

@@ -330,3 +330,17 @@ async def test_mcp_session_id_header_names_the_session_for_older_http_clients(
         two = _text(await modern.call_tool("run_in_sandbox", {"command": "true"}))
     # no protocol session and no `session` argument: each call gets a newly minted session, echoed back
     assert one["session"] != two["session"] and first["session"] not in (one["session"], two["session"])
+
+
+async def test_the_broker_serves_the_mcp_server_at_mcp_with_its_own_tokens(broker_factory) -> None:
+    fp = broker_factory("mounted", extra=("--mcp",))
+    url = fp.url + "/mcp/"
+    async with _http_client(url, fp.tokens["alice"]) as c:
+        first = _text(await c.call_tool("run_in_sandbox", {"command": "echo m > f", "session": "mounted"}))
+        second = _text(await c.call_tool("run_in_sandbox", {"command": "cat f", "session": "mounted"}))
+    assert second["acquisition"] == "warm" and second["stdout_tail"] == "m\n"
+    assert fp.client("alice").get(f"/v1/jobs/{first['job_id']}").json()["caller"] == "alice"
+    r = httpx.post(url, headers={"Authorization": "Bearer nope", "Accept": "application/json, text/event-stream"},
+                   json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert r.status_code == 401
+    assert fp.client("alice").get("/v1/nosuchroute").json()["error"]["class"] == "NotFound"

@@ -344,3 +344,22 @@ async def test_the_broker_serves_the_mcp_server_at_mcp_with_its_own_tokens(broke
                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert r.status_code == 401
     assert fp.client("alice").get("/v1/nosuchroute").json()["error"]["class"] == "NotFound"
+
+
+async def test_cancelling_a_call_over_stdio_cancels_its_job(fp: BrokerProcess) -> None:
+    env = {**fp.env("alice"), "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    http = fp.client()
+    async with Client(StdioServerParameters(command="firepool", args=["mcp"], env=env)) as c:
+        task = asyncio.ensure_future(c.call_tool("run_in_sandbox", {"command": "sleep 32", "session": "stdio-cancel"}))
+        deadline = time.monotonic() + 30
+        mine: list[dict[str, Any]] = []
+        while not mine and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            mine = [j for j in http.get("/v1/jobs", params={"state": "RUNNING"}).json()["jobs"]
+                    if j["lease_tag"] == "stdio-cancel"]
+        assert mine, "the call never started its job"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        job = http.get(f"/v1/jobs/{mine[0]['id']}", params={"wait_s": 20}).json()
+        assert job["state"] == "CANCELLED"

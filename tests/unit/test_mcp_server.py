@@ -1,0 +1,89 @@
+"""The MCP layer without a broker: argument checking, session names, the sandbox helpers' framing, auth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mcp import Client
+
+from mcp_server import sandbox_code
+from mcp_server.identity import FileTokenVerifier, HttpBroker, KnownCallerVerifier
+from mcp_server.server import build_server
+
+
+class NoBroker:
+    """A broker that must never be reached: every case here fails before a job is submitted."""
+
+    transport = "stdio"
+
+    def client(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("the broker was called")
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("tool", "args", "needle"), [
+    ("run_in_sandbox", {"command": "true", "bogus": 1}, "unknown argument(s) 'bogus'"),
+    ("run_in_sandbox", {"command": "true", "timeout_s": 0}, "timeout_s"),
+    ("run_in_sandbox", {"command": "true", "env": {"A": 1}}, "env"),
+    ("run_in_sandbox", {"command": "true", "session": "../etc"}, "not a valid session"),
+    ("python_exec", {"code": ""}, "code"),
+    ("write_files", {"files": []}, "files"),
+    ("write_files", {"files": [{"path": "a"}]}, "exactly one"),
+    ("write_files", {"files": [{"path": "a", "base64": "@@@"}]}, "not valid base64"),
+    ("read_file", {"path": "a", "max_bytes": 0}, "max_bytes"),
+    ("install_packages", {"packages": ["-e ."]}, "packages"),
+    ("job_status", {"job_id": "j", "wait_s": 301}, "wait_s"),
+    ("end_session", {"session": "x", "force": True}, "unknown argument(s) 'force'"),
+])
+async def test_bad_arguments_are_tool_errors_before_anything_runs(tool: str, args: dict, needle: str) -> None:
+    async with Client(build_server(NoBroker())) as c:  # type: ignore[arg-type]
+        res = await c.call_tool(tool, args)
+    assert res.is_error
+    text = " ".join(b.text for b in res.content if b.type == "text")
+    assert needle in text, text
+
+
+async def test_every_tool_is_listed_with_truthful_annotations() -> None:
+    async with Client(build_server(NoBroker())) as c:  # type: ignore[arg-type]
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+    assert set(tools) == {"run_in_sandbox", "python_exec", "job_status", "job_cancel", "write_files", "read_file",
+                          "list_files", "install_packages", "sandbox_info", "end_session"}
+    for name in ("job_status", "read_file", "list_files", "sandbox_info"):
+        assert tools[name].annotations.read_only_hint is True, name
+    for name in ("end_session", "run_in_sandbox", "job_cancel"):
+        assert tools[name].annotations.read_only_hint is False and tools[name].annotations.destructive_hint is True
+    assert "session" in tools["run_in_sandbox"].description.lower()
+    assert tools["run_in_sandbox"].output_schema["properties"]["acquisition"]
+
+
+def test_the_helper_answer_line_survives_output_around_it() -> None:
+    out = "noise\n" + sandbox_code.RESULT_MARK + json.dumps({"files": [1]}) + "\nmore noise\n"
+    assert sandbox_code.parse_result(out) == {"files": [1]}
+    assert sandbox_code.parse_result("no answer\n") is None
+
+
+def test_the_artifact_block_is_split_off_stderr() -> None:
+    err = "warning: x\n" + sandbox_code.ARTIFACTS_MARK + "\n12 plot.png\n3 dir/a b.csv\n"
+    text, found = sandbox_code.split_artifacts(err)
+    assert text == "warning: x\n" and found == [(12, "plot.png"), (3, "dir/a b.csv")]
+    assert sandbox_code.split_artifacts("plain\n") == ("plain\n", [])
+
+
+def test_large_helper_payloads_are_split_across_arguments() -> None:
+    argv = sandbox_code.files_op("write", {"files": [{"path": "a", "text": "x" * 300_000}]})
+    chunks = argv[argv.index(sandbox_code.FILES) + 2:]
+    assert len(chunks) >= 4 and all(len(c) <= 96 * 1024 for c in chunks)
+    assert json.loads("".join(chunks))["files"][0]["text"] == "x" * 300_000
+
+
+async def test_http_tokens_verify_only_callers_the_server_can_act_for() -> None:
+    broker = HttpBroker("http://broker", {"broker-secret": "alice"})
+    verifier = KnownCallerVerifier({"mcp-a": "alice", "mcp-b": "bob"}, broker)
+    access = await verifier.verify_token("mcp-a")
+    assert access is not None and access.client_id == "alice" and access.token != "mcp-a"
+    assert await verifier.verify_token("mcp-b") is None  # bob has no broker credential here
+    assert await verifier.verify_token("broker-secret") is None
+    assert await FileTokenVerifier({"t": "carol"}).verify_token("t") is not None

@@ -109,6 +109,21 @@ def _job_phases(broker: BenchBroker, jobs: list[str]) -> tuple[list[float], list
     return ran, start
 
 
+def _rest_baseline(broker: BenchBroker, calls: int) -> list[float]:
+    """The same command as a plain SDK job (submit, wait, read its output): what MCP adds is the rest."""
+    from broker.client import Client
+
+    times = []
+    with Client(broker.url, broker.tokens["bench"]) as fp:
+        for i in range(calls + 1):
+            t0 = time.perf_counter()
+            job = fp.run(["bash", "-c", COMMAND], pool="cpu", lease_tag="b11-rest")
+            out = fp.logs(job.id, stream="stdout")
+            if i and out == "1\n":
+                times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
 def main(argv: list[str], json_out: bool = False) -> int:
     parser = argparse.ArgumentParser(prog="firepool bench mcp", description=__doc__)
     parser.add_argument("--calls", type=int, default=100)
@@ -116,6 +131,10 @@ def main(argv: list[str], json_out: bool = False) -> int:
     rows: list[Row] = []
     raw: dict[str, Any] = {}
     with BenchBroker() as broker:
+        rest = _rest_baseline(broker, args.calls)
+        rows.append(Row("B11", f"baseline: the same job over REST (SDK run + logs) p50 ({len(rest)} jobs)",
+                        percentile(rest, 50), "ms", "-"))
+        raw["rest_baseline_ms"] = rest
         for transport, run in (("stdio", _stdio), ("streamable HTTP", _http)):
             times, paths, right, jobs = asyncio.run(run(broker, args.calls))
             ms = [t * 1000 for t in times]

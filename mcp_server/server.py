@@ -333,7 +333,8 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
             job = await c.client.cancel(job_id)
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
-        return {"job_id": job.id, "state": job.state, "cancel_requested": bool(job.raw.get("cancel_requested"))}
+        return {"job_id": job.id, "session": job.raw.get("lease_tag", ""), "state": job.state,
+                "cancel_requested": bool(job.raw.get("cancel_requested"))}
 
     @mcp.tool(annotations=ToolAnnotations(title="Write files into the workspace", read_only_hint=False,
                                           destructive_hint=True, idempotent_hint=True, open_world_hint=False))

@@ -27,11 +27,21 @@ class JobRequest(Strict):
     max_retries: int = Field(default=0, ge=0, le=20)
     priority: int = Field(default=0, ge=-1000, le=1000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
+    kernel: bool = Field(default=False, description="Agent kernel mode: the command may run the agent's "
+                         "Jupyter kernel launcher (`python3 -m firepool_agent.kernel`).")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
-                       max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key)
+                       max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
+                       extra={"kernel": True} if self.kernel else {})
+
+
+class SignalRequest(Strict):
+    """POST /v1/jobs/{id}/signal."""
+
+    signal: str = Field(description="INT, TERM, HUP, USR1, USR2, QUIT to rank 0's process group; KILL takes "
+                        "every process of the attempt.")
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +70,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "dropped_env": [dict(d) for d in job.dropped_env],
         "cancel_requested": job.cancel_requested or None,
         "waiting_reason": waiting_reason,
+        "kernel": True if spec.extra.get("kernel") else None,
     }
     return _clean(view)
 

@@ -44,7 +44,7 @@ def parse_connection(line: bytes) -> KernelConnectionInfo:
     missing = [k for k in (*CONNECTION_KEYS, "key") if k not in raw]
     if missing:
         raise KernelStartError(f"the kernel's connection line lacks {', '.join(missing)}")
-    info: dict[str, Any] = {k: raw[k] for k in CONNECTION_KEYS}
+    info: KernelConnectionInfo = {k: raw[k] for k in CONNECTION_KEYS}  # type: ignore[assignment]
     info["key"] = raw["key"].encode()
     return info
 
@@ -78,7 +78,7 @@ def exit_code_of(job: JobInfo) -> int:
     return job.exit_code if job.exit_code is not None else -1
 
 
-class FirepoolProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+class FirepoolProvisioner(KernelProvisionerBase):
     """Runs the kernel as a Firepool job; configured from the kernelspec's `metadata.kernel_provisioner.config`."""
 
     pool = Unicode("cpu", config=True, help="The Firepool pool (hardware SKU) the kernel runs in.")
@@ -133,9 +133,9 @@ class FirepoolProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         self.job_id, self._exit, self._polled_at, self.last_job = job.id, None, 0.0, job
         try:
             info = await asyncio.wait_for(self._read_connection(job.id), self.start_timeout)
-        except (asyncio.TimeoutError, KernelStartError, FirepoolError) as exc:
+        except (TimeoutError, KernelStartError, FirepoolError) as exc:
             await self._give_up(job.id)
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, TimeoutError):
                 raise KernelStartError(f"kernel job {job.id} did not report its connection within "
                                        f"{self.start_timeout:.0f} s") from exc
             raise
@@ -260,10 +260,9 @@ class FirepoolProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
         """Reattach to a running kernel job (a restarted Jupyter server) instead of leaking its sandbox."""
         await super().load_provisioner_info(provisioner_info)
-        info = dict(self.connection_info)
-        if isinstance(info.get("key"), str):
-            info["key"] = info["key"].encode()
-        self.connection_info = info
+        key = self.connection_info.get("key")
+        if isinstance(key, str):
+            self.connection_info = {**self.connection_info, "key": key.encode()}  # type: ignore[typeddict-item]
         self.job_id = provisioner_info.get("job_id")
         self._tag = provisioner_info.get("lease_tag") or ""
         self.pool = provisioner_info.get("pool") or self.pool

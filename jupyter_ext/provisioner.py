@@ -128,8 +128,12 @@ class FirepoolProvisioner(KernelProvisionerBase):
         env = dict(kwargs.get("env") or {})
         if not self._tag:
             self._tag = session_tag(self.lease_tag, str(self.kernel_id), env)
-        job = await self.client().submit(cmd, self.pool, lease_tag=self._tag, queue=self.queue, kernel=True,
-                                         env=self.kernel_env(env))
+        try:
+            job = await self.client().submit(cmd, self.pool, lease_tag=self._tag, queue=self.queue, kernel=True,
+                                             env=self.kernel_env(env))
+        except FirepoolError:
+            await self._close()  # the manager calls no cleanup after a failed start
+            raise
         self.job_id, self._exit, self._polled_at, self.last_job = job.id, None, 0.0, job
         try:
             info = await asyncio.wait_for(self._read_connection(job.id), self.start_timeout)
@@ -167,6 +171,12 @@ class FirepoolProvisioner(KernelProvisionerBase):
         except FirepoolError:
             pass
         self.job_id = None
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -239,9 +249,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
                     await self.client().cancel(job_id)
                 except FirepoolError as exc:
                     self.log.warning("cancelling kernel job %s failed: %s", job_id, exc)
-            if self._client is not None:
-                await self._client.close()
-                self._client = None
+            await self._close()
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return max(recommended, 10.0)  # the kernel's exit reaches us through the broker

@@ -27,7 +27,8 @@ def kernel_json(pool: str, *, url: str, display_name: str | None = None, lease_t
         raise InvalidRequest("a pool is required", {"field": "pool"})
     config = {"pool": pool, "url": url, "lease_tag": lease_tag, "ip": ip}
     return {
-        "argv": ["python3", "-m", "firepool_agent.kernel", "--ip", ip],
+        # Only a front end that ignores provisioners runs argv: it gets an explanation, not a local kernel.
+        "argv": [sys.executable, "-m", "jupyter_ext.kernelspec", "--direct-launch", "{connection_file}"],
         "display_name": display_name or default_display_name(pool),
         "language": "python",
         "interrupt_mode": "message",
@@ -84,3 +85,19 @@ def cmd_install(args: argparse.Namespace) -> int:
     destination = install(spec, name, user=args.user, prefix=prefix)
     print(f"installed kernelspec {name} ({spec['display_name']}) in {destination}")
     return 0
+
+
+DIRECT_LAUNCH = """this kernelspec runs its kernel through the `firepool` kernel provisioner, which this front end
+did not use (it launched the kernelspec's argv itself). Use a Jupyter that honours kernel provisioners
+(jupyter_client >= 7): JupyterLab, Notebook 7 or `jupyter server`, nbclient/nbconvert, or VS Code connected
+to such a Jupyter server. See docs/jupyter.md."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """What a provisioner-unaware launcher runs: say why no kernel starts, and fail."""
+    print(f"firepool: {DIRECT_LAUNCH}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,9 @@ SIGNAL_NAMES = {signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGKILL: "K
                 signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2", signal.SIGQUIT: "QUIT"}
 POLL_CACHE_S = 0.25
 """poll() asks the broker at most this often; between asks it answers from the last reply."""
+RESET_WAIT_S = 10.0
+"""How long a restart waits for the old kernel's pod to finish its reset (so the new kernel lands warm)."""
+BUSY_POD_STATES = frozenset({"assigned", "running", "resetting"})
 TAG_LIMIT = 255
 
 
@@ -89,12 +92,16 @@ class FirepoolProvisioner(KernelProvisionerBase):
     ip = Unicode("127.0.0.1", config=True,
                  help="Address the kernel binds in its pod (127.0.0.1 on the local backend, 0.0.0.0 in a cluster).")
     start_timeout = Float(120.0, config=True, help="Seconds to wait for the kernel's connection line.")
+    max_lifetime = Float(None, allow_none=True, config=True,
+                         help="The kernel job's timeout_s: a hard cap on one kernel's life, which also bounds "
+                              "a kernel whose Jupyter server died without shutting it down (default: none).")
 
     job_id: str | None = None
     _client: AsyncClient | None = None
     _exit: int | None = None
     _polled_at: float = 0.0
     _tag: str = ""
+    _pods: frozenset[str] = frozenset()
     last_job: JobInfo | None = None
     """The kernel job as the broker last reported it (pool, pod, acquisition path)."""
 
@@ -130,7 +137,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
             self._tag = session_tag(self.lease_tag, str(self.kernel_id), env)
         try:
             job = await self.client().submit(cmd, self.pool, lease_tag=self._tag, queue=self.queue, kernel=True,
-                                             env=self.kernel_env(env))
+                                             env=self.kernel_env(env), timeout_s=self.max_lifetime)
         except FirepoolError:
             await self._close()  # the manager calls no cleanup after a failed start
             raise
@@ -145,6 +152,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
             raise
         self.connection_info = info
         self.last_job = await self.client().get(job.id)
+        self._pods = frozenset(self.last_job.raw.get("bound_pods") or ())
         self.log.info("Firepool kernel %s: job %s on %s (%s)", self.kernel_id, job.id,
                       self.last_job.raw.get("bound_pods"), self.last_job.path)
         return info
@@ -243,13 +251,29 @@ class FirepoolProvisioner(KernelProvisionerBase):
         """Forget the finished job. Without a restart, make sure it ended: the pod then goes back to the
         pool, reset and held for this caller like any released pod."""
         job_id, self.job_id = self.job_id, None
-        if not restart:
+        if restart:
+            await self._settle(job_id)
+        else:
             if job_id is not None and self._exit is None:
                 try:
                     await self.client().cancel(job_id)
                 except FirepoolError as exc:
                     self.log.warning("cancelling kernel job %s failed: %s", job_id, exc)
             await self._close()
+
+    async def _settle(self, job_id: str | None) -> None:
+        """Wait until the ended kernel's pod is back idle: the broker commits a job's end and resets its pod in
+        parallel, and a restart submitted mid-reset would not find its warm sandbox and take another pod."""
+        pods = self._pods if job_id is not None else frozenset()
+        deadline = time.monotonic() + RESET_WAIT_S
+        while pods and time.monotonic() < deadline:
+            try:
+                views = await self.client().pods(self.pool)
+            except FirepoolError:
+                return
+            if not any(v["name"] in pods and v["state"] in BUSY_POD_STATES for v in views):
+                return
+            await asyncio.sleep(0.01)
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return max(recommended, 10.0)  # the kernel's exit reaches us through the broker

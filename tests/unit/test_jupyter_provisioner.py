@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 
+import httpx
 import pytest
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 
+from broker.client import AsyncClient
 from broker.errors import InvalidRequest
 from firepool_agent import kernel as launcher
 from jupyter_ext import kernelspec
@@ -105,3 +108,92 @@ def test_advertised_address_prefers_the_given_one_then_the_bind_address() -> Non
     assert launcher.advertised_ip("127.0.0.1", "") == "127.0.0.1"
     assert launcher.advertised_ip("0.0.0.0", "10.1.2.3") == "10.1.2.3"
     assert launcher.advertised_ip("0.0.0.0", "") not in ("", "0.0.0.0")
+
+
+def test_a_front_end_that_ignores_provisioners_gets_an_explanation_not_a_local_kernel(capsys) -> None:
+    spec = kernelspec.kernel_json("gpu", url="u")
+    assert spec["argv"][1:4] == ["-m", "jupyter_ext.kernelspec", "--direct-launch"]
+    assert kernelspec.main(spec["argv"][3:]) == 2
+    assert "kernel provisioner" in capsys.readouterr().err
+
+
+class FakeBroker:
+    """The broker's REST answers the provisioner needs, scripted; records every request."""
+
+    def __init__(self, job_states: list[str], pod_states: list[str] | None = None) -> None:
+        self.job_states = job_states
+        self.pod_states = pod_states or ["idle"]
+        self.calls: list[str] = []
+        self.down = False
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.path}")
+        if self.down:
+            raise httpx.ConnectError("broker down")
+        if request.url.path == "/v1/pods":
+            state = self.pod_states.pop(0) if len(self.pod_states) > 1 else self.pod_states[0]
+            return httpx.Response(200, json={"pods": [{"name": "p1", "state": state}]})
+        state = self.job_states.pop(0) if len(self.job_states) > 1 else self.job_states[0]
+        job = {"id": "j1", "state": state, "bound_pods": ["p1"]}
+        if state == "SUCCEEDED":
+            job["exit_code"] = 0
+        return httpx.Response(200, json=job)
+
+
+def provisioner_on(fake: FakeBroker) -> FirepoolProvisioner:
+    prov = FirepoolProvisioner(pool="gpu")
+    prov._client = AsyncClient("http://broker", "t", transport=httpx.MockTransport(fake.handler))
+    prov.job_id, prov._pods = "j1", frozenset({"p1"})
+    return prov
+
+
+async def test_poll_never_reports_a_queued_starting_or_unreachable_kernel_dead(monkeypatch) -> None:
+    monkeypatch.setattr("jupyter_ext.provisioner.POLL_CACHE_S", 0.0)
+    fake = FakeBroker(["QUEUED", "RUNNING", "SUCCEEDED"])
+    prov = provisioner_on(fake)
+    assert await prov.poll() is None and await prov.poll() is None
+    fake.down = True
+    assert await prov.poll() is None
+    fake.down = False
+    assert await prov.poll() == 0 and await prov.poll() == 0
+    assert fake.calls.count("GET /v1/jobs/j1") == 4  # asked 4 times; a finished kernel not again
+    await prov._close()
+
+
+async def test_poll_between_asks_answers_from_the_last_reply() -> None:
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    for _ in range(20):
+        assert await prov.poll() is None
+    assert fake.calls == ["GET /v1/jobs/j1"]
+    await prov._close()
+
+
+async def test_restart_cleanup_waits_for_the_pods_reset_and_keeps_the_lease() -> None:
+    fake = FakeBroker(["SUCCEEDED"], ["resetting", "resetting", "idle"])
+    prov = provisioner_on(fake)
+    prov._exit = 0
+    await prov.cleanup(restart=True)
+    assert fake.calls == ["GET /v1/pods"] * 3 and prov.job_id is None and prov._client is not None
+    await prov._close()
+
+
+async def test_final_cleanup_cancels_a_kernel_job_that_is_still_running() -> None:
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    await prov.cleanup(restart=False)
+    assert fake.calls == ["POST /v1/jobs/j1/cancel"] and prov._client is None and not prov.has_process
+
+
+async def test_signals_map_to_the_brokers_names_and_an_ended_kernel_is_left_alone() -> None:
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    await prov.send_signal(signal.SIGINT)
+    await prov.kill()
+    prov._exit = 0
+    await prov.terminate()
+    assert fake.calls == ["POST /v1/jobs/j1/signal"] * 2
+    with pytest.raises(ValueError):
+        prov._exit = None
+        await prov.send_signal(signal.SIGWINCH)
+    await prov._close()

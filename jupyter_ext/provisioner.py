@@ -49,6 +49,10 @@ def parse_connection(line: bytes) -> KernelConnectionInfo:
         raise KernelStartError(f"the kernel's connection line lacks {', '.join(missing)}")
     info: KernelConnectionInfo = {k: raw[k] for k in CONNECTION_KEYS}  # type: ignore[assignment]
     info["key"] = raw["key"].encode()
+    if raw.get("curve_publickey") and raw.get("curve_secretkey"):
+        # Text, as the kernel manager reports them back when it checks what it loaded.
+        info["curve_publickey"] = str(raw["curve_publickey"])
+        info["curve_secretkey"] = str(raw["curve_secretkey"])
     return info
 
 

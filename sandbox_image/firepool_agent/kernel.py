@@ -1,8 +1,10 @@
 """Agent kernel mode: start an ipykernel in this pod and report how to reach it.
 
 A kernel job (`kernel: true`) runs `python3 -m firepool_agent.kernel`. The launcher makes a fresh HMAC
-key, lets ipykernel bind five ports of its choice, and writes one line to the job's stdout — which only
-the job's owner can read through the broker — before the kernel takes over fd 1:
+key and a CurveZMQ key pair (every channel is encrypted: on a shared host network another sandbox could
+otherwise subscribe to the kernel's output), lets ipykernel bind five ports of its choice, and writes one
+line to the job's stdout — which only the job's owner can read through the broker — before the kernel
+takes over fd 1:
 
     FIREPOOL-KERNEL {"ip": ..., "transport": "tcp", "shell_port": ..., "key": ..., ...}
 
@@ -53,10 +55,20 @@ def connection_line(info: dict[str, Any]) -> bytes:
     return (MARKER + json.dumps(info, separators=(",", ":"), sort_keys=True) + "\n").encode()
 
 
-def write_seed(path: str, bind: str, key: str) -> None:
+def curve_keys() -> dict[str, str]:
+    """A fresh CurveZMQ key pair (Z85 text), or none when this libzmq lacks CURVE."""
+    import zmq
+
+    if not zmq.has("curve"):
+        return {}
+    public, secret = zmq.curve_keypair()
+    return {"curve_publickey": public.decode("ascii"), "curve_secretkey": secret.decode("ascii")}
+
+
+def write_seed(path: str, bind: str, key: str, curve: dict[str, str]) -> None:
     """A connection file with port 0 everywhere: ipykernel binds ports it picks and rewrites it."""
     seed = {"ip": bind, "transport": "tcp", "key": key, "signature_scheme": "hmac-sha256",
-            **{name: 0 for name in PORTS}}
+            **curve, **{name: 0 for name in PORTS}}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(seed, f)
@@ -67,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ip", default="127.0.0.1",
                         help="address the kernel binds (127.0.0.1 on a host-network local pod, 0.0.0.0 in a cluster)")
     parser.add_argument("--advertise", default="", help="address reported to the Jupyter server (default: derived)")
+    parser.add_argument("--no-encryption", action="store_true", help="plain (HMAC-signed only) ZeroMQ channels")
     args, rest = parser.parse_known_args(argv)
     key = secrets.token_hex(32)
+    curve = {} if args.no_encryption else curve_keys()
     tmp = os.environ.get("TMPDIR") or "/tmp"
     path = os.path.join(tmp, f"firepool-kernel-{os.getpid()}.json")
-    write_seed(path, "0.0.0.0" if args.ip in ("*", "") else args.ip, key)
+    write_seed(path, "0.0.0.0" if args.ip in ("*", "") else args.ip, key, curve)
     report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
 
     from ipykernel.kernelapp import IPKernelApp
@@ -79,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     app = IPKernelApp.instance()
     app.initialize(["-f", path, *rest])
     info = {"ip": advertised_ip(args.ip, args.advertise), "transport": app.transport, "key": key,
-            "signature_scheme": "hmac-sha256", "pid": os.getpid(), "cwd": os.getcwd(),
+            "signature_scheme": "hmac-sha256", "pid": os.getpid(), "cwd": os.getcwd(), **curve,
             **{name: int(getattr(app, name)) for name in PORTS}}
     os.write(report_fd, connection_line(info))
     os.close(report_fd)

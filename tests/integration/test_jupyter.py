@@ -209,3 +209,36 @@ async def test_a_restarted_server_reattaches_to_the_running_kernel_job_from_prov
         kc.stop_channels()
         await again.shutdown_kernel()
     assert broker.client().get(f"/v1/jobs/{job_id}", params={"wait_s": 10}).json()["state"] == "SUCCEEDED"
+
+
+async def test_a_listener_without_the_kernels_keys_cannot_read_its_output(jupyter_env) -> None:
+    import zmq
+    import zmq.asyncio
+
+    km, kc = await start()
+    info = km.get_connection_info()
+    assert info.get("curve_publickey") and info.get("curve_secretkey")
+    ctx = zmq.asyncio.Context()
+    url = f"tcp://{info['ip']}:{info['iopub_port']}"
+    stranger = ctx.socket(zmq.SUB)  # e.g. another caller's job on the same host network
+    stranger.setsockopt(zmq.SUBSCRIBE, b"")
+    stranger.connect(url)
+    keyed = ctx.socket(zmq.SUB)  # the same listener with the kernel's keys: it does hear
+    keyed.curve_secretkey = info["curve_secretkey"].encode()
+    keyed.curve_publickey = info["curve_publickey"].encode()
+    keyed.curve_serverkey = info["curve_publickey"].encode()
+    keyed.setsockopt(zmq.SUBSCRIBE, b"")
+    keyed.connect(url)
+    try:
+        await asyncio.sleep(0.5)  # let both subscriptions reach the kernel
+        for _ in range(3):
+            await run(kc, "print('secret output')")
+        heard = b"".join([b"".join(await keyed.recv_multipart()) for _ in range(3)])
+        assert b"status" in heard or b"secret output" in heard
+        assert await stranger.poll(500) == 0
+    finally:
+        stranger.close(0)
+        keyed.close(0)
+        ctx.term()
+        kc.stop_channels()
+        await km.shutdown_kernel()

@@ -58,6 +58,13 @@ def test_connection_line_round_trips_with_the_key_as_bytes() -> None:
     assert "pid" not in info
 
 
+def test_curve_keys_travel_as_text_beside_the_bytes_key() -> None:
+    keys = launcher.curve_keys()
+    assert len(keys["curve_publickey"]) == 40 and keys["curve_publickey"] != keys["curve_secretkey"]
+    info = find_connection(launcher.connection_line({**INFO, **keys}))
+    assert info is not None and info["curve_secretkey"] == keys["curve_secretkey"] and info["key"] == b"k" * 64
+
+
 def test_a_partial_or_embedded_marker_is_not_a_connection() -> None:
     line = launcher.connection_line(INFO)
     assert find_connection(line[:-5]) is None

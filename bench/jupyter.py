@@ -125,6 +125,8 @@ def main(argv: list[str], json_out: bool = False) -> int:
             percentile(found["to_first_instruction"], 50) * ms, "ms", "-"),
         Row("B12", "first kernel (creates the sandbox)", found["first_start"], "s", "-"),
         Row("B12", "baseline: local ipykernel start, median (same run)", median(found["local_start"]), "s", "-"),
+        Row("B12", "kernel start: Firepool / local ipykernel (same run; the machine's load cancels)",
+            start / median(found["local_start"]), "x", "-"),
         Row("B12", "baseline: local ipykernel execute round trip p50", percentile(found["local_rtt"], 50) * ms,
             "ms", "-"),
     ]

@@ -304,6 +304,12 @@ class FirepoolProvisioner(KernelProvisionerBase):
         self.pool = provisioner_info.get("pool") or self.pool
         self.url = provisioner_info.get("url") or self.url
         self._exit, self._polled_at = None, 0.0
+        if self.job_id:
+            try:  # the pods a later restart waits for
+                self.last_job = await self.client().get(self.job_id)
+                self._pods = frozenset(self.last_job.raw.get("bound_pods") or ())
+            except FirepoolError as exc:
+                self.log.warning("kernel job %s not reachable on reattach: %s", self.job_id, exc)
 
 
 def _text(key: Any) -> str:

@@ -97,10 +97,14 @@ async def test_provisioner_info_carries_the_job_id_so_a_restarted_server_reattac
     first.kernel_id, first.job_id, first._tag = "kid", "j123", "kernel:kid"
     first.connection_info = {**{k: v for k, v in INFO.items() if k not in ("key", "pid")}, "key": b"secret"}
     saved = json.loads(json.dumps(await first.get_provisioner_info()))
+    fake = FakeBroker(["RUNNING"])
     again = FirepoolProvisioner()
+    again._client = AsyncClient("http://b", "t", transport=httpx.MockTransport(fake.handler))
     await again.load_provisioner_info(saved)
     assert again.job_id == "j123" and again.has_process and again.pool == "gpu" and again.url == "http://b"
     assert again.connection_info["key"] == b"secret" and again._tag == "kernel:kid"
+    assert again._pods == {"p1"} and await again.poll() is None  # a later restart waits for this pod
+    await again._close()
 
 
 def test_kernel_mode_puts_the_launcher_on_the_jobs_python_path() -> None:

@@ -65,7 +65,7 @@ async def _measure(starts: int, executes: int, url: str, client: Any) -> dict[st
     from jupyter_ext import kernelspec
 
     kernelspec.install(kernelspec.kernel_json("cpu", url=url, lease_tag=TAG), "fp-bench", user=True)
-    found: dict[str, Any] = {"start": [], "paths": {}, "to_first_instruction": []}
+    found: dict[str, Any] = {"start": [], "paths": {}, "to_first_instruction": [], "to_connection": []}
     km, kc, found["first_start"] = await _start("fp-bench")  # makes the pod
     await _stop(km, kc)
     for i in range(starts):
@@ -76,6 +76,7 @@ async def _measure(starts: int, executes: int, url: str, client: Any) -> dict[st
         found["start"].append(took)
         t = job["timings"]
         found["to_first_instruction"].append(t["first_instruction_at"] - t["submitted_at"])
+        found["to_connection"].append(km.provisioner.launch_s)
         if i == starts - 1:
             found["rtt"] = await _round_trips(kc, executes)
         await _stop(km, kc)
@@ -123,6 +124,11 @@ def main(argv: list[str], json_out: bool = False) -> int:
         Row("B12", "execute round trip p90", rtt90, "ms", "-"),
         Row("B12", "phase: submit -> kernel job's first instruction p50",
             percentile(found["to_first_instruction"], 50) * ms, "ms", "-"),
+        Row("B12", "phase: submit -> connection line read back (ipykernel import, bind) p50",
+            percentile(found["to_connection"], 50) * ms, "ms", "-"),
+        Row("B12", "phase: connection line -> kernel ready (kernel_info answered) p50",
+            percentile([a - b for a, b in zip(found["start"], found["to_connection"], strict=True)], 50) * ms,
+            "ms", "-"),
         Row("B12", "first kernel (creates the sandbox)", found["first_start"], "s", "-"),
         Row("B12", "baseline: local ipykernel start, median (same run)", median(found["local_start"]), "s", "-"),
         Row("B12", "kernel start: Firepool / local ipykernel (same run; the machine's load cancels)",

@@ -108,6 +108,8 @@ class FirepoolProvisioner(KernelProvisionerBase):
     _pods: frozenset[str] = frozenset()
     last_job: JobInfo | None = None
     """The kernel job as the broker last reported it (pool, pod, acquisition path)."""
+    launch_s: float | None = None
+    """The last launch's submit -> connection line, seconds (the benchmark's phase)."""
 
     # ---------------------------------------------------------------- plumbing
 
@@ -137,6 +139,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         env = dict(kwargs.get("env") or {})
+        began = time.perf_counter()
         if not self._tag:
             self._tag = session_tag(self.lease_tag, str(self.kernel_id), env)
         try:
@@ -155,6 +158,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
                                        f"{self.start_timeout:.0f} s") from exc
             raise
         self.connection_info = info
+        self.launch_s = time.perf_counter() - began
         self.last_job = await self.client().get(job.id)
         self._pods = frozenset(self.last_job.raw.get("bound_pods") or ())
         self.log.info("Firepool kernel %s: job %s on %s (%s)", self.kernel_id, job.id,

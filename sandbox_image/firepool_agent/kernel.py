@@ -87,16 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(tmp, f"firepool-kernel-{os.getpid()}.json")
     write_seed(path, "0.0.0.0" if args.ip in ("*", "") else args.ip, key, curve)
     report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
+    base = {"ip": advertised_ip(args.ip, args.advertise), "key": key, "signature_scheme": "hmac-sha256",
+            "pid": os.getpid(), "cwd": os.getcwd(), **curve}
 
     from ipykernel.kernelapp import IPKernelApp
 
-    app = IPKernelApp.instance()
-    app.initialize(["-f", path, *rest])
-    info = {"ip": advertised_ip(args.ip, args.advertise), "transport": app.transport, "key": key,
-            "signature_scheme": "hmac-sha256", "pid": os.getpid(), "cwd": os.getcwd(), **curve,
-            **{name: int(getattr(app, name)) for name in PORTS}}
-    os.write(report_fd, connection_line(info))
-    os.close(report_fd)
+    class ReportingApp(IPKernelApp):  # type: ignore[misc]
+        def write_connection_file(self, **kwargs: Any) -> None:
+            # The ports are bound now: report them at once, so the Jupyter side connects while IPython is
+            # still setting up its shell (messages wait in the bound sockets).
+            super().write_connection_file(**kwargs)
+            if report_fd >= 0:
+                info = {**base, "transport": self.transport, **{name: int(getattr(self, name)) for name in PORTS}}
+                os.write(report_fd, connection_line(info))
+
+    app = ReportingApp.instance()
+    try:
+        app.initialize(["-f", path, *rest])
+    finally:
+        os.close(report_fd)
     app.start()
     return 0
 

@@ -69,6 +69,7 @@ class Origin(enum.StrEnum):
     DEMAND = "demand"      # queued jobs (or a replacement for a retiring pod) wanted it
     WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
+    STANDBY = "standby"    # staged on an active pod's GPU (broker.standby)
 
 
 SessionKey = tuple[str, str, str]
@@ -84,7 +85,7 @@ class Pod:
 
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
-        "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason",
+        "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -107,6 +108,8 @@ class Pod:
         self.created_at = created_at
         self.path = ""
         self.reason: str | None = None
+        self.standby = False
+        """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.standby)."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""

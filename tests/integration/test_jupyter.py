@@ -242,3 +242,30 @@ async def test_a_listener_without_the_kernels_keys_cannot_read_its_output(jupyte
         ctx.term()
         kc.stop_channels()
         await km.shutdown_kernel()
+
+
+async def test_sigint_through_the_broker_interrupts_a_cell_and_kill_ends_the_kernel_job(jupyter_env) -> None:
+    import signal
+
+    broker = jupyter_env
+    km, kc = await start()
+    try:
+        msg_id = kc.execute("import time; time.sleep(60)")
+        while True:
+            msg = await kc.get_iopub_msg(timeout=TIMEOUT)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+                break
+        began = time.monotonic()
+        await km.signal_kernel(signal.SIGINT)  # what a front end in signal interrupt mode does
+        reply = await kc._async_get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = await kc._async_get_shell_msg(timeout=10)
+        assert reply["content"]["ename"] == "KeyboardInterrupt" and time.monotonic() - began < 2.0
+        job_id = km.provisioner.job_id  # type: ignore[union-attr]
+        await km.provisioner.kill()  # type: ignore[union-attr]
+        job = broker.client().get(f"/v1/jobs/{job_id}", params={"wait_s": 10}).json()
+        assert job["state"] == "FAILED" and job["exit_code"] == 137, job
+        assert await km.provisioner.wait() == 137  # type: ignore[union-attr]
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)

@@ -43,8 +43,10 @@ def default_display_name(pool: str) -> str:
 
 def install(spec: dict[str, Any], name: str, *, user: bool = False, prefix: str | None = None) -> str:
     """Install the kernelspec under `name`; returns the directory it went to."""
-    from jupyter_client.kernelspec import KernelSpecManager
-
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError as exc:
+        raise InvalidRequest("jupyter_client is not installed: pip install 'firepool[jupyter]'") from exc
     if not _NAME.match(name):
         raise InvalidRequest(f"kernel name {name!r} must be lowercase letters, digits, '.', '_' or '-'",
                              {"field": "name"})

@@ -204,7 +204,7 @@ class ControlPlane:
                 "physical": c.physical, "eligible": c.eligible, "starting": c.starting, "idle": c.idle,
                 "held": c.held, "held_by": dict(c.held_by), "busy": c.assigned + c.running + c.resetting,
                 "assigned": c.assigned, "running": c.running, "resetting": c.resetting, "retiring": c.retiring,
-                "standby": 0, "stale": c.stale, "borrowed": 0, "single_use": c.single_use,
+                "standby": c.standby, "stale": c.stale, "borrowed": 0, "single_use": c.single_use,
                 "queued_demand": queued.get(name, 0),
                 "last_plan": {"create": plan.create, "retire": len(plan.retire), "reason": plan.reason} if plan else None,
             })

@@ -10,7 +10,6 @@ the attempt ends `PodLost` and the pod is deleted.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.jobbook import Abort, JobBook
+from broker.jobenv import agent_session, memory_limits
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
 from broker.pods import Pod, owner_annotations
 from broker.pooling import PoolController
@@ -81,9 +81,8 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
 
 
 def session_key(job: Job) -> str:
-    """The opaque session the agent compares to decide whether the workspace survives."""
-    raw = "\x1f".join((job.caller, job.spec.queue, job.spec.lease_tag))
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    """The opaque session the agent compares (a `boundary` pool's; see broker.jobenv)."""
+    return agent_session(job, None)
 
 
 class Executor:
@@ -151,7 +150,10 @@ class Executor:
             "FIREPOOL_QUEUE": spec.queue, "FIREPOOL_ACQUISITION": pod.path,
             "FIREPOOL_RANK": str(rank), "FIREPOOL_WORLD_SIZE": str(world),
         })
-        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session_key(job),
+        if pod.gpus:
+            env.update(memory_limits(pod.gpus, {d.key: d for d in self.backend.devices()}))
+        session = agent_session(job, self.tracker.pool(spec.pool))
+        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session,
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:

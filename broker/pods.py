@@ -69,6 +69,7 @@ class Origin(enum.StrEnum):
     DEMAND = "demand"      # queued jobs (or a replacement for a retiring pod) wanted it
     WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
+    STANDBY = "standby"    # staged on an active pod's GPU (broker.standby)
 
 
 SessionKey = tuple[str, str, str]
@@ -84,7 +85,7 @@ class Pod:
 
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
-        "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason",
+        "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -107,6 +108,8 @@ class Pod:
         self.created_at = created_at
         self.path = ""
         self.reason: str | None = None
+        self.standby = False
+        """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.standby)."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""
@@ -124,7 +127,7 @@ class Pod:
             "caller": self.caller, "lease_tag": self.key[2] if self.key else None,
             "queue": self.key[1] if self.key else None, "hold_until": self.hold_until or None,
             "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
-            "retire_at_release": self.retire, "created_at": self.created_at,
+            "retire_at_release": self.retire, "created_at": self.created_at, "standby": self.standby,
         }
 
 
@@ -143,6 +146,7 @@ def owner_annotations(pod: Pod) -> dict[str, str]:
         ANNOTATION_PREFIX + "used": "1" if pod.used else "",
         ANNOTATION_PREFIX + "origin": pod.origin.value,
         ANNOTATION_PREFIX + "job": pod.job or "",
+        ANNOTATION_PREFIX + "role": "standby" if pod.standby else "",
     }
 
 
@@ -159,3 +163,4 @@ def restore_owner(pod: Pod, annotations: Mapping[str, str]) -> None:
     origin = get(ANNOTATION_PREFIX + "origin") or ""
     if origin in Origin._value2member_map_:
         pod.origin = Origin(origin)
+    pod.standby = get(ANNOTATION_PREFIX + "role") == "standby"

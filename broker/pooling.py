@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from broker.clock import Clock
 from broker.errors import FirepoolError
-from broker.pods import Origin, Pod, PodState
+from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
+from broker.standby import covered, group_key, groups, physical_groups, plan_standbys
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
@@ -47,7 +48,9 @@ class Counts:
     replacing: int = 0
     """Busy pods that retire at release (a session boundary was crossed): each wants a replacement."""
     physical: int = 0
-    """Every pod that holds capacity, retiring ones included until deleted."""
+    """Every pod that holds capacity, retiring ones included until deleted; a GPU group counts once."""
+    standby: int = 0
+    """Standby pods (not yet promoted): never supply, never physical beyond their card's group."""
 
     @property
     def eligible(self) -> int:
@@ -59,16 +62,20 @@ def count(pods: list[Pod], spec: PoolSpec, now: float) -> Counts:
     c: Counter[str] = Counter()
     held_by: Counter[str] = Counter()
     template = spec.template_hash
+    by_group = groups(pods)
     for pod in pods:
         state = pod.state
         if state is PodState.GONE:
             continue
-        c["physical"] += 1
+        if pod.standby:
+            c["standby"] += 1
+            continue
         if pod.origin is Origin.SINGLE_USE:
             c["single_use"] += 1
         if pod.template != template and state is not PodState.RETIRING:
             c["stale"] += 1
-        if pod.retire and state in (PodState.ASSIGNED, PodState.RUNNING, PodState.RESETTING):
+        if pod.retire and state in (PodState.ASSIGNED, PodState.RUNNING, PodState.RESETTING) \
+                and not covered(pod, by_group):
             c["replacing"] += 1
         if state is PodState.IDLE:
             if pod.held(now):
@@ -80,6 +87,7 @@ def count(pods: list[Pod], spec: PoolSpec, now: float) -> Counts:
                     c["fresh"] += 1
         else:
             c[state.value] += 1
+    c["physical"] = physical_groups(pods)
     return Counts(held_by=dict(held_by), **{k: v for k, v in c.items()})
 
 
@@ -111,7 +119,8 @@ def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: floa
         return Plan(create=create, reason=f"create {create} for {why} (demand {demand}, starting {counts.starting})")
     expired_holds = [p.name for p in pods
                      if p.state is PodState.IDLE and p.used and p.hold_until <= now]
-    unused = sorted((p for p in pods if p.state is PodState.IDLE and not p.used and p.reserved_for is None),
+    unused = sorted((p for p in pods if p.state is PodState.IDLE and not p.used and p.reserved_for is None
+                     and not p.standby),
                     key=lambda p: p.idle_since)
     expired_unused = [p for p in unused if now - p.idle_since >= spec.keep_alive]
     keep = min(len(unused), max(spec.max_idle_count, 0))
@@ -174,6 +183,7 @@ class PoolController:
                 victim = self.tracker.pods.get(pod_name)
                 if victim is not None:
                     self.retire(pod_name, only_if_idle_since=victim.idle_since)
+            self._stage_standbys(spec, pods, now)
             room = spec.max_count - counts.physical - p.create
             for job_id, (pool, n) in self.single_use.items():
                 if pool != name or job_id in self._reserved_started:
@@ -187,16 +197,30 @@ class PoolController:
         self.last_plan = plans
         return plans
 
-    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None) -> None:
+    def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
+        """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.standby)."""
+        staged = plan_standbys(spec, pods, now)
+        for key in staged.create:
+            self._create(spec, Origin.STANDBY, gpus=key)
+        for name in staged.retire:
+            victim = self.tracker.pods.get(name)
+            if victim is not None:
+                self.retire(name, only_if_idle_since=victim.idle_since)
+
+    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
+                gpus: tuple[str, ...] = ()) -> None:
         name = f"{spec.name}-{secrets.token_hex(4)}"
-        pod = Pod(name, spec.name, state=PodState.STARTING, origin=origin, template=spec.template_hash,
+        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
                   created_at=self.clock.now(), reserved_for=reserved_for)
+        pod.standby = origin is Origin.STANDBY
         self.tracker.add(pod)
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
 
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
+        pin = group_key(pod) if pod.standby else ()
         try:
-            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin))
+            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
+                                                        annotations=owner_annotations(pod) if pod.standby else {}))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0

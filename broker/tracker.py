@@ -5,7 +5,8 @@ the lease in one step under the lock, so no two claimers take one pod and no cal
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
 Search order inside a pool: the session's own idle pod (warm) -> a never-used idle pod (warm when it
 was ready before the job came, new when the job waited for it) -> the caller's pod from another session (recycled: runs once, then
-retires) -> a new pod (the caller waits; the shortfall is demand for the pool controller).
+retires) -> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> a new pod
+(the caller waits; the shortfall is demand for the pool controller).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REASON_NEW_SESSION = "new session: ran once on the caller's previous pod, which 
 REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
+REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class Shortfall:
 class _Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "standby")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -79,6 +81,8 @@ class _Bucket:
         """Idle used pods by the session that used them last."""
         self.by_caller: dict[str, dict[str, Pod]] = {}
         """Idle used pods by their last caller (any session)."""
+        self.standby: dict[str, Pod] = {}
+        """Idle standbys (broker.standby): claimed only when no owner's or unheld idle pod exists."""
 
 
 class Tracker:
@@ -135,16 +139,19 @@ class Tracker:
                 return None
             if pod.state is _IDLE:
                 self._unindex_idle(pod)
+            verified = pod.state is not _RESETTING
             pod.move(_RETIRING)
-            self._leave_gate(pod)
+            if verified:
+                self._leave_gate(pod)
             return pod
 
     def remove(self, name: str) -> None:
-        """RETIRING -> GONE: the backend deleted it."""
+        """RETIRING -> GONE: the backend deleted it (and with it any process it still had)."""
         with self._lock:
             pod = self.pods.pop(name, None)
             if pod is not None:
                 pod.move(PodState.GONE)
+                self._leave_gate(pod)
 
     # ---------------------------------------------------------------- claim path
 
@@ -214,40 +221,43 @@ class Tracker:
         key = (want.caller, want.queue, want.tag)
         picked: list[tuple[Pod, str, str | None]] = []
         taken: set[str] = set()
+        cards: set[str] = set()
+        """Devices of the pods picked so far: a set never puts two of its pods on one card."""
 
         def usable(pod: Pod) -> bool:
-            return pod.name not in taken and self._gate_open(pod)
+            return pod.name not in taken and self._gate_open(pod) and cards.isdisjoint(pod.gpus)
+
+        def take(pod: Pod, path: str, reason: str | None) -> bool:
+            picked.append((pod, path, reason))
+            taken.add(pod.name)
+            cards.update(pod.gpus)
+            return len(picked) == n
 
         own = bucket.by_key.get(key)
         if own:
             for pod in reversed(own.values()):
-                if usable(pod):
-                    picked.append((pod, Path.WARM, None))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+                if usable(pod) and take(pod, Path.WARM, None):
+                    return picked
         mine = bucket.by_caller.get(want.caller)
         if bucket.hint and mine:
             for pod in reversed(mine.values()):
-                if pod.key is not None and pod.key[1] == want.queue and usable(pod):
-                    picked.append((pod, Path.WARM, REASON_TAG_HINT))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+                if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
+                        and take(pod, Path.WARM, REASON_TAG_HINT):
+                    return picked
         for pod in reversed(bucket.fresh.values()):
             if usable(pod):
                 path = Path.NEW if pod.idle_since >= want.since else Path.WARM
-                picked.append((pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD))
-                taken.add(pod.name)
-                if len(picked) == n:
+                if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
                     return picked
         if mine:
             for pod in reversed(mine.values()):
-                if usable(pod):
-                    picked.append((pod, Path.RECYCLED, REASON_NEW_SESSION))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+                if usable(pod) and take(pod, Path.RECYCLED, REASON_NEW_SESSION):
+                    return picked
+        if bucket.standby:
+            # A standby may wait at the gate for its card's running job: that wait is the handover.
+            for pod in bucket.standby.values():
+                if pod.name not in taken and cards.isdisjoint(pod.gpus) and take(pod, Path.STANDBY, REASON_STANDBY):
+                    return picked
         return Shortfall("no idle pod", n - len(picked))
 
     def _pick_reserved(self, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
@@ -286,6 +296,7 @@ class Tracker:
             for pod in pods:
                 pod.move(_RUNNING)
                 pod.used = True
+                pod.standby = False  # promoted: the card's previous job is verified gone
                 for g in pod.gpus:
                     gate[g] = pod.name
             return True
@@ -328,7 +339,8 @@ class Tracker:
         return lease.pods
 
     def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
-        if pod.gpus:
+        if pod.gpus and clean:
+            # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
         if not clean or pod.retire or pod.origin is Origin.SINGLE_USE:
             pod.move(_RETIRING)
@@ -351,8 +363,7 @@ class Tracker:
                 pod.move(_RUNNING)
             if pod.state is _RUNNING:
                 pod.move(_RESETTING)
-            pod.move(_RETIRING)
-            self._leave_gate(pod)
+            pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 
     def reserve(self, pod: Pod, job_id: str) -> None:
@@ -414,6 +425,9 @@ class Tracker:
     # ---------------------------------------------------------------- internals (lock held)
 
     def _index_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            self._buckets[pod.pool].standby[pod.name] = pod
+            return
         if pod.reserved_for is not None:
             self._reserved.setdefault(pod.reserved_for, []).append(pod)
             return
@@ -433,6 +447,9 @@ class Tracker:
             mine[pod.name] = pod
 
     def _unindex_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            del self._buckets[pod.pool].standby[pod.name]
+            return
         if pod.reserved_for is not None:
             ready = self._reserved.get(pod.reserved_for)
             if ready and pod in ready:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from broker.api.metrics import registry_for, render
 from broker.clock import VirtualClock
 from broker.jobs import JobState
 from broker.pods import Origin, Pod, PodState
@@ -37,6 +38,8 @@ async def test_standbys_are_staged_on_the_active_pods_gpu_and_count_once() -> No
         c = count(h.cp.tracker.snapshot(), h.cp.catalog.pools["gpu"], h.clock.now())
         assert (c.physical, c.standby, c.idle + c.held) == (1, 2, 1)
         assert h.cp.pools_view()[0]["standby"] == 2
+        metrics = render(registry_for(h.cp)).decode()
+        assert 'firepool_pods{pool="gpu",state="standby"} 2.0' in metrics
     finally:
         await h.stop()
 

@@ -254,11 +254,21 @@ class Tracker:
                 if usable(pod) and take(pod, Path.RECYCLED, REASON_NEW_SESSION):
                     return picked
         if bucket.standby:
-            # A standby may wait at the gate for its card's running job: that wait is the handover.
-            for pod in bucket.standby.values():
+            # A standby may wait at the gate for its card's job: that wait is the handover. Cards that are
+            # free come first, then cards whose job is already resetting, then cards still running one.
+            for pod in sorted(bucket.standby.values(), key=self._gate_wait_rank):
                 if pod.name not in taken and cards.isdisjoint(pod.gpus) and take(pod, Path.STANDBY, REASON_STANDBY):
                     return picked
         return Shortfall("no idle pod", n - len(picked))
+
+    def _gate_wait_rank(self, pod: Pod) -> int:
+        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there."""
+        rank = 0
+        for g in pod.gpus:
+            holder = self.pods.get(self._gate.get(g, ""))
+            if holder is not None and holder is not pod:
+                rank = max(rank, 1 if holder.state is _RESETTING else 2)
+        return rank
 
     def _pick_reserved(self, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
         ready = self._reserved.get(want.job_id, [])

@@ -190,3 +190,21 @@ def test_standby_plan_fills_open_slots_and_retires_lonely_or_excess_standbys() -
     assert plan_standbys(spec, [active, mine, lonely], 61.0).retire == ("s2",)
     off = gpu_pool(standbys_per_active=0)
     assert set(plan_standbys(off, [active, mine, lonely], 1.0).retire) == {"s1", "s2"}
+
+
+def test_a_standby_on_a_free_or_resetting_card_is_taken_before_one_behind_a_running_job() -> None:
+    tracker = Tracker({"gpu": gpu_pool(standbys_per_active=1)})
+    pods = {}
+    for name, card in (("a0", "g0"), ("a1", "g1"), ("s0", "g0"), ("s1", "g1")):
+        pods[name] = Pod(name, "gpu", (card,), state=PodState.IDLE,
+                         origin=Origin.STANDBY if name.startswith("s") else Origin.WARM)
+        pods[name].standby = name.startswith("s")
+        tracker.add(pods[name])
+    for job, caller in (("j0", "alice"), ("j1", "bob")):
+        lease = tracker.claim(Claim(job, caller, "gpu", tag="t"), 0.0)
+        assert isinstance(lease, Lease) and tracker.start(job)
+    ending = tracker.pods_of("j1")[0]
+    tracker.begin_reset("j1", ("bob", "default", "t"))  # bob's job ended: its card is resetting
+    handover = tracker.claim(Claim("j2", "carol", "gpu", tag="t"), 1.0)
+    assert isinstance(handover, Lease) and handover.pods[0].standby
+    assert handover.pods[0].gpus == ending.gpus  # not the standby behind alice's running job

@@ -20,7 +20,7 @@ from broker.errors import FirepoolError
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
-from broker.standby import covered, group_key, groups, physical_groups, plan_standbys
+from broker.standby import covered, exclusive_cards, group_key, groups, physical_groups, plan_standbys
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
@@ -153,6 +153,7 @@ class PoolController:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
+        self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]]) -> None:
         """The dispatcher's view after a pass: pods missing per pool, and unplaced single-use jobs."""
@@ -199,6 +200,9 @@ class PoolController:
 
     def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
         """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.standby)."""
+        if not self._sweeping and self.tracker.unverified_cards():
+            self._sweeping = True
+            self.tasks.spawn("standby sweep", self._sweep())
         staged = plan_standbys(spec, pods, now)
         for key in staged.create:
             self._create(spec, Origin.STANDBY, gpus=key)
@@ -206,6 +210,18 @@ class PoolController:
             victim = self.tracker.pods.get(name)
             if victim is not None:
                 self.retire(name, only_if_idle_since=victim.idle_since)
+
+    async def _sweep(self) -> None:
+        """Re-verify card exclusivity after a restart; a failed read changes nothing this time."""
+        try:
+            infos = await self.backend.list_pods()
+        except FirepoolError as exc:
+            log.warning("standby sweep failed, promotions stay disabled: %s", exc)
+        else:
+            self.tracker.verify_cards(exclusive_cards(infos) & self.tracker.unverified_cards())
+        finally:
+            self._sweeping = False
+        self.on_ready()
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
                 gpus: tuple[str, ...] = ()) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from broker.pods import Pod, PodState
 from broker.pools import PoolSpec
+from broker.ports.backend import PodInfo
 
 GroupKey = tuple[str, ...]
 """The device keys a group's pods are bound to (a GPU UUID, or several for multi-GPU pods)."""
@@ -94,3 +95,16 @@ def plan_standbys(spec: PoolSpec, pods: Iterable[Pod], now: float) -> StandbyPla
         else:
             retire.extend(p.name for p in idle if now - p.idle_since >= spec.keep_alive)
     return StandbyPlan(tuple(create), tuple(retire))
+
+
+def exclusive_cards(infos: Iterable[PodInfo]) -> set[str]:
+    """Cards the backend reports shared by the pods of one pool only (a Firepool group, nothing else).
+
+    The sweep that re-enables promotions after a restart; a card missing from the report is not in the
+    result, so it stays fenced.
+    """
+    pools_on: dict[str, set[str]] = {}
+    for info in infos:
+        for key in info.gpus:
+            pools_on.setdefault(key, set()).add(info.pool)
+    return {key for key, pools in pools_on.items() if len(pools) == 1}

@@ -101,17 +101,34 @@ class Tracker:
         """caller -> [gpus, pods] held by its assigned and running jobs."""
         self._gate: dict[str, str] = {}
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
+        self._unverified: set[str] = set()
+        """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
 
     # ---------------------------------------------------------------- membership
 
     def add(self, pod: Pod) -> None:
-        """Track a new pod (STARTING, or IDLE when recovery restores it)."""
+        """Track a new pod (STARTING, or IDLE when recovery restores it).
+
+        A standby restored by recovery fails closed: its card takes no promotion until `verify_cards`.
+        """
         with self._lock:
             if pod.name in self.pods:
                 raise ValueError(f"pod {pod.name} is already tracked")
             self.pods[pod.name] = pod
             if pod.state is _IDLE:
+                if pod.standby:
+                    self._unverified.update(pod.gpus)
                 self._index_idle(pod)
+
+    def unverified_cards(self) -> set[str]:
+        """Cards whose standbys wait for an exclusivity sweep (after a restart)."""
+        with self._lock:
+            return set(self._unverified)
+
+    def verify_cards(self, keys: Iterable[str]) -> None:
+        """A sweep found these cards shared only by their Firepool group: promotions may resume."""
+        with self._lock:
+            self._unverified.difference_update(keys)
 
     def ready(self, name: str, now: float, gpus: tuple[str, ...] = ()) -> bool:
         """STARTING -> IDLE with the devices the backend bound; False when it is no longer starting."""
@@ -257,7 +274,10 @@ class Tracker:
             # A standby may wait at the gate for its card's job: that wait is the handover. Cards that are
             # free come first, then cards whose job is already resetting, then cards still running one.
             for pod in sorted(bucket.standby.values(), key=self._gate_wait_rank):
-                if pod.name not in taken and cards.isdisjoint(pod.gpus) and take(pod, Path.STANDBY, REASON_STANDBY):
+                if pod.name in taken or not cards.isdisjoint(pod.gpus) \
+                        or (self._unverified and not self._unverified.isdisjoint(pod.gpus)):
+                    continue
+                if take(pod, Path.STANDBY, REASON_STANDBY):
                     return picked
         return Shortfall("no idle pod", n - len(picked))
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from broker.api.metrics import registry_for, render
 from broker.clock import VirtualClock
+from broker.errors import BackendError
 from broker.jobs import JobState
 from broker.pods import Origin, Pod, PodState
 from broker.pooling import count
 from broker.ports.agent import ResetRequest, ResetResult
-from broker.ports.backend import FakeBackend
-from broker.standby import plan_standbys
+from broker.ports.backend import FakeBackend, PodInfo
+from broker.standby import exclusive_cards, plan_standbys
 from broker.tracker import Claim, Lease, Tracker
 from tests.unit.harness import Harness, gpu_pool
 
@@ -136,6 +137,8 @@ def _tracker_with_group() -> tuple[Tracker, Pod, Pod]:
     standby.standby = True
     tracker.add(active)
     tracker.add(standby)
+    assert tracker.unverified_cards() == {"g0"}  # added idle, as recovery does: fenced
+    tracker.verify_cards(["g0"])
     return tracker, active, standby
 
 
@@ -200,6 +203,7 @@ def test_a_standby_on_a_free_or_resetting_card_is_taken_before_one_behind_a_runn
                          origin=Origin.STANDBY if name.startswith("s") else Origin.WARM)
         pods[name].standby = name.startswith("s")
         tracker.add(pods[name])
+    tracker.verify_cards(["g0", "g1"])
     for job, caller in (("j0", "alice"), ("j1", "bob")):
         lease = tracker.claim(Claim(job, caller, "gpu", tag="t"), 0.0)
         assert isinstance(lease, Lease) and tracker.start(job)
@@ -208,3 +212,41 @@ def test_a_standby_on_a_free_or_resetting_card_is_taken_before_one_behind_a_runn
     handover = tracker.claim(Claim("j2", "carol", "gpu", tag="t"), 1.0)
     assert isinstance(handover, Lease) and handover.pods[0].standby
     assert handover.pods[0].gpus == ending.gpus  # not the standby behind alice's running job
+
+
+async def test_after_a_restart_standbys_are_promoted_only_once_a_sweep_verified_their_card() -> None:
+    h = await harness(max_count=1)
+    await h.run_job("alice", pool="gpu", lease_tag="a")
+    await h.run_for(1.0)
+    await h.stop()  # the broker goes away; pods and store survive
+    real_list = h.backend.list_pods
+    sweeps_fail = True
+
+    async def list_pods():  # noqa: ANN202 - wraps the fake's method
+        if sweeps_fail and restarted.cp.recovery is not None:
+            raise BackendError("usage report unavailable")
+        return await real_list()
+
+    h.backend.list_pods = list_pods  # type: ignore[method-assign]
+    restarted = Harness([gpu_pool(standbys_per_active=1, max_count=1)], backend=h.backend, store=h.store,
+                        clock=h.clock)
+    await restarted.start()
+    try:
+        assert len(standbys(restarted)) == 1 and restarted.cp.tracker.unverified_cards()
+        bob = await restarted.submit("bob", pool="gpu", lease_tag="b")
+        await restarted.run_for(3.0)
+        assert restarted.store.get(bob.id).state is JobState.QUEUED  # type: ignore[union-attr]
+        sweeps_fail = False
+        done = await restarted.finish(bob)
+        assert restarted.paths(done) == ["standby"]
+        assert not restarted.cp.tracker.unverified_cards()
+    finally:
+        await restarted.stop()
+
+
+def test_a_card_shared_with_another_pool_is_not_exclusive() -> None:
+    def info(name: str, pool: str, *gpus: str) -> PodInfo:
+        return PodInfo(name=name, pool=pool, gpus=gpus, template="t", created_at=0.0, isolated=True)
+
+    report = [info("a", "gpu", "g0"), info("s", "gpu", "g0"), info("b", "gpu", "g1"), info("x", "other", "g1")]
+    assert exclusive_cards(report) == {"g0"}

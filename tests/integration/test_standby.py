@@ -142,3 +142,18 @@ def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt
     assert cache1 != cache2
     assert listed1 == [Path(cache1).name]
     assert listed2 == [Path(cache2).name]  # the reset removed the first attempt's accounting file
+
+
+def test_a_restarted_broker_restores_its_standbys_and_promotes_them_after_the_sweep(broker_factory) -> None:
+    b = broker_factory(pools=gpu_pool())
+    c = b.client()
+    first = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "a"})
+    standby = wait_for(lambda: next((p for p in pods(c) if p["standby"] and p["state"] == "idle"), None))
+    b.kill()
+    b.start()
+    c = b.client("bob")
+    restored = {p["name"]: p for p in pods(c)}
+    assert restored[standby["name"]]["standby"] and not restored[first["bound_pods"][0]]["standby"]
+    job = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "b"})
+    assert job["state"] == "SUCCEEDED" and paths(job) == ["standby"]  # alice's pod stays held for her
+    assert job["bound_pods"] == [standby["name"]]

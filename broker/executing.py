@@ -108,9 +108,12 @@ class Executor:
 
     async def start(self, job: Job, lease: Lease) -> None:
         """Steps 4 and 5: through the per-GPU gate, then launch every rank."""
+        promoting = any(p.standby for p in lease.pods)
         while not self.tracker.start(job.id):
             opened = self._gate_opened
             await self.clock.wait(opened, 1.0)
+        if promoting:
+            self.controller.wake()  # a standby was promoted: stage a fresh one into the open slot
         attempt = job.current_attempt
         assert attempt is not None
         live = self.book.live.get(job.id, job)

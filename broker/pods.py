@@ -69,7 +69,7 @@ class Origin(enum.StrEnum):
     DEMAND = "demand"      # queued jobs (or a replacement for a retiring pod) wanted it
     WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
-    STANDBY = "standby"    # zero-VRAM standby on an active pod's GPU; its group counts once
+    STANDBY = "standby"    # staged on an active pod's GPU (broker.standby)
 
 
 SessionKey = tuple[str, str, str]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
+from broker.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -49,6 +50,8 @@ def filter_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[dict[str, s
         reason = _DROPPED_NAMES.get(name)
         if reason is None:
             reason = next((why for prefix, why in _DROPPED_PREFIXES if name.startswith(prefix)), None)
+        if reason is None and (name in TOPOLOGY_NAMES or name.startswith(TOPOLOGY_PREFIXES)):
+            reason = "topology is injected by the executor"
         if reason is None:
             kept[name] = value
         else:

@@ -8,7 +8,8 @@ request on an established socket. Every httpx error and every unexpected status 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
@@ -21,11 +22,14 @@ from broker.ports.agent import (
     AttemptStatus,
     LaunchRequest,
     LogChunk,
+    PackageDelivered,
     ResetRequest,
     ResetResult,
 )
 
 _STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptStatus))
+SETUP_S = 660.0
+"""Extra time a launch may take when the agent installs requirements before the first instruction."""
 _SLACK_S = 10.0
 """Added to a long-poll's own wait, so the HTTP timeout never fires before the agent answers."""
 
@@ -111,7 +115,8 @@ class HttpAgentClient:
         payload = {"attempt_id": request.attempt_id, "argv": list(request.argv), "env": dict(request.env),
                    "session": request.session, "cwd": request.cwd, "timeout_s": request.timeout_s,
                    "extra": dict(request.extra)}
-        response = await self._request("POST", "/v1/attempts", json=payload, ok=(201,))
+        setup = SETUP_S if request.extra.get("requirements") is not None else 0.0
+        response = await self._request("POST", "/v1/attempts", json=payload, ok=(201,), wait_s=setup)
         with self._decoding():
             return _status(response.json())
 
@@ -152,6 +157,30 @@ class HttpAgentClient:
             body = response.json()
             return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
                                problems=tuple(body.get("problems", ())))
+
+    async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
+        """Stream the archive from disk over this pod's connection (the sandbox may have no network)."""
+        size = os.path.getsize(path)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+
+        try:
+            response = await self._client.put(
+                f"/v1/packages/{digest}", content=chunks(), params={"max_extracted": max_extracted},
+                headers={"Content-Length": str(size), "Content-Type": "application/zip"},
+                timeout=httpx.Timeout(timeout_s))
+        except httpx.HTTPError as exc:
+            raise AgentError(f"pushing package {digest[:12]} to pod {self.pod or self.endpoint} failed: "
+                             f"{type(exc).__name__}: {exc}", {"pod": self.pod}) from exc
+        if response.status_code != 200:
+            raise self._refusal("PUT", f"/v1/packages/{digest[:12]}", response)
+        with self._decoding():
+            body = response.json()
+            return PackageDelivered(digest=body["digest"], unpack_s=body["unpack_s"],
+                                    receive_s=body.get("receive_s", 0.0), extracted=body.get("extracted", 0))
 
     async def close(self) -> None:
         await self._client.aclose()

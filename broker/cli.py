@@ -15,7 +15,7 @@ from broker.errors import FirepoolError
 from broker.locations import DEFAULT_PORT, default_state_dir
 
 BENCHMARKS = ("tracker", "dispatch", "warm-start", "reset", "loops", "standby", "frontier", "late-binding",
-              "mcp", "jupyter", "recovery")
+              "mcp", "jupyter", "recovery", "rollout", "gangs")
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -31,6 +31,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.packages import PackageLimits
     from broker.server import ServeSettings, serve
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
@@ -40,7 +41,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(), db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods)
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
+        packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
+                               push_timeout_s=args.package_push_timeout))
     return serve(settings)
 
 
@@ -70,10 +73,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise SystemExit("nothing to run: firepool submit [options] -- CMD ...")
+    requirements = Path(args.requirements).read_text() if args.requirements else None
     with _client(args) as fp:
+        package = fp.package(args.package, args.exclude) if args.package else None
         job = fp.submit(command, pool=args.pool, lease_tag=args.tag, pods=args.pods, queue=args.queue,
                         env=_parse_env(args.env) or None, timeout_s=args.timeout, max_retries=args.retries,
-                        single_use=args.single_use or None, priority=args.priority)
+                        single_use=args.single_use or None, priority=args.priority, package=package,
+                        requirements=requirements)
         if not args.wait:
             print(json.dumps(job.raw, indent=2) if args.json else job.id)
             return 0
@@ -135,7 +141,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
         print(json.dumps(pools, indent=2))
         return 0
     keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
-            "held", "starting", "busy", "standby", "stale", "queued_demand")
+            "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
     print(_table([[p.get(k) for k in keys] for p in pools], [k.upper() for k in keys]))
     return 0
 
@@ -186,7 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local isolation: bubblewrap when it works (auto), required (bwrap), or none")
     p.add_argument("--keep-pods", action="store_true",
                    help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
+    p.add_argument("--capacity", help="borrowed-capacity source: a JSON file or an http(s) URL (model -> GPUs)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--package-max-bytes", type=int, default=512 << 20, help="compressed size limit of a package")
+    p.add_argument("--package-max-extracted", type=int, default=2_000_000_000,
+                   help="bytes a package may write when unpacked (zip-bomb guard)")
+    p.add_argument("--package-push-timeout", type=float, default=300.0, help="seconds to push a package to a pod")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("submit", help="queue a job: firepool submit [opts] -- CMD ...")
@@ -200,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=None)
     p.add_argument("--priority", type=int, default=None)
     p.add_argument("--single-use", action="store_true")
+    p.add_argument("--package", metavar="DIR", help="zip DIR, upload it once, and run the job in it")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave paths matching this .gitignore-style pattern out of --package")
+    p.add_argument("--requirements", metavar="FILE", help="a requirements file to install on the pod first")
     p.add_argument("--wait", action="store_true", help="follow the job: progress, output, exit code")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)

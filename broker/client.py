@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from broker import packaging
 from broker.errors import FirepoolError, Unavailable, all_error_classes
 from broker.locations import DEFAULT_PORT, default_state_dir
 
@@ -132,6 +133,18 @@ class Client:
         _raise_for(response)
         return response
 
+    def package(self, path: str | os.PathLike[str], excludes: Sequence[str] = ()) -> str:
+        """Zip a directory deterministically, upload it unless the broker has it, and return its digest."""
+        data, digest = packaging.build(path, excludes)
+        try:
+            head = self._http.head(f"/v1/packages/{digest}")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        if head.status_code == 200:
+            return digest
+        self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
+        return digest
+
     def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
         """Queue a job; `fields` are the REST request fields (lease_tag, env, pods, timeout_s, ...)."""
         return JobInfo.from_json(self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields)).json())
@@ -211,6 +224,20 @@ class AsyncClient:
             raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
         _raise_for(response)
         return response
+
+    async def package(self, path: str | os.PathLike[str], excludes: Sequence[str] = ()) -> str:
+        """Zip a directory deterministically, upload it unless the broker has it, and return its digest."""
+        import asyncio
+
+        data, digest = await asyncio.to_thread(packaging.build, path, excludes)
+        try:
+            head = await self._http.head(f"/v1/packages/{digest}")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        if head.status_code == 200:
+            return digest
+        await self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
+        return digest
 
     async def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
         response = await self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields))

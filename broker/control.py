@@ -14,17 +14,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.admission import admit
+from broker.borrowing import Borrowing
 from broker.clock import Clock
+from broker.delivering import PackageDelivery
 from broker.dispatching import Dispatcher
-from broker.errors import FirepoolError, InvalidRequest, NotFound
+from broker.errors import FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.executing import Executor
 from broker.jobbook import Abort, JobBook
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
+from broker.packages import PackageStore
 from broker.pods import PodState
 from broker.pooling import PoolController, count
 from broker.pools import Catalog
+from broker.poolview import pool_view
 from broker.ports.agent import LogChunk
 from broker.ports.backend import Backend
+from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
 from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, recover
@@ -41,33 +46,40 @@ class Tuning:
 
     dispatch_tick_s: float = 3.0
     """Fallback dispatch pass when no event woke the dispatcher."""
-    reconcile_tick_s: float = 1.0
-    """Pool controller pass for expiries; demand changes wake it at once."""
+    reconcile_tick_s: float = 30.0
+    """Pool controller pass at the latest; demand changes and keep-alive/hold expiries wake it sooner."""
+    capacity_poll_s: float = 10.0
+    """How often a borrowed-capacity source is read."""
     kill_grace_s: float = 5.0
     """TERM -> KILL grace when a caller cancels a running job."""
 
 
 class ControlPlane:
     def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
-                 tuning: Tuning = Tuning()) -> None:
+                 tuning: Tuning = Tuning(), capacity: CapacitySource | None = None,
+                 packages: PackageStore | None = None) -> None:
         self.clock = clock
         self.store = store
         self.backend = backend
         self.logs = logs
         self.catalog = catalog
+        self.packages = packages
         self.stats = Stats()
         self.tasks = Supervisor()
         self.tracker = Tracker(catalog.pools, catalog.caller_limits)
         self.book = JobBook(store, clock)
         self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
                                          tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
-                                         tick=tuning.reconcile_tick_s)
+                                         tick=tuning.reconcile_tick_s, budgets=catalog.budgets,
+                                         borrowing=Borrowing(capacity, clock, tuning.capacity_poll_s)
+                                         if capacity is not None else None)
         self.dispatcher = Dispatcher(clock=clock, book=self.book, tracker=self.tracker, controller=self.controller,
                                      tasks=self.tasks, stats=self.stats, tick=tuning.dispatch_tick_s)
         self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
                                  controller=self.controller, logs=logs, tasks=self.tasks, stats=self.stats,
                                  wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
-                                 kill_grace_s=tuning.kill_grace_s)
+                                 kill_grace_s=tuning.kill_grace_s,
+                                 delivery=PackageDelivery(packages) if packages is not None else None)
         self.dispatcher.executor = self.executor
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
@@ -85,6 +97,10 @@ class ControlPlane:
         if loops:
             self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)
+            if self.controller.borrowing is not None:
+                self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
+        elif self.controller.borrowing is not None:
+            self.controller.borrowing.refresh()
         self.dispatching_at = self.clock.now()
         self.dispatcher.wake()
         self.controller.wake()
@@ -103,11 +119,23 @@ class ControlPlane:
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
         job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
         if created:
             self.dispatcher.enqueue(stored)
         return stored, created
+
+    async def _check_package(self, caller: str, spec: JobSpec) -> None:
+        """A job may name only a package its caller uploaded: refused at submit, not at launch."""
+        digest = spec.extra.get("package")
+        if digest is None:
+            return
+        if self.packages is None:
+            raise PackageError("this broker has no package store", {"package": digest})
+        if not await asyncio.to_thread(self.packages.exists, caller, str(digest)):
+            raise PackageError(f"no package {digest}: upload it with PUT /v1/packages/{digest} first",
+                               {"package": digest})
 
     async def get(self, caller: str, job_id: str) -> Job:
         job = await self.book.get(job_id) if _plausible_id(job_id) else None
@@ -184,6 +212,16 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- views
 
+    def reload_catalog(self, catalog: Catalog) -> None:
+        """Apply a changed catalog: new knobs at once; pods of a changed template turn stale and drain."""
+        self.catalog = dataclasses.replace(self.catalog, pools={**self.catalog.pools, **catalog.pools},
+                                           caller_limits=catalog.caller_limits, budgets=catalog.budgets)
+        self.tracker.update_pools(self.catalog.pools)
+        for accelerator in set(self.controller.ledger.view()) | set(catalog.budgets):
+            self.controller.ledger.set_limit(accelerator, catalog.budgets.get(accelerator))
+        self.controller.update_pools(self.catalog.pools)
+        self.dispatcher.wake()
+
     def pools_view(self) -> list[dict[str, Any]]:
         now = self.clock.now()
         by_pool: dict[str, list[Any]] = {name: [] for name in self.catalog.pools}
@@ -192,23 +230,11 @@ class ControlPlane:
         queued: dict[str, int] = {}
         for job in self.dispatcher.queued.values():
             queued[job.spec.pool] = queued.get(job.spec.pool, 0) + job.spec.pods
-        out = []
-        for name, spec in self.catalog.pools.items():
-            c = count(by_pool[name], spec, now)
-            plan = self.controller.last_plan.get(name)
-            out.append({
-                "name": name, "gpus": spec.gpus, "accelerator": spec.accelerator,
-                "min_count": spec.min_count, "max_idle_count": spec.max_idle_count, "max_count": spec.max_count,
-                "idle_timeout": spec.idle_timeout, "caller_hold_seconds": spec.hold_seconds,
-                "standbys_per_active": spec.standbys_per_active, "step": spec.step, "reuse_tag": spec.reuse_tag,
-                "physical": c.physical, "eligible": c.eligible, "starting": c.starting, "idle": c.idle,
-                "held": c.held, "held_by": dict(c.held_by), "busy": c.assigned + c.running + c.resetting,
-                "assigned": c.assigned, "running": c.running, "resetting": c.resetting, "retiring": c.retiring,
-                "standby": c.standby, "stale": c.stale, "borrowed": 0, "single_use": c.single_use,
-                "queued_demand": queued.get(name, 0),
-                "last_plan": {"create": plan.create, "retire": len(plan.retire), "reason": plan.reason} if plan else None,
-            })
-        return out
+        return [pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
+                          queued.get(name, 0), self.controller.last_plan.get(name),
+                          self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
+                          self.controller.ledger)
+                for name, spec in self.catalog.pools.items()]
 
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()

@@ -11,6 +11,7 @@ A job that cannot be placed is skipped (no partial gang is ever held) and its po
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,11 @@ from broker.errors import FirepoolError
 from broker.jobbook import Abort, JobBook
 from broker.jobs import Acquisition, Attempt, Job, JobState, attempt_id, job_sort_key, transition
 from broker.pooling import PoolController
+from broker.reserving import refresh as refresh_reservations
+from broker.reserving import reserve_if_due
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
-from broker.tracker import Claim, Lease, Shortfall, Tracker
+from broker.tracker import REASON_QUOTA, Claim, Lease, Shortfall, Tracker
 
 if TYPE_CHECKING:
     from broker.executing import Executor
@@ -58,7 +61,9 @@ class Dispatcher:
         self.wake()
 
     def drop(self, job_id: str) -> None:
-        self.queued.pop(job_id, None)
+        job = self.queued.pop(job_id, None)
+        if job is not None and job.spec.pods > 1:
+            self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
         self.controller.forget_single_use(job_id)
 
@@ -68,17 +73,26 @@ class Dispatcher:
         now = self.clock.now()
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
+        queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
+        refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for job in sorted(self.queued.values(), key=job_sort_key):
             spec = job.spec
+            ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
-                                           spec.single_use, job.timings.get("submitted_at", now)), now)
+                                           spec.single_use, job.timings.get("submitted_at", now), ends_by,
+                                           job_sort_key(job)), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if spec.single_use:
                     single_use[job.id] = (spec.pool, spec.pods)
                 else:
-                    demand[spec.pool] += spec.pods  # the controller subtracts the pods still coming or idle
+                    # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
+                    demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
+                    if spec.pods > 1 and got.reason != REASON_QUOTA:
+                        reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
+                    by = queued_by[spec.pool]
+                    by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -87,8 +101,12 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use)
+        self.controller.report_demand(demand, single_use, queued_by)
         return claimed
+
+    def _break_hold(self, pod: str, idle_since: float) -> bool:
+        """Retire an idle pod another caller holds, for a reservation that needs its room."""
+        return self.controller.retire(pod, only_if_idle_since=idle_since)
 
     async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:
         """Commit the claim durably, then hand the job to the executor; undo the claim if it loses."""

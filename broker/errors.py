@@ -4,6 +4,8 @@
     ├── InvalidRequest (422)      ├── UnknownField (422)   └── UnknownPool (400), Unschedulable (400)
     ├── Unauthorized (401)        ├── NotFound (404)       └── Conflict (409)
     ├── PackageError (4xx)        └── QuotaExceeded (429)
+    │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
+    │   └── PayloadTooLarge (413: compressed or extracted limit)
     └── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
 
 Adapters translate library errors (SQLAlchemy, httpx, kubernetes) into these with `raise ... from`.
@@ -78,6 +80,18 @@ class PackageError(FirepoolError):
 
 class PayloadTooLarge(PackageError):
     status = 413
+
+
+class UnsafePackage(PackageError):
+    """An archive entry that could escape or subvert the package directory."""
+
+    status = 400
+
+
+class DigestMismatch(PackageError):
+    """The body's SHA-256 is not the digest the request named."""
+
+    status = 400
 
 
 class QuotaExceeded(FirepoolError):

@@ -10,11 +10,13 @@ the attempt ends `PodLost` and the pod is deleted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from broker.clock import Clock
+from broker.delivering import PackageDelivery
 from broker.errors import AgentError, FirepoolError
 from broker.jobbook import Abort, JobBook
 from broker.jobenv import agent_session, memory_limits
@@ -26,6 +28,7 @@ from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
+from broker.topology import Rendezvous, topology_env
 from broker.tracker import Lease, Tracker
 
 log = logging.getLogger("firepool.executing")
@@ -88,7 +91,8 @@ def session_key(job: Job) -> str:
 class Executor:
     def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
                  controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
-                 wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0) -> None:
+                 wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0,
+                 delivery: PackageDelivery | None = None) -> None:
         self.clock = clock
         self.book = book
         self.tracker = tracker
@@ -100,6 +104,7 @@ class Executor:
         self.wake_dispatcher = wake_dispatcher
         self.requeue = requeue
         self.kill_grace_s = kill_grace_s
+        self.delivery = delivery
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self._gate_opened = asyncio.Event()
@@ -121,7 +126,17 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, [None] * len(lease.pods), never_ran=True)
             return
         handed_off_at = self.clock.now()
-        requests = [self._request(job, attempt.id, pod, rank, len(lease.pods)) for rank, pod in enumerate(lease.pods)]
+        try:
+            rdzv = self.backend.rendezvous(lease.pods[0].name, len(lease.pods))
+        except FirepoolError as exc:  # the ranks could not meet: the attempt fails as a whole, before any runs
+            await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.LAUNCH_ERROR, str(exc))
+            return
+        bound = await self._deliver(job, lease.pods)
+        if isinstance(bound, str):  # no rank starts without its code
+            await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.PACKAGE_ERROR, bound)
+            return
+        requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
+                    for rank, pod in enumerate(lease.pods)]
         results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
         first = results[0]
         self.launched[job.id] = attempt.id
@@ -134,6 +149,7 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, statuses)
             return
         assert first is not None
+        first = dataclasses.replace(first, timings={**first.timings, **bound})
         submitted = job.timings.get("submitted_at")
         if first.first_instruction_at is not None and submitted is not None:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
@@ -144,17 +160,38 @@ class Executor:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
 
-    def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int) -> LaunchRequest:
+    async def _deliver(self, job: Job, pods: Sequence[Pod]) -> dict[str, float] | str:
+        """Push the job's package to every pod: the push timings, or why the launch must fail."""
+        digest = job.spec.extra.get("package")
+        if digest is None:
+            return {}
+        if self.delivery is None:
+            return "this broker has no package store"
+        try:
+            agents = [self.backend.agent(p.name) for p in pods]
+        except FirepoolError as exc:
+            return f"a pod of the job is gone: {exc.message}"
+        done = await self.delivery.deliver(job.caller, str(digest), agents)
+        return done.error if done.error is not None else {"package_push_s": done.push_s}
+
+    async def _fail_launch(self, job: Job, aid: str, pods: Sequence[Pod], error: ErrorClass, message: str) -> None:
+        """End an attempt that never started a rank."""
+        self.launched[job.id] = aid
+        await self.finish(job.id, aid, pods, [
+            AttemptStatus(aid, running=False, error_class=error, message=message) for _ in pods])
+
+    def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int, rdzv: Rendezvous) -> LaunchRequest:
         spec = job.spec
-        env = dict(spec.env)
+        pool = self.tracker.pool(spec.pool)
+        env = {**(pool.env if pool is not None else {}), **spec.env}
         env.update({
             "FIREPOOL_CALLER": job.caller, "FIREPOOL_JOB_ID": job.id, "FIREPOOL_ATTEMPT_ID": aid,
             "FIREPOOL_POOL": spec.pool, "FIREPOOL_POD": pod.name, "FIREPOOL_LEASE_TAG": spec.lease_tag,
             "FIREPOOL_QUEUE": spec.queue, "FIREPOOL_ACQUISITION": pod.path,
-            "FIREPOOL_RANK": str(rank), "FIREPOOL_WORLD_SIZE": str(world),
         })
         if pod.gpus:
             env.update(memory_limits(pod.gpus, {d.key: d for d in self.backend.devices()}))
+        env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
         session = agent_session(job, self.tracker.pool(spec.pool))
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session,
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
@@ -173,7 +210,8 @@ class Executor:
                     or attempt.state is not AttemptState.LAUNCHING:
                 raise Abort
             running = attempt.move(AttemptState.RUNNING, launched_at=first.started_at,
-                                   first_instruction_at=first.first_instruction_at)
+                                   first_instruction_at=first.first_instruction_at,
+                                   timings={**attempt.timings, **first.timings})
             times = {"handed_off_at": handed_off_at}
             if first.first_instruction_at is not None:
                 times["first_instruction_at"] = first.first_instruction_at
@@ -298,6 +336,7 @@ class Executor:
             if rank0 is not None:
                 changes["launched_at"] = attempt.launched_at or rank0.started_at
                 changes["first_instruction_at"] = attempt.first_instruction_at or rank0.first_instruction_at
+                changes["timings"] = {**attempt.timings, **rank0.timings}
                 if rank0.first_instruction_at is not None:
                     times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
             if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
@@ -342,6 +381,7 @@ class Executor:
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
                 self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)
 

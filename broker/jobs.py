@@ -163,16 +163,20 @@ class Attempt:
     exit_code: int | None = None
     error_class: str | None = None
     message: str | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Phase durations the agent and executor measured (package push and unpack, dependency install), s."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["pods"] = list(self.pods)
+        data["timings"] = dict(self.timings)
         data["state"] = str(self.state)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Attempt:
-        return cls(**{**data, "pods": tuple(data["pods"]), "state": AttemptState(data["state"])})
+        return cls(**{**data, "pods": tuple(data["pods"]), "state": AttemptState(data["state"]),
+                      "timings": dict(data.get("timings") or {})})
 
     def move(self, to: AttemptState, **changes: Any) -> Attempt:
         """The one way an attempt changes state."""

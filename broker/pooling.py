@@ -3,139 +3,48 @@
 Each pass works in two steps (STYLE 5): observe counts from a tracker snapshot, then act — create pods
 through the backend, retire pods whose keep-alive or owner hold expired. The plan itself is a pure
 function of the counts, the pool spec, the demand and the clock (`plan`), so tests run it one tick at a
-time. The dispatcher reports demand after every pass and wakes the controller; a periodic tick covers
-expiries. Creation and deletion run as supervised tasks, off the claim path.
+time. The dispatcher reports demand after every pass and wakes the controller; the loop also wakes at the
+next keep-alive or hold expiry, and every 30 s at the latest. Each create first reserves its GPUs in the
+budget ledger (or borrowed capacity). Holds are broken when the ceiling blocks queued jobs, stale pods
+drain after a template change, and borrowed pods go back when their owner reclaims. Creation and
+deletion run as supervised tasks, off the claim path.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
+from broker.borrowing import Borrowing
+from broker.budgets import Ledger, units_of
 from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.holds import MIN_TENURE_S, holds_to_break
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
-from broker.standby import covered, exclusive_cards, group_key, groups, physical_groups, plan_standbys
+from broker.rollout import drain
+from broker.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
+from broker.standby import exclusive_cards, group_key, plan_standbys
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
 
 log = logging.getLogger("firepool.pooling")
 
-
-@dataclass(frozen=True)
-class Counts:
-    """One pool's pods by what they can do now (derived from pod records, never stored)."""
-
-    starting: int = 0
-    idle: int = 0
-    """Unheld idle pods: never used, or their owner's hold expired."""
-    fresh: int = 0
-    """Never-used idle pods nobody reserved: supply for any caller's demand."""
-    held: int = 0
-    held_by: Mapping[str, int] = field(default_factory=dict)
-    assigned: int = 0
-    running: int = 0
-    resetting: int = 0
-    retiring: int = 0
-    stale: int = 0
-    single_use: int = 0
-    replacing: int = 0
-    """Busy pods that retire at release (a session boundary was crossed): each wants a replacement."""
-    physical: int = 0
-    """Every pod that holds capacity, retiring ones included until deleted; a GPU group counts once."""
-    standby: int = 0
-    """Standby pods (not yet promoted): never supply, never physical beyond their card's group."""
-
-    @property
-    def eligible(self) -> int:
-        return self.starting + self.idle + self.assigned + self.running + self.resetting
+__all__ = ["Counts", "Plan", "PoolController", "count", "plan"]
 
 
-def count(pods: list[Pod], spec: PoolSpec, now: float) -> Counts:
-    """Derive a pool's counts from its pods."""
-    c: Counter[str] = Counter()
-    held_by: Counter[str] = Counter()
-    template = spec.template_hash
-    by_group = groups(pods)
-    for pod in pods:
-        state = pod.state
-        if state is PodState.GONE:
-            continue
-        if pod.standby:
-            c["standby"] += 1
-            continue
-        if pod.origin is Origin.SINGLE_USE:
-            c["single_use"] += 1
-        if pod.template != template and state is not PodState.RETIRING:
-            c["stale"] += 1
-        if pod.retire and state in (PodState.ASSIGNED, PodState.RUNNING, PodState.RESETTING) \
-                and not covered(pod, by_group):
-            c["replacing"] += 1
-        if state is PodState.IDLE:
-            if pod.held(now):
-                c["held"] += 1
-                held_by[pod.caller or ""] += 1
-            else:
-                c["idle"] += 1
-                if not pod.used and pod.reserved_for is None:
-                    c["fresh"] += 1
-        else:
-            c[state.value] += 1
-    c["physical"] = physical_groups(pods)
-    return Counts(held_by=dict(held_by), **{k: v for k, v in c.items()})
-
-
-@dataclass(frozen=True)
-class Plan:
-    create: int = 0
-    retire: tuple[str, ...] = ()
-    reason: str = ""
-
-
-def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: float) -> Plan:
-    """Pods to create for demand and the floor, and expired idle pods to retire.
-
-    Creation: need = max(floor - physical, demand + replacing - starting - fresh); starting and fresh
-    pods are supply, so a slow start does not trigger another wave on every pass (nor a pod that became
-    ready since the dispatcher reported the demand), and a pod that runs one job across a
-    session boundary is replaced while it runs, so the new session's next job finds a warm pod instead
-    of waiting for one. Retirement: a used pod whose owner hold expired
-    retires (its state belongs to one caller); a never-used idle pod past its keep-alive retires unless
-    the floor or the idle cap keeps it.
-    """
-    floor_deficit = max(0, spec.min_count - (counts.physical - counts.retiring - counts.single_use))
-    demand_deficit = max(0, demand + counts.replacing - counts.starting - counts.fresh)
-    want = max(floor_deficit, demand_deficit)
-    room = spec.max_count - counts.physical
-    create = max(0, min(want, room, spec.step))
-    if create:
-        why = "floor" if floor_deficit >= demand_deficit else "demand"
-        return Plan(create=create, reason=f"create {create} for {why} (demand {demand}, starting {counts.starting})")
-    expired_holds = [p.name for p in pods
-                     if p.state is PodState.IDLE and p.used and p.hold_until <= now]
-    unused = sorted((p for p in pods if p.state is PodState.IDLE and not p.used and p.reserved_for is None
-                     and not p.standby),
-                    key=lambda p: p.idle_since)
-    expired_unused = [p for p in unused if now - p.idle_since >= spec.keep_alive]
-    keep = min(len(unused), max(spec.max_idle_count, 0))
-    removable = max(0, counts.physical - counts.retiring - len(expired_holds) - spec.min_count)
-    retire_unused = [p.name for p in expired_unused][: max(0, min(len(unused) - keep, removable))]
-    retire = tuple(expired_holds + retire_unused)
-    if retire:
-        return Plan(retire=retire, reason=f"retire {len(expired_holds)} expired holds, "
-                                          f"{len(retire_unused)} idle past keep-alive")
-    return Plan(reason="steady")
+RECONCILE_S = 30.0
+"""Default reconcile interval (paper App. A.5); demand changes and expiries wake the loop sooner."""
 
 
 class PoolController:
     def __init__(self, *, clock: Clock, backend: Backend, tracker: Tracker, pools: Mapping[str, PoolSpec],
-                 tasks: Supervisor, stats: Stats, on_ready: Callable[[], None], tick: float = 1.0) -> None:
+                 tasks: Supervisor, stats: Stats, on_ready: Callable[[], None], tick: float = RECONCILE_S,
+                 budgets: Mapping[str, float] | None = None, borrowing: Borrowing | None = None,
+                 hold_tenure: float = MIN_TENURE_S) -> None:
         self.clock = clock
         self.backend = backend
         self.tracker = tracker
@@ -145,57 +54,109 @@ class PoolController:
         self.on_ready = on_ready
         self.tick = tick
         self.demand: dict[str, int] = {}
+        self.queued_by: dict[str, dict[str, int]] = {}
+        """pool -> caller -> pods of that caller's queued jobs (owners with queued jobs keep their holds)."""
         self.single_use: dict[str, tuple[str, int]] = {}
         """job id -> (pool, pods) of unplaced single-use jobs."""
         self._reserved_started: dict[str, int] = {}
         self.last_plan: dict[str, Plan] = {}
+        self.ledger = Ledger(budgets)
+        """GPUs (CPU cores) reserved per accelerator across all pools, before every create."""
+        self.borrowing = borrowing
+        self.hold_tenure = hold_tenure
+        self.holds_broken: dict[str, int] = {}
         self._loop = Wakeable(clock, tick, self.reconcile_once)
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
         self._sweeping = False
 
-    def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]]) -> None:
-        """The dispatcher's view after a pass: pods missing per pool, and unplaced single-use jobs."""
-        changed = dict(demand) != self.demand or set(single_use) != set(self.single_use)
+    def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
+                      queued_by: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        """The dispatcher's view after a pass: pods missing per pool (and per caller), unplaced single-use jobs."""
+        by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
+        changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
+                   or by != self.queued_by)
         self.demand = dict(demand)
         self.single_use = dict(single_use)
+        self.queued_by = by
         if changed:
             self.wake()
+
+    def update_pools(self, pools: Mapping[str, PoolSpec]) -> None:
+        """A reloaded catalog: changed templates make older pods stale, and they drain from the next pass."""
+        self.pools = dict(pools)
+        self.wake()
 
     def reconcile_once(self) -> dict[str, Plan]:
         """Observe, plan and act for every pool; returns the plans (for tests and /v1/pools)."""
         now = self.clock.now()
+        snapshot = self.tracker.snapshot()
+        self._sync_ledgers(snapshot)
         by_pool: dict[str, list[Pod]] = {name: [] for name in self.pools}
-        for pod in self.tracker.snapshot():
+        for pod in snapshot:
             by_pool.setdefault(pod.pool, []).append(pod)
+        if self.borrowing is not None:
+            self._preempt_borrowed()
         plans: dict[str, Plan] = {}
         for name, spec in self.pools.items():
             pods = by_pool.get(name, [])
-            counts = count(pods, spec, now)
+            queued_by = self.queued_by.get(name, {})
+            counts = count(pods, spec, now, queued_by)
             if self._backoff_until.get(name, 0.0) > now:
                 plans[name] = Plan(reason="backing off after a failed create")
                 continue
-            p = plan(spec, pods, counts, self.demand.get(name, 0), now)
-            plans[name] = p
+            demand = self.demand.get(name, 0)
+            headroom = self.headroom(spec)
+            p = plan(spec, pods, counts, demand, now, headroom)
+            created = 0
             for _ in range(p.create):
-                self._create(spec, Origin.DEMAND if self.demand.get(name) else Origin.WARM)
-            for pod_name in p.retire:
+                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM):
+                    break
+                created += 1
+            if created < p.create:
+                p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
+            retire = list(p.retire)
+            # Pods already retiring free their room soon: break holds only for what they will not cover.
+            blocked = blocked_at_ceiling(spec, counts, demand, headroom) - counts.retiring
+            broken = holds_to_break(pods, blocked, queued_by, now, self.hold_tenure) if not created else []
+            broken = [b for b in broken if b.name not in retire]
+            retire += [b.name for b in broken]
+            rollout = drain(spec, pods, now)
+            retire += [n for n in rollout.retire if n not in retire]
+            notes = []
+            if broken:
+                self.holds_broken[name] = self.holds_broken.get(name, 0) + len(broken)
+                notes.append(f"broke {len(broken)} holds at the ceiling")
+            if rollout.retire or rollout.mark:
+                notes.append(f"draining {len(rollout.retire) + len(rollout.mark)} stale")
+            if notes:
+                p = Plan(create=p.create, retire=tuple(retire), reason="; ".join([p.reason, *notes]))
+            plans[name] = p
+            for pod_name in retire:
                 victim = self.tracker.pods.get(pod_name)
-                if victim is not None:
+                if victim is None:
+                    continue
+                if victim.state is PodState.STARTING:
+                    self.retire(pod_name)
+                else:
                     self.retire(pod_name, only_if_idle_since=victim.idle_since)
+            for pod_name in rollout.mark:
+                self.tracker.retire_at_release(pod_name)
             self._stage_standbys(spec, pods, now)
-            room = spec.max_count - counts.physical - p.create
+            room = spec.max_count - counts.physical - created
             for job_id, (pool, n) in self.single_use.items():
                 if pool != name or job_id in self._reserved_started:
                     continue
-                if room < n:
+                fits = self.headroom(spec)
+                if room < n or (fits is not None and fits < n):
                     break
                 room -= n
                 self._reserved_started[job_id] = n
                 for _ in range(n):
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)
+                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
         self.last_plan = plans
+        self._loop.tick = self._next_tick(snapshot, now)
         return plans
 
     def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
@@ -223,14 +184,118 @@ class PoolController:
             self._sweeping = False
         self.on_ready()
 
+    def headroom(self, spec: PoolSpec) -> int | None:
+        """Whole pods the pool's accelerator budget (plus borrowable capacity) still allows; None: unbounded."""
+        units = units_of(spec)
+        own = self.ledger.pods_fit(spec.accelerator, units)
+        if own is None:
+            return None
+        if spec.borrow and self.borrowing is not None:
+            own += self.borrowing.fits(spec.accelerator, units)
+        return own
+
+    def borrowed(self, pods: list[Pod]) -> int:
+        """How many of these pods sit on borrowed capacity."""
+        if self.borrowing is None:
+            return 0
+        return sum(1 for p in pods if self.borrowing.ledger.holds(p.name))
+
+    def _next_tick(self, snapshot: list[Pod], now: float) -> float:
+        """Sleep until the next keep-alive or hold expiry (or hold tenure), at most the reconcile interval."""
+        soonest = self.tick
+        for until in self._backoff_until.values():
+            if until > now:
+                soonest = min(soonest, until - now + 1e-3)
+        for pod in snapshot:
+            if pod.state is not PodState.IDLE:
+                continue
+            spec = self.pools.get(pod.pool)
+            if spec is None:
+                continue
+            dues = [pod.hold_until, pod.created_at + self.hold_tenure] if pod.used else [pod.idle_since + spec.keep_alive]
+            for due in dues:
+                if due > now:
+                    soonest = min(soonest, due - now + 1e-3)
+        return soonest
+
+    def _sync_ledgers(self, snapshot: list[Pod]) -> None:
+        """Observe: adopt pods the ledger does not know (recovered after a restart), drop vanished ones."""
+        live = {p.name for p in snapshot if p.state is not PodState.GONE}
+        ledgers = [self.ledger] + ([self.borrowing.ledger] if self.borrowing is not None else [])
+        for ledger in ledgers:
+            for name in ledger.pods():
+                if name not in live:
+                    ledger.release(name)
+        groups: set[tuple[str, ...]] = set()
+        for ledger in ledgers:
+            for name in ledger.pods():
+                pod = self.tracker.pods.get(name)
+                if pod is not None and pod.gpus:
+                    groups.add(pod.gpus)
+        skip: set[str] = set()
+        by_pool: dict[str, list[Pod]] = {}
+        for pod in snapshot:
+            by_pool.setdefault(pod.pool, []).append(pod)
+        for name, pods in by_pool.items():
+            spec = self.pools.get(name)
+            if spec is not None:
+                skip |= followers(pods, spec, self.clock.now())
+        for pod in snapshot:
+            spec = self.pools.get(pod.pool)
+            if spec is None or pod.state is PodState.GONE or pod.name in skip or pod.gpus in groups:
+                continue
+            if not any(ledger.holds(pod.name) for ledger in ledgers):
+                self.ledger.adopt(pod.name, spec.accelerator, units_of(spec))
+                if pod.gpus:
+                    groups.add(pod.gpus)
+
+    def _preempt_borrowed(self) -> None:
+        """Give borrowed GPUs back to their owner when the published ceiling dropped, newest first."""
+        assert self.borrowing is not None
+        pre = self.borrowing.preempt(self.tracker.pods)
+        for pod_name in pre.retire:
+            self.retire(pod_name)
+        for pod_name in pre.mark:
+            self.tracker.retire_at_release(pod_name)
+        if pre.retire or pre.mark:
+            log.info("preempted %d borrowed pods (%.0f GPUs) for their owner", len(pre.retire) + len(pre.mark),
+                     pre.gpus)
+
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = ()) -> None:
+                gpus: tuple[str, ...] = ()) -> bool:
+        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
+
+        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
+        """
         name = f"{spec.name}-{secrets.token_hex(4)}"
+        if origin is not Origin.STANDBY and not self._reserve(name, spec):
+            return False
         pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
                   created_at=self.clock.now(), reserved_for=reserved_for)
         pod.standby = origin is Origin.STANDBY
         self.tracker.add(pod)
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
+        return True
+
+    def _reserve(self, name: str, spec: PoolSpec) -> bool:
+        units = units_of(spec)
+        if self.ledger.reserve(name, spec.accelerator, units):
+            return True
+        b = self.borrowing
+        return (spec.borrow and b is not None and b.ledger.limit(spec.accelerator) is not None
+                and b.ledger.reserve(name, spec.accelerator, units))
+
+    def _release(self, pod: Pod) -> None:
+        """A pod is gone: its group's reservation moves to a pod still on its GPUs, or is given back."""
+        spec = self.pools.get(pod.pool)
+        shared = pod.gpus and spec is not None and spec.standbys_per_active > 0  # only standby pools share GPUs
+        mate = next((p for p in self.tracker.snapshot()
+                     if p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE),
+                    None) if shared else None
+        for ledger in (self.ledger, *((self.borrowing.ledger,) if self.borrowing is not None else ())):
+            r = ledger.release(pod.name)
+            if r is not None and mate is not None and not ledger.holds(mate.name):
+                ledger.adopt(mate.name, r.accelerator, r.units)
 
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
         pin = group_key(pod) if pod.standby else ()
@@ -244,12 +309,15 @@ class PoolController:
                 self._reserved_started.pop(pod.reserved_for, None)
             self.tracker.retire(pod.name)
             self.tracker.remove(pod.name)
+            self._release(pod)
+            self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
             return
         self.stats.pods_created[spec.name] += 1
         if not self.tracker.ready(pod.name, self.clock.now(), info.gpus):
             await self._delete(pod.name)  # retired while starting
             return
         self.on_ready()
+        self.wake()  # a rollout's next drain waits for this replacement
 
     def forget_single_use(self, job_id: str) -> None:
         """A single-use job was placed or ended: stop tracking its reservation."""
@@ -275,5 +343,6 @@ class PoolController:
         pod = self.tracker.pods.get(name)
         self.tracker.remove(name)
         if pod is not None:
+            self._release(pod)
             self.stats.pods_deleted[pod.pool] += 1
         self.wake()

@@ -52,10 +52,17 @@ class PoolSpec:
     """Paths inside the sandbox that reset never wipes (caches)."""
     wipe_paths: tuple[str, ...] = ()
     """Paths inside the sandbox that reset always empties."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment the operator gives every job of the pool (e.g. PIP_INDEX_URL, UV_INDEX_URL for
+    requirement installs); the job's own env is applied on top."""
     drain_budget: int = 1
     """Stale pods retired at a time during a template rollout."""
+    borrow: bool = False
+    """May place warm or burst pods on reserved-but-unused capacity a capacity source publishes."""
     template: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific pod template (image, resources, binds, start delay)."""
+    reserve_gangs_after: float | None = 60.0
+    """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
 
     @property
     def hold_seconds(self) -> float:
@@ -87,13 +94,15 @@ class Catalog:
     pools: Mapping[str, PoolSpec]
     caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
     """By caller; the key `default` applies to callers not named."""
+    budgets: Mapping[str, float] = field(default_factory=dict)
+    """Per accelerator (GPU model or `cpu`): GPUs (cores) all pools together may hold; unnamed is unbounded."""
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
 
 
 _POOL_FIELDS = {f.name: f for f in dataclasses.fields(PoolSpec)}
-_TOP_KEYS = {"pools", "caller_limits"}
+_TOP_KEYS = {"pools", "caller_limits", "budgets"}
 _LIMIT_KEYS = {f.name for f in dataclasses.fields(CallerLimits)}
 
 
@@ -131,6 +140,10 @@ def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
             if not isinstance(value, str) or not value:
                 raise CatalogError(f"pool {name!r}: accelerator must be a string")
             values[key] = value
+        elif key == "borrow":
+            if not isinstance(value, bool):
+                raise CatalogError(f"pool {name!r}: borrow must be true or false")
+            values[key] = value
         elif key == "reuse_tag":
             if value not in REUSE_TAG_MODES:
                 raise CatalogError(f"pool {name!r}: reuse_tag must be one of {REUSE_TAG_MODES}, got {value!r}")
@@ -139,6 +152,13 @@ def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
             if not isinstance(value, list) or not all(isinstance(p, str) and p.startswith("/") for p in value):
                 raise CatalogError(f"pool {name!r}: {key} must be a list of absolute paths")
             values[key] = tuple(value)
+        elif key == "reserve_gangs_after":
+            values[key] = _number(name, key, value, integer=False, allow_none=True)
+        elif key == "env":
+            if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and k.replace("_", "").isalnum() and isinstance(v, str) for k, v in value.items()):
+                raise CatalogError(f"pool {name!r}: env must map variable names to strings")
+            values[key] = dict(value)
         elif key == "template":
             if not isinstance(value, Mapping):
                 raise CatalogError(f"pool {name!r}: template must be a mapping")
@@ -175,7 +195,11 @@ def parse_catalog(raw: Any) -> Catalog:
             raise CatalogError(f"caller_limits[{caller!r}]: keys must be among {sorted(_LIMIT_KEYS)}")
         limits[str(caller)] = CallerLimits(**{k: _number(str(caller), k, v, integer=True, allow_none=True)
                                               for k, v in entry.items()})
-    return Catalog(pools=pools, caller_limits=limits)
+    budgets_raw = raw.get("budgets") or {}
+    if not isinstance(budgets_raw, Mapping):
+        raise CatalogError("`budgets` must map an accelerator to a number of GPUs (or CPU cores)")
+    budgets = {str(a): float(_number(f"budgets[{a}]", "limit", v, integer=False)) for a, v in budgets_raw.items()}
+    return Catalog(pools=pools, caller_limits=limits, budgets=budgets)
 
 
 def load_catalog(text: str) -> Catalog:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,9 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import DEFAULT_PORT
+from broker.packages import FilePackageStore, PackageLimits
 from broker.pools import Catalog, default_catalog, load_catalog
+from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 
 log = logging.getLogger("firepool.server")
 
@@ -41,6 +44,32 @@ class ServeSettings:
     keep_pods: bool = False
     """On a clean shutdown keep idle pods for the next start (busy pods are always kept)."""
     tuning: Tuning = Tuning()
+    capacity: str | None = None
+    """Borrowed-capacity source: a JSON file path, or an http(s) URL serving the same document."""
+    packages: PackageLimits = PackageLimits()
+    """Limits of code packages (compressed, extracted, push timeout)."""
+
+
+def build_capacity(settings: ServeSettings) -> CapacitySource | None:
+    """The capacity source named by the settings, if any."""
+    if not settings.capacity:
+        return None
+    if settings.capacity.startswith(("http://", "https://")):
+        return HttpCapacitySource(settings.capacity)
+    return FileCapacitySource(Path(settings.capacity))
+
+
+def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
+    """SIGHUP: re-read the catalog file; a bad file is logged and the running catalog kept."""
+    if settings.pools_file is None:
+        return
+    try:
+        catalog = load_catalog(settings.pools_file.read_text())
+    except (OSError, ValueError) as exc:
+        log.error("catalog reload failed, keeping the running catalog: %s", exc)
+        return
+    cp.reload_catalog(catalog)
+    log.info("catalog reloaded: pools %s", ", ".join(catalog.pools))
 
 
 def build_catalog(settings: ServeSettings, gpu_count: int, gpu_model: str) -> Catalog:
@@ -71,8 +100,9 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
+    packages = FilePackageStore(settings.state_dir / "packages", settings.packages)
     return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
-                        tuning=settings.tuning)
+                        tuning=settings.tuning, capacity=build_capacity(settings), packages=packages)
 
 
 def write_address(settings: ServeSettings) -> None:
@@ -99,6 +129,7 @@ def serve(settings: ServeSettings) -> int:
         log.info("broker ready on %s:%s (backend %s, isolated %s, pools %s; recovery %s)", settings.host,
                  settings.port, cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_catalog, cp, settings)
         try:
             yield
         finally:

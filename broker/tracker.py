@@ -11,12 +11,15 @@ retires) -> a zero-VRAM standby on an active GPU (standby: promoted at the per-G
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
 from broker.pools import CallerLimits, PoolSpec
+from broker.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
 
 _IDLE = PodState.IDLE
 _ASSIGNED = PodState.ASSIGNED
@@ -30,6 +33,7 @@ REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
 REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
+REASON_QUOTA = "caller quota"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,10 @@ class Claim:
     single_use: bool = False
     since: float = 0.0
     """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
+    ends_by: float = math.inf
+    """When the job ends at the latest if it starts now (now + timeout_s): may it backfill a reservation?"""
+    order: tuple[int, float, str] | None = None
+    """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
 
 
 class Lease:
@@ -103,6 +111,8 @@ class Tracker:
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
         self._unverified: set[str] = set()
         """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
+        self._gangs: dict[str, list[Reservation]] = {}
+        """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
 
     # ---------------------------------------------------------------- membership
 
@@ -179,7 +189,7 @@ class Tracker:
             if bucket is None:
                 return Shortfall(f"unknown pool {want.pool}", 0)
             if self._limits and self._over_limit(want, bucket.spec.gpus):
-                return Shortfall("caller quota", want.pods)
+                return Shortfall(REASON_QUOTA, want.pods)
             picked: Sequence[tuple[Pod, str, str | None]] | Shortfall | None = None
             if want.single_use:
                 picked = self._pick_reserved(want)
@@ -191,7 +201,10 @@ class Tracker:
                         picked = ((pod, Path.WARM, None),)
                         break
             if picked is None:
-                picked = self._pick(bucket, want)
+                gang = self._gangs and want.job_id in self._reserved
+                picked = self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
+            if isinstance(picked, Shortfall) and self._gangs:
+                picked = self._backfill(want, picked)
             if isinstance(picked, Shortfall):
                 return picked
             job_id = want.job_id
@@ -204,6 +217,8 @@ class Tracker:
                 pod.reason = reason
                 if path is Path.RECYCLED:
                     pod.retire = True
+            if self._gangs:
+                self._settle(want, picked)
             n = len(picked)
             lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus)
             self._leases[job_id] = lease
@@ -372,7 +387,7 @@ class Tracker:
         if pod.gpus and clean:
             # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
-        if not clean or pod.retire or pod.origin is Origin.SINGLE_USE:
+        if not clean or pod.retire or pod.origin is Origin.SINGLE_USE or (self._gangs and self._makes_room(pod)):
             pod.move(_RETIRING)
             return False
         pod.move(_IDLE)
@@ -396,10 +411,137 @@ class Tracker:
             pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 
+    def retire_at_release(self, name: str) -> bool:
+        """Mark a busy pod to retire when its job ends (drain, preemption); False when it is not busy."""
+        with self._lock:
+            pod = self.pods.get(name)
+            if pod is None or pod.state not in (_ASSIGNED, _RUNNING, _RESETTING):
+                return False
+            pod.retire = True
+            return True
+
     def reserve(self, pod: Pod, job_id: str) -> None:
         """Mark a STARTING pod as created for one single-use job."""
         with self._lock:
             pod.reserved_for = job_id
+
+    # ---------------------------------------------------------------- gang reservations (broker.reserving)
+
+    def reserve_gang(self, res: Reservation) -> bool:
+        """Give a waiting gang a reservation: idle never-used pods of its pool go to it from now on.
+        False when it has one already."""
+        with self._lock:
+            gangs = self._gangs.setdefault(res.pool, [])
+            if any(r.job_id == res.job_id for r in gangs):
+                return False
+            bisect.insort(gangs, res, key=lambda r: r.order)
+            bucket = self._buckets.get(res.pool)
+            if bucket is not None:
+                for pod in list(bucket.fresh.values()):
+                    self._unindex_idle(pod)
+                    self._index_idle(pod)
+            return True
+
+    def drop_reservation(self, job_id: str, pool: str) -> None:
+        """The gang left the queue (cancelled, failed): its pods go back to the pool, or to the next gang."""
+        with self._lock:
+            self._drop_reservation(job_id, pool)
+
+    def reservations(self, pool: str) -> list[tuple[Reservation, int]]:
+        """The pool's reservations in order, each with how many pods it holds."""
+        with self._lock:
+            return [(r, len(self._reserved.get(r.job_id, ()))) for r in self._gangs.get(pool, ())]
+
+    def reserved_count(self, job_id: str) -> int:
+        """Pods set aside for this job (a reserved gang, or a single-use job's own pods)."""
+        return len(self._reserved.get(job_id, ()))
+
+    def reserved_pools(self) -> list[str]:
+        return [pool for pool, gangs in self._gangs.items() if gangs]
+
+    def apply_estimates(self, pool: str, estimates: Iterable[Estimate]) -> None:
+        """Record the dispatcher's fill-time and room estimates (computed outside the lock)."""
+        with self._lock:
+            by_id = {e.job_id: e for e in estimates}
+            for res in self._gangs.get(pool, ()):
+                e = by_id.get(res.job_id)
+                if e is not None:
+                    res.fill_at, res.make_room, res.restart_s = e.fill_at, e.make_room, e.restart_s
+
+    def _feed(self, pod: Pod) -> None:
+        """A never-used pod became idle: it goes to the first reservation of its pool still short of pods."""
+        for res in self._gangs.get(pod.pool, ()):
+            if len(self._reserved.get(res.job_id, ())) < res.pods:
+                pod.reserved_for = res.job_id
+                return
+
+    def _makes_room(self, pod: Pod) -> bool:
+        """A pod another caller released retires instead of being held, while a reservation needs room."""
+        for res in self._gangs.get(pod.pool, ()):
+            if res.make_room > 0 and res.caller != pod.caller:
+                res.make_room -= 1
+                return True
+        return False
+
+    def _pick_gang(self, bucket: _Bucket, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
+        """A reserved gang: its reserved pods, then the usual search for the rest; all or nothing."""
+        held = self._reserved.get(want.job_id, [])
+        picked: list[tuple[Pod, str, str | None]] = [
+            (pod, Path.NEW if pod.idle_since >= want.since else Path.WARM,
+             REASON_NO_IDLE if pod.idle_since >= want.since else REASON_NO_SESSION_POD)
+            for pod in held[: want.pods]]
+        need = want.pods - len(picked)
+        if need == 0:
+            return picked
+        rest = self._pick(bucket, Claim(want.job_id, want.caller, want.pool, want.queue, want.tag, need,
+                                        since=want.since))
+        if isinstance(rest, Shortfall):
+            return Shortfall(f"reservation holds {len(picked)} of {want.pods} pods", rest.missing)
+        return picked + rest
+
+    def _backfill(self, want: Claim, short: Shortfall) -> list[tuple[Pod, str, str | None]] | Shortfall:
+        """Reserved pods for a job sure to end before their gang could fill, or one ahead of the gang in
+        dispatch order (a reservation never inverts priorities); lowest reservation first."""
+        for res in reversed(self._gangs.get(want.pool, ())):
+            if res.job_id == want.job_id:
+                continue
+            spare = self._reserved.get(res.job_id, ())
+            if len(spare) < want.pods:
+                continue
+            ahead = want.order is not None and want.order < res.order
+            # An unknown fill time (inf) admits no backfill: nothing proves the job ends before it.
+            if not ahead and not want.ends_by + (0.0 if want.caller == res.caller else res.restart_s) \
+                    <= res.fill_at < math.inf:
+                continue
+            why = REASON_AHEAD if ahead else REASON_BACKFILL
+            return [(pod, Path.NEW if pod.idle_since >= want.since else Path.WARM, why) for pod in spare[-want.pods:]]
+        return short
+
+    def _settle(self, want: Claim, picked: Sequence[tuple[Pod, str, str | None]]) -> None:
+        """After a claim: the gang's reservation is done; backfilled pods of another caller retire at release."""
+        for pod, _, reason in picked:
+            if pod.reserved_for is not None and pod.origin is not Origin.SINGLE_USE:
+                owner = next((r for r in self._gangs.get(pod.pool, ()) if r.job_id == pod.reserved_for), None)
+                pod.reserved_for = None
+                if reason == REASON_BACKFILL and owner is not None and owner.caller != want.caller:
+                    pod.retire = True
+        self._drop_reservation(want.job_id, want.pool)
+
+    def _drop_reservation(self, job_id: str, pool: str) -> None:
+        gangs = self._gangs.get(pool)
+        if not gangs:
+            return
+        for i, res in enumerate(gangs):
+            if res.job_id == job_id:
+                del gangs[i]
+                break
+        else:
+            return
+        if not gangs:
+            del self._gangs[pool]
+        for pod in self._reserved.pop(job_id, []):
+            pod.reserved_for = None
+            self._index_idle(pod)
 
     # ---------------------------------------------------------------- recovery
 
@@ -458,6 +600,8 @@ class Tracker:
         if pod.standby:
             self._buckets[pod.pool].standby[pod.name] = pod
             return
+        if self._gangs and pod.key is None and pod.reserved_for is None:
+            self._feed(pod)
         if pod.reserved_for is not None:
             self._reserved.setdefault(pod.reserved_for, []).append(pod)
             return

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from broker import __version__
 from broker.api.auth import TokenAuth
 from broker.api.metrics import registry_for, render
+from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, job_view
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, InvalidRequest, NotFound, UnknownField
@@ -148,4 +149,5 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
     async def pods(who: Caller, pool: str | None = None) -> dict[str, Any]:
         return {"pods": cp.pods_view(pool), "isolated": cp.backend_isolated}
 
+    add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

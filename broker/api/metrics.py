@@ -3,6 +3,7 @@ histograms, pods by state, jobs finished, resets."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from broker.control import ControlPlane
+from broker.poolview import GAUGE_FIELDS
 
 
 class _Collector:
@@ -43,6 +45,7 @@ class _Collector:
         for pool in self.cp.catalog.pools:
             queued.add_metric([pool], q.get(pool, 0))
         yield queued
+        yield from _pool_gauges(self.cp)
         done = CounterMetricFamily("firepool_jobs_finished", "Jobs that reached a terminal state",
                                    labels=["pool", "state"])
         for (pool, state), n in sorted(stats.jobs_finished.items()):
@@ -56,6 +59,36 @@ class _Collector:
         for pool, n in sorted(stats.pods_created.items()):
             created.add_metric([pool], n)
         yield created
+
+
+def _pool_gauges(cp: ControlPlane) -> Iterator[Metric]:
+    """The `/v1/pools` view as gauges: one family per field, labelled by pool."""
+    views = cp.pools_view()
+    for name in GAUGE_FIELDS:
+        g = GaugeMetricFamily(f"firepool_pool_{name}", f"Pool {name.replace('_', ' ')} (see GET /v1/pools)",
+                              labels=["pool"])
+        for v in views:
+            value = v[name]
+            g.add_metric([v["name"]], math.inf if value is None else float(value))
+        yield g
+    held = GaugeMetricFamily("firepool_pool_held_by", "Owner-held idle pods by owner", labels=["pool", "caller"])
+    plan = GaugeMetricFamily("firepool_pool_last_plan_create", "Pods the last reconcile pass created, with its reason",
+                             labels=["pool", "reason"])
+    budget = GaugeMetricFamily("firepool_budget_used", "GPUs (CPU cores) reserved per accelerator",
+                               labels=["accelerator"])
+    limit = GaugeMetricFamily("firepool_budget_limit", "Budget per accelerator (+Inf when unbounded)",
+                              labels=["accelerator"])
+    for v in views:
+        for caller, n in sorted(v["held_by"].items()):
+            held.add_metric([v["name"], caller], n)
+        if v["last_plan"] is not None:
+            plan.add_metric([v["name"], v["last_plan"]["reason"]], v["last_plan"]["create"])
+    ledger = cp.controller.ledger
+    for accelerator in sorted(set(ledger.view()) | {spec.accelerator for spec in cp.catalog.pools.values()}):
+        budget.add_metric([accelerator], ledger.used(accelerator))
+        cap = ledger.limit(accelerator)
+        limit.add_metric([accelerator], math.inf if cap is None else cap)
+    yield from (held, plan, budget, limit)
 
 
 def registry_for(cp: ControlPlane) -> CollectorRegistry:

@@ -27,11 +27,21 @@ class JobRequest(Strict):
     max_retries: int = Field(default=0, ge=0, le=20)
     priority: int = Field(default=0, ge=-1000, le=1000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
+    package: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                description="SHA-256 of an uploaded code package, unpacked into the job's cwd.")
+    requirements: str | None = Field(default=None, max_length=65536,
+                                     description="Text of a requirements file, installed on the pod before the job.")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
-                       max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key)
+                       max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
+                       extra=late_binding_extra(self.package, self.requirements))
+
+
+def late_binding_extra(package: str | None, requirements: str | None) -> dict[str, Any]:
+    """The spec's `extra` entries for a code package and a requirements text (absent when not asked)."""
+    return {k: v for k, v in (("package", package), ("requirements", requirements)) if v is not None}
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +52,8 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
 def attempt_view(a: Attempt) -> dict[str, Any]:
     return _clean({"id": a.id, "n": a.n, "pods": list(a.pods), "state": str(a.state), "launched_at": a.launched_at,
                    "first_instruction_at": a.first_instruction_at, "finished_at": a.finished_at,
-                   "exit_code": a.exit_code, "error_class": a.error_class, "message": a.message})
+                   "exit_code": a.exit_code, "error_class": a.error_class, "message": a.message,
+                   "timings": dict(a.timings) or None})
 
 
 def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
@@ -60,6 +71,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "dropped_env": [dict(d) for d in job.dropped_env],
         "cancel_requested": job.cancel_requested or None,
         "waiting_reason": waiting_reason,
+        "package": spec.extra.get("package"), "requirements": spec.extra.get("requirements"),
     }
     return _clean(view)
 

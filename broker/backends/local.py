@@ -25,6 +25,7 @@ from typing import Any
 
 from broker.agent_http import HttpAgentClient
 from broker.backends import gpus as gpu_discovery
+from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
@@ -41,9 +42,11 @@ from broker.backends.sandboxing import (
     python_prefixes,
     uses,
 )
+from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.ports.backend import Device, PodInfo, PodRequest
+from broker.topology import Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ class LocalBackend:
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
         self.procs = PodProcesses()
+        self._free_ports = FreePorts()
         for path in sorted(self.pods_dir.glob("*/pod.json")):
             record = self._read(path)
             if record is not None:
@@ -181,6 +185,7 @@ class LocalBackend:
         try:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
+            volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -198,11 +203,12 @@ class LocalBackend:
             "uid": self.uid if self.isolated and self.uid is not None else os.geteuid(),
             "gpus": keys, "cuda_visible_devices": cuda, "annotations": dict(request.annotations),
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
+            "network": "host" if network or not self.isolated else "none",
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
-                           agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds, uid=self.uid,
+                           agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
                            network=network,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
         delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
@@ -226,10 +232,12 @@ class LocalBackend:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
-        for path in (dirs.workspace, dirs.pkg, dirs.run, *([] if self.isolated else [dirs.tmp])):
+        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, *([] if self.isolated else [dirs.tmp])):
             path.mkdir(mode=0o700)
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
+        make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
+                         self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -361,6 +369,22 @@ class LocalBackend:
         client = HttpAgentClient(f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
         self._clients[name] = client
         return client
+
+    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
+        """Local pods share the host's network (template `network: host`, the default): rank 0 listens on
+        127.0.0.1 at a port free on this host. A pod with a private network can only host a 1-rank job."""
+        record = self._records.get(coordinator)
+        if record is None:
+            raise BackendError(f"pod {coordinator} is gone")
+        if record.get("network", "host") != "host":
+            if world > 1:
+                raise BackendError(f"pool {record['pool']} gives pods a private network (template network: none): "
+                                   f"the {world} ranks of a gang could not reach rank 0; use network: host")
+            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
+        try:
+            return Rendezvous("127.0.0.1", self._free_ports.take())
+        except OSError as exc:
+            raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
 
     async def close(self) -> None:
         """Close agent connections; pods keep running for the next broker."""

@@ -28,6 +28,7 @@ AGENT_MOUNT = "/opt/firepool/agent"
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_PKG = "/pkg"
 SANDBOX_RUN = "/run/firepool"
+SANDBOX_DEPS = "/opt/firepool/deps"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_RO = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
@@ -74,6 +75,16 @@ class PodDirs:
     def tmp(self) -> Path:
         """The fallback's TMPDIR; a sandbox gets a private tmpfs instead."""
         return self.root / "tmp"
+
+    @property
+    def deps(self) -> Path:
+        """Requirements installed for the pod's jobs; kept across resets for the pod's life."""
+        return self.root / "deps"
+
+    @property
+    def volumes(self) -> Path:
+        """Host directories of the pool's `wipe_paths`, private to this pod."""
+        return self.root / "volumes"
 
     @property
     def socket(self) -> Path:
@@ -176,13 +187,13 @@ def exposed_sources(spec: SandboxSpec) -> list[str]:
 def agent_args(spec: SandboxSpec, *, isolated: bool) -> list[str]:
     """The agent's own flags: sandbox paths inside bwrap, host paths in the fallback."""
     if isolated:
-        places = [SANDBOX_WORKSPACE, SANDBOX_PKG, SANDBOX_RUN, "/tmp"]
+        places = [SANDBOX_WORKSPACE, SANDBOX_PKG, SANDBOX_RUN, "/tmp", SANDBOX_DEPS]
     else:
         d = spec.dirs
-        places = [str(d.workspace), str(d.pkg), str(d.run), str(d.tmp)]
+        places = [str(d.workspace), str(d.pkg), str(d.run), str(d.tmp), str(d.deps)]
     args = ["-S", "-m", "firepool_agent", "--pod", spec.name, "--listen", f"unix:{places[2]}/agent.sock",
             "--secret-fd", str(SECRET_FD), "--workspace", places[0], "--package-dir", places[1],
-            "--run-dir", places[2], "--tmp-dir", places[3],
+            "--run-dir", places[2], "--tmp-dir", places[3], "--deps-dir", places[4],
             "--cuda-visible-devices", spec.cuda_visible_devices, "--path", job_path(spec)]
     return [*args, "--isolated"] if isolated else args
 
@@ -278,6 +289,7 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.mount(SANDBOX_WORKSPACE, "--bind", str(d.workspace), SANDBOX_WORKSPACE)
     tree.mount(SANDBOX_PKG, "--bind", str(d.pkg), SANDBOX_PKG)
     tree.mount(SANDBOX_RUN, "--bind", str(d.run), SANDBOX_RUN)
+    tree.mount(SANDBOX_DEPS, "--bind", str(d.deps), SANDBOX_DEPS)
     for bind in spec.binds:
         tree.mount(bind.dst, "--ro-bind" if bind.ro else "--bind", bind.src, bind.dst)
     env = agent_env(spec, isolated=True)

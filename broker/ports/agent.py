@@ -75,6 +75,15 @@ class ResetResult:
 
 
 @dataclass(frozen=True)
+class PackageDelivered:
+    digest: str
+    unpack_s: float
+    """How long the agent took to unpack it into the package directory."""
+    receive_s: float = 0.0
+    extracted: int = 0
+
+
+@dataclass(frozen=True)
 class AgentHealth:
     pod: str
     isolated: bool
@@ -114,6 +123,10 @@ class AgentClient(Protocol):
 
     async def reset(self, request: ResetRequest) -> ResetResult: ...
 
+    async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
+        """Push a code package (a checked zip on local disk) for the next launch; the agent unpacks it."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -140,6 +153,8 @@ class FakeAgent:
         self.workspace_wiped = 0
         self.unclean_next_reset = False
         self.fail_launch = False
+        self.fail_push = False
+        self.delivered: str | None = None
         self.reachable = True
         self.launches: list[LaunchRequest] = []
         self.resets: list[ResetRequest] = []
@@ -163,6 +178,8 @@ class FakeAgent:
                 self.workspace_wiped += 1
             self.session = request.session
         self.launches.append(request)
+        if request.extra.get("package") is not None and request.extra["package"] != self.delivered:
+            raise AgentError(f"package {request.extra['package']} was not delivered to {self.pod}")
         now = self.clock.now()
         status = AttemptStatus(attempt_id=request.attempt_id, running=True, pid=1000 + len(self.launches),
                                started_at=now, first_instruction_at=now)
@@ -216,7 +233,9 @@ class FakeAgent:
     async def read_log(self, attempt_id: str, stream: str = "combined", offset: int = 0,
                        max_bytes: int = 1 << 20, wait_s: float = 0.0) -> LogChunk:
         self._check()
-        run = self.runs[attempt_id]
+        run = self.runs.get(attempt_id)
+        if run is None:
+            raise AgentError(f"{self.pod} never ran {attempt_id}")
         data = run.output[offset:offset + max_bytes]
         return LogChunk(data=data, next_offset=offset + len(data), complete=run.done.is_set())
 
@@ -237,6 +256,7 @@ class FakeAgent:
         self.resets.append(request)
         if self.current is not None:
             self._finish(self.runs[self.current], exit_code=137, signal=9)
+        self.delivered = None
         if request.wipe_workspace:
             self.workspace_wiped += 1
             self.session = None
@@ -244,6 +264,13 @@ class FakeAgent:
             self.unclean_next_reset = False
             return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"])
         return ResetResult(clean=True, duration_s=0.001)
+
+    async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
+        self._check()
+        if self.fail_push:
+            raise AgentError(f"{self.pod} refused package {digest}")
+        self.delivered = digest
+        return PackageDelivered(digest=digest, unpack_s=0.0)
 
     async def close(self) -> None:
         pass

@@ -17,6 +17,7 @@ from broker.errors import BackendError
 from broker.pods import Origin
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient, FakeAgent
+from broker.topology import Rendezvous
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class Backend(Protocol):
         """The agent client of a live pod."""
         ...
 
+    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
+        """Where the `world` ranks of a job reach its rank-0 pod `coordinator`: an address of that
+        pod the others can reach and a port free on it; raises BackendError when they cannot."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -100,6 +106,7 @@ class FakeBackend:
         self.deleted: list[str] = []
         self.fail_creates = 0
         self.pin_gpu: str | None = None
+        self._next_port = 29499
         """When set, every GPU pod lands on this device (to exercise the per-GPU gate)."""
 
     def devices(self) -> list[Device]:
@@ -153,6 +160,12 @@ class FakeBackend:
             return self.agents[name]
         except KeyError:
             raise BackendError(f"pod {name} is gone") from None
+
+    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
+        if coordinator not in self.pods:
+            raise BackendError(f"pod {coordinator} is gone")
+        self._next_port += 1
+        return Rendezvous(f"{coordinator}.fake", self._next_port)
 
     async def close(self) -> None:
         pass

@@ -86,7 +86,7 @@ def attempt_rows(job: Job) -> list[dict[str, Any]]:
             "id": a.id, "job_id": a.job_id, "n": a.n, "pods": _dumps(list(a.pods)), "state": str(a.state),
             "launched_at": a.launched_at, "first_instruction_at": a.first_instruction_at,
             "finished_at": a.finished_at, "exit_code": a.exit_code, "error_class": a.error_class,
-            "message": a.message,
+            "message": a.message, "timings": _dumps(dict(a.timings)) if a.timings else None,
         }
         _check_lengths({"error_class": a.error_class}, "attempt")
         rows.append(row)
@@ -100,6 +100,7 @@ def decode_attempt(row: Mapping[Any, Any]) -> Attempt:
         state=AttemptState(row[p + "state"]), launched_at=row[p + "launched_at"],
         first_instruction_at=row[p + "first_instruction_at"], finished_at=row[p + "finished_at"],
         exit_code=row[p + "exit_code"], error_class=row[p + "error_class"], message=row[p + "message"],
+        timings=json.loads(row[p + "timings"]) if row[p + "timings"] else {},
     )
 
 

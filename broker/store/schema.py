@@ -88,6 +88,7 @@ attempts = sa.Table(
     sa.Column("exit_code", sa.Integer(), nullable=True),
     sa.Column("error_class", sa.String(ERROR_CLASS_LENGTH), nullable=True),
     sa.Column("message", long_text(), nullable=True),
+    sa.Column("timings", long_text(), nullable=True),
     sa.Index("ix_attempts_job_id_n", "job_id", "n"),
     **MYSQL_TABLE_OPTIONS,
 )

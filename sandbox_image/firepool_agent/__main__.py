@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     privileges.forbid_dumps()
     if not proctree.in_own_pid_namespace():
         privileges.become_subreaper()
-    for directory in (config.workspace, config.package_dir, config.run_dir, config.tmp_dir):
+    for directory in (config.workspace, config.package_dir, config.run_dir, config.tmp_dir,
+                      *([config.deps_dir] if config.deps_dir else [])):
         os.makedirs(directory, exist_ok=True)
     reaper = Reaper()
     reaper.start()

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -100,6 +100,10 @@ class Attempts:
         self.current: Attempt | None = None
         self.session: str | None = None
         self.attempts_dir = Path(config.run_dir) / "attempts"
+        self.delivered: Any = None
+        """The code package unpacked for the next launch (`binding.Delivered`); a reset forgets it."""
+        self.prepare: Callable[[Attempt, LaunchSpec], LaunchSpec | tuple[str, str]] | None = None
+        """Late binding before the spawn (`binding.prepare`): the launch to run, or (error class, message)."""
 
     # -- launching ------------------------------------------------------------------------------
 
@@ -132,6 +136,12 @@ class Attempts:
                                "emptied: " + "; ".join(problems[:5]))
                     return attempt
             self.session = spec.session
+            if self.prepare is not None and spec.extra:
+                prepared = self.prepare(attempt, spec)
+                if isinstance(prepared, tuple):
+                    self._fail(attempt, *prepared)
+                    return attempt
+                spec = prepared
             try:
                 self._spawn(attempt, spec)
             except Exception as exc:  # never leave `current` set by an attempt that did not start

@@ -34,6 +34,8 @@ class AgentConfig:
     isolated: bool = False
     """True inside a sandbox with a private /dev/shm; only then does reset empty /dev/shm."""
     shm_dir: str = "/dev/shm"
+    deps_dir: str = ""
+    """Where requirements are installed; survives resets for the pod's life. "" disables installs."""
 
 
 def _auto_cuda_devices() -> str:
@@ -58,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
                         help='GPU list for jobs; "auto" counts /dev/nvidiaN nodes')
     parser.add_argument("--path", default=None, help="PATH for jobs (default: the agent's PATH)")
     parser.add_argument("--isolated", action="store_true", help="the agent runs in its own sandbox")
+    parser.add_argument("--deps-dir", default="", help="the pod's dependency directory (kept across resets)")
     args = parser.parse_args(argv)
     cuda = _auto_cuda_devices() if args.cuda_visible_devices == "auto" else args.cuda_visible_devices
     config = AgentConfig(
@@ -70,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         cuda_visible_devices=cuda,
         job_path=args.path or os.environ.get("PATH") or AgentConfig.job_path,
         isolated=args.isolated,
+        deps_dir=os.path.abspath(args.deps_dir) if args.deps_dir else "",
     )
     if not (config.listen.startswith("unix:") or config.listen.startswith("tcp:")):
         parser.error("--listen must be unix:/path or tcp:host:port")

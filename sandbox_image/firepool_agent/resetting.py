@@ -86,6 +86,7 @@ class Resetter:
                 problems += wiping.empty_dir(target, keep)
             for target in targets:
                 problems += [f"{left}: still there after the wipe" for left in wiping.leftovers(target, keep)]
+            self.attempts.delivered = None
             if spec.wipe_workspace:
                 self.attempts.forget_session()
         return ResetOutcome(clean=not problems, duration_s=time.perf_counter() - began, killed=killed,

@@ -3,6 +3,7 @@
     GET  /v1/health                       POST /v1/attempts              GET /v1/attempts/{id}?wait_s=
     GET  /v1/attempts/{id}/log?stream=&offset=&max_bytes=&wait_s=      POST /v1/reset
     POST /v1/attempts/{id}/signal         POST /v1/attempts/{id}/cancel
+    PUT  /v1/packages/{sha256}?max_extracted=   (a zip, unpacked into the package dir for the next launch)
 
 A thread per connection; connections stay open between requests (the broker's launch path is
 latency-bound). Every response goes out in one write, and TCP sockets set TCP_NODELAY, so no reply
@@ -19,11 +20,12 @@ import socket
 import socketserver
 import sys
 import time
+from functools import partial
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from firepool_agent import __version__, wire
+from firepool_agent import __version__, binding, wire
 from firepool_agent.attempts import Attempt, Attempts, Conflict
 from firepool_agent.config import AgentConfig
 from firepool_agent.resetting import Resetter
@@ -40,6 +42,7 @@ class Agent:
         self.secret = secret
         self.attempts = attempts
         self.resetter = Resetter(attempts)
+        attempts.prepare = partial(binding.prepare, attempts)
         self.started = time.monotonic()
 
     def health(self) -> dict[str, Any]:
@@ -74,6 +77,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._handle("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._handle("PUT")
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -164,10 +170,27 @@ class Handler(BaseHTTPRequestHandler):
         elif route == ("POST", "attempts", 4) and parts[3] == "cancel":
             attempts.cancel(self._attempt(parts[2]), wire.parse_cancel(body))
             self._send(202)
+        elif route == ("PUT", "packages", 3):
+            self._receive_package(parts[2], query)
         elif route == ("POST", "reset", 2):
             self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
         else:
             raise wire.HttpError(404 if method in ("GET", "POST") else 405, "no such endpoint")
+
+    def _receive_package(self, digest: str, query: dict[str, list[str]]) -> None:
+        """Stream the body straight to disk: packages are far larger than MAX_BODY."""
+        if self.headers.get("Transfer-Encoding") or not (self.headers.get("Content-Length") or "").isdigit():
+            self.close_connection = True
+            raise wire.HttpError(411, "a package needs a Content-Length (no chunked bodies)")
+        max_extracted = wire.query_int(query, "max_extracted", 2_000_000_000, 1 << 40)
+        try:
+            delivered = binding.receive_package(self.agent.attempts, digest, self.rfile,
+                                                int(self.headers["Content-Length"]), max_extracted)
+        except BaseException:
+            self.close_connection = True  # the body may be partly unread
+            raise
+        self._json(200, {"digest": delivered.digest, "unpack_s": delivered.unpack_s,
+                         "receive_s": delivered.receive_s, "extracted": delivered.extracted})
 
     def _log(self, attempt: Attempt, query: dict[str, list[str]]) -> None:
         stream = wire.query_stream(query)

@@ -82,10 +82,16 @@ def test_hold_expiry_retires_the_pod(broker_factory) -> None:
     c = b.client()
     job = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "t"})
     pod = job["acquisition"][0]["pod"]
-    held = [p for p in c.get("/v1/pods").json()["pods"] if p["name"] == pod]
-    assert held and held[0]["held"] and held[0]["caller"] == "alice"
-    time.sleep(3.5)
-    assert all(p["name"] != pod for p in c.get("/v1/pods").json()["pods"])
+    # The result is committed while the pod resets in parallel: the hold starts when the reset ends.
+    deadline = time.monotonic() + 1.0
+    while not (held := [p for p in c.get("/v1/pods").json()["pods"] if p["name"] == pod and p["held"]]):
+        assert time.monotonic() < deadline, "the pod was never held for its owner"
+        time.sleep(0.02)
+    assert held[0]["caller"] == "alice"
+    deadline = time.monotonic() + 6.0
+    while any(p["name"] == pod for p in c.get("/v1/pods").json()["pods"]):
+        assert time.monotonic() < deadline, "the expired hold did not retire the pod"
+        time.sleep(0.05)
     again = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "t"})
     assert paths(again) == ["new"] and again["acquisition"][0]["pod"] != pod
 

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
 from broker.jobs import Job, JobSpec
+from broker.packages import PackageStore
 from broker.pools import CallerLimits, Catalog, PoolSpec
 from broker.ports.backend import FakeBackend
+from broker.ports.capacity import CapacitySource
 from broker.ports.logs import MemoryLogStore
 from broker.ports.store import MemoryJobStore
 
@@ -17,14 +19,17 @@ from broker.ports.store import MemoryJobStore
 class Harness:
     def __init__(self, pools: list[PoolSpec], *, gpus: int = 0, start_delay: float = 0.0,
                  limits: dict[str, CallerLimits] | None = None, store: MemoryJobStore | None = None,
-                 backend: FakeBackend | None = None, clock: VirtualClock | None = None) -> None:
+                 backend: FakeBackend | None = None, clock: VirtualClock | None = None,
+                 budgets: dict[str, float] | None = None, capacity: CapacitySource | None = None,
+                 packages: PackageStore | None = None) -> None:
         self.clock = clock or VirtualClock()
         self.store = store or MemoryJobStore()
         self.backend = backend or FakeBackend(self.clock, gpus=gpus, start_delay=start_delay)
         self.logs = MemoryLogStore()
-        self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=limits or {})
+        self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=limits or {}, budgets=budgets or {})
         self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=self.logs,
-                               catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0))
+                               catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0),
+                               capacity=capacity, packages=packages)
 
     async def start(self) -> Harness:
         await self.cp.start()

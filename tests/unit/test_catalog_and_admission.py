@@ -52,7 +52,9 @@ def test_hold_inherits_the_idle_timeout_and_none_means_forever() -> None:
 
 @pytest.mark.parametrize("text, needle", [
     ("pools: [{name: a, max_cnt: 3}]", "unknown key(s) max_cnt"),
-    ("pools: [{name: a}]\nbudgets: {}", "unknown top-level key(s) budgets"),
+    ("pools: [{name: a}]\nbudget: {}", "unknown top-level key(s) budget"),
+    ("pools: [{name: a}]\nbudgets: {H200: -1}", "must not be negative"),
+    ("pools: [{name: a, borrow: 1}]", "borrow must be true or false"),
     ("pools: [{name: a, gpus: one}]", "gpus must be an integer"),
     ("pools: [{name: a, reuse_tag: sticky}]", "reuse_tag"),
     ("pools: [{name: a, min_count: 5, max_count: 2}]", "below min_count"),

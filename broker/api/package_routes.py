@@ -1,0 +1,74 @@
+"""Routes of `/v1/packages/{sha256}`: PUT a zip (checked, then stored once), HEAD and GET it back.
+
+The body streams to a staging file with the compressed limit enforced as it arrives, so an oversized
+upload is cut off without being held in memory; the store then hashes, checks and commits it in a
+worker thread. A caller sees only the packages it uploaded: anyone else's is "not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from broker.control import ControlPlane
+from broker.errors import NotFound, PackageError, Unavailable
+from broker.packages import PackageStore, check_digest
+
+
+def _store(cp: ControlPlane) -> PackageStore:
+    if cp.packages is None:
+        raise Unavailable("this broker has no package store")
+    return cp.packages
+
+
+async def _stage(request: Request, store: PackageStore) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > store.limits.max_compressed:
+        raise store.too_large()
+    staged = store.staging()
+    try:
+        size = 0
+        with open(staged, "wb") as out:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > store.limits.max_compressed:
+                    raise store.too_large()
+                out.write(chunk)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict[int | str, dict[str, Any]]) -> None:
+    """Mount the package routes; `caller` is the dependency that yields the verified caller."""
+
+    @app.put("/v1/packages/{digest}", status_code=201, responses=errors)
+    async def put_package(digest: str, request: Request, who: str = Depends(caller)) -> JSONResponse:
+        check_digest(digest)
+        store = _store(cp)
+        if request.headers.get("content-type", "application/zip").split(";")[0].strip() not in (
+                "application/zip", "application/octet-stream", "application/x-zip-compressed"):
+            raise PackageError("a package body is a zip archive (content-type application/zip)")
+        staged = await _stage(request, store)
+        stored = await asyncio.to_thread(store.put_file, who, digest, staged)
+        return JSONResponse({"digest": stored.digest, "size": stored.size, "created": stored.created},
+                            status_code=201 if stored.created else 200)
+
+    @app.head("/v1/packages/{digest}", responses=errors)
+    async def head_package(digest: str, who: str = Depends(caller)) -> Response:
+        path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
+        if path is None:
+            raise NotFound(f"no package {digest}", {"digest": digest})
+        return Response(status_code=200, headers={"Content-Length": str(path.stat().st_size),
+                                                  "Content-Type": "application/zip"})
+
+    @app.get("/v1/packages/{digest}", responses=errors)
+    async def get_package(digest: str, who: str = Depends(caller)) -> FileResponse:
+        path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
+        if path is None:
+            raise NotFound(f"no package {digest}", {"digest": digest})
+        return FileResponse(path, media_type="application/zip", filename=f"{digest}.zip")

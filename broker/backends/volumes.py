@@ -1,0 +1,58 @@
+"""The pool's kept and wiped paths on the local backend, as bind mounts of host directories.
+
+A `keep_paths` entry (a uv/pip cache, a model or compile cache) is one host directory under
+`state_dir/caches/<pool>/` shared by every pod of the pool: it outlives resets and pods. A
+`wipe_paths` entry is a directory private to the pod (`pods/<name>/volumes/`), which every reset
+empties. Both are writable by the sandbox uid; reset leaves mount points and kept paths alone. A path
+the pool's template already binds is the operator's own volume and gets nothing more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from broker.backends.sandboxing import (
+    SANDBOX_DEPS,
+    SANDBOX_PKG,
+    SANDBOX_RUN,
+    SANDBOX_WORKSPACE,
+    Bind,
+    PodDirs,
+)
+from broker.pools import PoolSpec
+
+_RESERVED = ("/", "/proc", "/dev", "/usr", "/etc", "/tmp", "/dev/shm", SANDBOX_WORKSPACE, SANDBOX_PKG,
+             SANDBOX_RUN, SANDBOX_DEPS)
+
+
+def _slug(path: str) -> str:
+    readable = path.strip("/").replace("/", "_")[:40] or "root"
+    return f"{readable}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs, template: tuple[Bind, ...] = ()) -> tuple[Bind, ...]:
+    """Writable binds for the pool's keep and wipe paths; ValueError for a path a pod cannot own."""
+    binds = []
+    bound = [b.dst for b in template]
+    for paths, root in ((pool.keep_paths, state_dir / "caches" / pool.name), (pool.wipe_paths, dirs.volumes)):
+        for raw in paths:
+            path = os.path.normpath(raw)
+            if path in _RESERVED:
+                raise ValueError(f"{raw} is reserved and cannot be a kept or wiped volume")
+            if any(path == dst or path.startswith(dst.rstrip("/") + "/") for dst in bound):
+                continue
+            binds.append(Bind(str(root / _slug(path)), path, ro=False))
+    return tuple(binds)
+
+
+def make_volume_dirs(binds: tuple[Bind, ...], uid: int | None) -> None:
+    """Create the host side of each volume (owned by the sandbox uid); kept ones may exist already."""
+    for bind in binds:
+        src = Path(bind.src)
+        src.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not src.exists():
+            src.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(src, uid, uid)

@@ -4,7 +4,7 @@ A group is the set of pods bound to one physical GPU (set): its active pod(s) an
 `standbys_per_active` standbys pinned to the same card. A standby runs only the pod agent (no CUDA
 context, no memory); the tracker hands it to a job when no same-owner or unheld idle pod exists and
 promotes it at the per-GPU gate once the previous job's processes are verified gone. A group counts
-as ONE physical GPU in every count, ceiling and budget (`group_key`, `physical_groups`).
+as ONE physical GPU in every count, ceiling and budget (broker.scaling counts it through one member).
 """
 
 from __future__ import annotations
@@ -26,11 +26,6 @@ _UNCLAIMED = frozenset({PodState.STARTING, PodState.IDLE})
 def group_key(pod: Pod) -> GroupKey:
     """The physical capacity a pod occupies: its devices, or the pod itself when it has none (yet)."""
     return pod.gpus if pod.gpus else (pod.name,)
-
-
-def physical_groups(pods: Iterable[Pod]) -> int:
-    """Physical units the pods hold: an active–standby group counts once, retiring pods until gone."""
-    return len({group_key(p) for p in pods if p.state is not PodState.GONE})
 
 
 @dataclass
@@ -58,12 +53,6 @@ def groups(pods: Iterable[Pod]) -> dict[GroupKey, Group]:
         else:
             group.actives.append(pod)
     return out
-
-
-def covered(pod: Pod, by_key: dict[GroupKey, Group]) -> bool:
-    """A pod whose card has an unclaimed standby: when it retires, the standby takes its place."""
-    group = by_key.get(pod.gpus) if pod.gpus else None
-    return group is not None and bool(group.standbys)
 
 
 @dataclass(frozen=True)

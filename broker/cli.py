@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark options")
     p.set_defaults(fn=cmd_bench)
+
+    from jupyter_ext.kernelspec import add_parser as add_kernelspec_parser
+
+    add_kernelspec_parser(sub)
     return parser
 
 

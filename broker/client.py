@@ -169,6 +169,10 @@ class Client:
     def cancel(self, job_id: str) -> JobInfo:
         return JobInfo.from_json(self._call("POST", f"/v1/jobs/{job_id}/cancel").json())
 
+    def signal(self, job_id: str, signal: str) -> JobInfo:
+        """INT, TERM, HUP, USR1, USR2, QUIT or KILL to the running attempt (Conflict when none runs)."""
+        return JobInfo.from_json(self._call("POST", f"/v1/jobs/{job_id}/signal", json={"signal": signal}).json())
+
     def jobs(self, state: str | None = None, limit: int = 100) -> list[JobInfo]:
         params: dict[str, Any] = {"limit": limit}
         if state:
@@ -260,6 +264,10 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> JobInfo:
         return JobInfo.from_json((await self._call("POST", f"/v1/jobs/{job_id}/cancel")).json())
+
+    async def signal(self, job_id: str, signal: str) -> JobInfo:
+        response = await self._call("POST", f"/v1/jobs/{job_id}/signal", json={"signal": signal})
+        return JobInfo.from_json(response.json())
 
     async def logs(self, job_id: str, stream: str = "combined", follow: bool = False) -> str:
         chunks = [c async for c in self.stream_logs(job_id, stream, follow)]

@@ -18,8 +18,8 @@ from broker.borrowing import Borrowing
 from broker.clock import Clock
 from broker.delivering import PackageDelivery
 from broker.dispatching import Dispatcher
-from broker.errors import FirepoolError, InvalidRequest, NotFound, PackageError
-from broker.executing import Executor
+from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
+from broker.executing import SIGNALS, Executor
 from broker.jobbook import Abort, JobBook
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
 from broker.packages import PackageStore
@@ -180,6 +180,16 @@ class ControlPlane:
             self.dispatcher.drop(job_id)
         elif job.state is JobState.RUNNING:
             await self.executor.cancel(job_id)
+        return job
+
+    async def signal(self, caller: str, job_id: str, name: str) -> Job:
+        """Send a signal to a running job's attempt (a kernel's interrupt, terminate or kill)."""
+        signal = name.upper().removeprefix("SIG")
+        if signal not in SIGNALS:
+            raise InvalidRequest(f"signal must be one of {', '.join(SIGNALS)}", {"field": "signal"})
+        job = await self.get(caller, job_id)
+        if job.state is not JobState.RUNNING or not await self.executor.signal(job_id, signal):
+            raise Conflict(f"job {job_id} has no running attempt to signal", {"job": job_id, "state": str(job.state)})
         return job
 
     def waiting_reason(self, job_id: str) -> str | None:

@@ -39,6 +39,8 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
+SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
+"""What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,16 @@ class Executor:
                 await self.backend.agent(pod.name).signal(aid, "KILL")
             except FirepoolError:
                 pass
+
+    async def signal(self, job_id: str, name: str) -> bool:
+        """Send `name` to every rank of the running attempt; False when none is launched."""
+        aid = self.launched.get(job_id)
+        pods = self.tracker.pods_of(job_id)
+        if aid is None or not pods:
+            return False
+        for pod in pods:
+            await self.backend.agent(pod.name).signal(aid, name)
+        return True
 
     async def cancel(self, job_id: str) -> None:
         """Kill a running attempt on the caller's request; the watch then finishes the job CANCELLED."""

@@ -15,7 +15,7 @@ from broker import __version__
 from broker.api.auth import TokenAuth
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
-from broker.api.schemas import ErrorView, JobRequest, JobView, job_view
+from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, InvalidRequest, NotFound, UnknownField
 from broker.jobs import JobState
@@ -110,6 +110,11 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/cancel", responses={200: {"model": JobView}, **ERRORS})
     async def cancel(job_id: str, who: Caller) -> JSONResponse:
         job = await cp.cancel(who, job_id)
+        return JSONResponse(job_view(job))
+
+    @app.post("/v1/jobs/{job_id}/signal", responses={200: {"model": JobView}, **ERRORS})
+    async def signal(job_id: str, body: SignalRequest, who: Caller) -> JSONResponse:
+        job = await cp.signal(who, job_id, body.signal)
         return JSONResponse(job_view(job))
 
     @app.get("/v1/jobs/{job_id}/logs", responses=ERRORS)

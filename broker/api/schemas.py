@@ -31,17 +31,27 @@ class JobRequest(Strict):
                                 description="SHA-256 of an uploaded code package, unpacked into the job's cwd.")
     requirements: str | None = Field(default=None, max_length=65536,
                                      description="Text of a requirements file, installed on the pod before the job.")
+    kernel: bool = Field(default=False, description="Agent kernel mode: the command may run the agent's "
+                         "Jupyter kernel launcher (`python3 -m firepool_agent.kernel`).")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
-                       extra=late_binding_extra(self.package, self.requirements))
+                       extra={**late_binding_extra(self.package, self.requirements),
+                              **({"kernel": True} if self.kernel else {})})
 
 
 def late_binding_extra(package: str | None, requirements: str | None) -> dict[str, Any]:
     """The spec's `extra` entries for a code package and a requirements text (absent when not asked)."""
     return {k: v for k, v in (("package", package), ("requirements", requirements)) if v is not None}
+
+
+class SignalRequest(Strict):
+    """POST /v1/jobs/{id}/signal."""
+
+    signal: str = Field(description="INT, TERM, HUP, USR1, USR2, QUIT to rank 0's process group; KILL takes "
+                        "every process of the attempt.")
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +82,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested or None,
         "waiting_reason": waiting_reason,
         "package": spec.extra.get("package"), "requirements": spec.extra.get("requirements"),
+        "kernel": True if spec.extra.get("kernel") else None,
     }
     return _clean(view)
 

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import gpushare, proctree, wiping
+from firepool_agent import gpushare, kernel, proctree, wiping
 from firepool_agent.config import AgentConfig
 from firepool_agent.output import Output
 from firepool_agent.reaping import Reaper
@@ -172,6 +172,8 @@ class Attempts:
         output = Output(attempt.directory, self._notify)
         cwd = os.path.join(self.config.workspace, spec.cwd) if spec.cwd else self.config.workspace
         env = self.job_env(spec.env, spec.attempt_id)
+        if spec.extra.get("kernel"):
+            kernel.prepare_env(env)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:

@@ -1,0 +1,105 @@
+"""`firepool kernelspec install`: write a kernelspec whose kernel runs in a Firepool pool.
+
+The kernel.json names the `firepool` provisioner with its config (pool, broker URL, session tag mode,
+bind address) and `interrupt_mode: message`, so interrupts travel as Jupyter messages to the kernel. The
+broker token is never written: the provisioner reads FIREPOOL_TOKEN or the local broker's state dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from broker.errors import InvalidRequest
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}\Z")
+
+
+def kernel_json(pool: str, *, url: str, display_name: str | None = None, lease_tag: str = "kernel",
+                ip: str = "127.0.0.1") -> dict[str, Any]:
+    """The kernelspec's kernel.json for `pool`."""
+    if not pool:
+        raise InvalidRequest("a pool is required", {"field": "pool"})
+    config = {"pool": pool, "url": url, "lease_tag": lease_tag, "ip": ip}
+    return {
+        # Only a front end that ignores provisioners runs argv: it gets an explanation, not a local kernel.
+        "argv": [sys.executable, "-m", "jupyter_ext.kernelspec", "--direct-launch", "{connection_file}"],
+        "display_name": display_name or default_display_name(pool),
+        "language": "python",
+        "interrupt_mode": "message",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "firepool", "config": config},
+                     "debugger": False},
+    }
+
+
+def default_display_name(pool: str) -> str:
+    return f"Firepool CPU ({pool})" if pool == "cpu" else f"Firepool GPU ({pool})"
+
+
+def install(spec: dict[str, Any], name: str, *, user: bool = False, prefix: str | None = None) -> str:
+    """Install the kernelspec under `name`; returns the directory it went to."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError as exc:
+        raise InvalidRequest("jupyter_client is not installed: pip install 'firepool[jupyter]'") from exc
+    if not _NAME.match(name):
+        raise InvalidRequest(f"kernel name {name!r} must be lowercase letters, digits, '.', '_' or '-'",
+                             {"field": "name"})
+    with tempfile.TemporaryDirectory(prefix="firepool-kernelspec-") as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
+        destination: str = KernelSpecManager().install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
+    return destination
+
+
+def add_parser(sub: Any) -> None:
+    """`firepool kernelspec install ...` on the CLI's subparsers."""
+    p = sub.add_parser("kernelspec", help="install a Jupyter kernelspec whose kernel runs in a Firepool pool")
+    actions = p.add_subparsers(dest="kernelspec_cmd", required=True)
+    i = actions.add_parser("install", help="write the kernelspec (kernel.json naming the firepool provisioner)")
+    i.add_argument("--pool", required=True, help="pool the kernel runs in")
+    i.add_argument("--name", default=None, help="kernelspec name (default: firepool-POOL)")
+    i.add_argument("--display-name", default=None, help='e.g. "Firepool GPU (H200)"')
+    i.add_argument("--url", default=None, help="broker URL (default: $FIREPOOL_URL, else the local broker)")
+    i.add_argument("--tag", default="kernel",
+                   help="session tag: 'kernel' (each kernel its own sandbox session), 'notebook' (the notebook "
+                        "path: reopening it lands on its warm sandbox), or a literal tag")
+    i.add_argument("--ip", default="127.0.0.1",
+                   help="address the kernel binds in its pod (0.0.0.0 where the pod has its own IP)")
+    where = i.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for this user (JUPYTER_DATA_DIR)")
+    where.add_argument("--sys-prefix", action="store_true", help="install into this Python's sys.prefix")
+    where.add_argument("--prefix", default=None, help="install under this prefix")
+    i.set_defaults(fn=cmd_install)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from broker.client import discover
+
+    url, _ = discover(args.url, "-")
+    name = args.name or f"firepool-{args.pool}".lower()
+    spec = kernel_json(args.pool, url=url, display_name=args.display_name, lease_tag=args.tag, ip=args.ip)
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    destination = install(spec, name, user=args.user, prefix=prefix)
+    print(f"installed kernelspec {name} ({spec['display_name']}) in {destination}")
+    return 0
+
+
+DIRECT_LAUNCH = """this kernelspec runs its kernel through the `firepool` kernel provisioner, which this front end
+did not use (it launched the kernelspec's argv itself). Use a Jupyter that honours kernel provisioners
+(jupyter_client >= 7): JupyterLab, Notebook 7 or `jupyter server`, nbclient/nbconvert, or VS Code connected
+to such a Jupyter server. See docs/jupyter.md."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """What a provisioner-unaware launcher runs: say why no kernel starts, and fail."""
+    print(f"firepool: {DIRECT_LAUNCH}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Agent kernel mode: start an ipykernel in this pod and report how to reach it.
+
+A kernel job (`kernel: true`) runs `python3 -m firepool_agent.kernel`. The launcher makes a fresh HMAC
+key and a CurveZMQ key pair (every channel is encrypted: on a shared host network another sandbox could
+otherwise subscribe to the kernel's output), lets ipykernel bind five ports of its choice, and writes one
+line to the job's stdout — which only the job's owner can read through the broker — before the kernel
+takes over fd 1:
+
+    FIREPOOL-KERNEL {"ip": ..., "transport": "tcp", "shell_port": ..., "key": ..., ...}
+
+The connection file stays in the pod's private TMPDIR (mode 0600). Importing this module is cheap: the
+agent uses `prepare_env` and never imports ipykernel itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+MARKER = "FIREPOOL-KERNEL "
+"""Prefix of the connection line on the job's stdout."""
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def agent_root() -> str:
+    """The directory that holds the `firepool_agent` package (what kernel jobs need on sys.path)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def prepare_env(env: MutableMapping[str, str]) -> None:
+    """A kernel job can import this launcher: the agent's package root goes first on PYTHONPATH."""
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = agent_root() + (os.pathsep + existing if existing else "")
+
+
+def advertised_ip(bind: str, advertise: str) -> str:
+    """The address the Jupyter server dials: given, the bind address, or this pod's own address."""
+    if advertise:
+        return advertise
+    if bind not in ("0.0.0.0", "*", ""):
+        return bind
+    try:  # a Kubernetes pod's hostname resolves to its pod IP
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def connection_line(info: dict[str, Any]) -> bytes:
+    return (MARKER + json.dumps(info, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def curve_keys() -> dict[str, str]:
+    """A fresh CurveZMQ key pair (Z85 text), or none when this libzmq lacks CURVE."""
+    import zmq
+
+    if not zmq.has("curve"):
+        return {}
+    public, secret = zmq.curve_keypair()
+    return {"curve_publickey": public.decode("ascii"), "curve_secretkey": secret.decode("ascii")}
+
+
+def write_seed(path: str, bind: str, key: str, curve: dict[str, str]) -> None:
+    """A connection file with port 0 everywhere: ipykernel binds ports it picks and rewrites it."""
+    seed = {"ip": bind, "transport": "tcp", "key": key, "signature_scheme": "hmac-sha256",
+            **curve, **{name: 0 for name in PORTS}}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(seed, f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="firepool_agent.kernel", description=__doc__)
+    parser.add_argument("--ip", default="127.0.0.1",
+                        help="address the kernel binds (127.0.0.1 on a host-network local pod, 0.0.0.0 in a cluster)")
+    parser.add_argument("--advertise", default="", help="address reported to the Jupyter server (default: derived)")
+    parser.add_argument("--no-encryption", action="store_true", help="plain (HMAC-signed only) ZeroMQ channels")
+    args, rest = parser.parse_known_args(argv)
+    key = secrets.token_hex(32)
+    curve = {} if args.no_encryption else curve_keys()
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(tmp, f"firepool-kernel-{os.getpid()}.json")
+    write_seed(path, "0.0.0.0" if args.ip in ("*", "") else args.ip, key, curve)
+    report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
+    base = {"ip": advertised_ip(args.ip, args.advertise), "key": key, "signature_scheme": "hmac-sha256",
+            "pid": os.getpid(), "cwd": os.getcwd(), **curve}
+
+    from ipykernel.kernelapp import IPKernelApp
+
+    class ReportingApp(IPKernelApp):  # type: ignore[misc]
+        def write_connection_file(self, **kwargs: Any) -> None:
+            # The ports are bound now: report them at once, so the Jupyter side connects while IPython is
+            # still setting up its shell (messages wait in the bound sockets).
+            super().write_connection_file(**kwargs)
+            if report_fd >= 0:
+                info = {**base, "transport": self.transport, **{name: int(getattr(self, name)) for name in PORTS}}
+                os.write(report_fd, connection_line(info))
+
+    app = ReportingApp.instance()
+    try:
+        app.initialize(["-f", path, *rest])
+    finally:
+        os.close(report_fd)
+    app.start()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -153,7 +153,8 @@ def cmd_pods(args: argparse.Namespace) -> int:
         print(json.dumps(pods, indent=2))
         return 0
     now = time.time()
-    rows = [(p["name"], p["pool"], p["state"] + (" (held)" if p.get("held") else ""), p.get("caller"),
+    rows = [(p["name"], p["pool"], p["state"] + (" (held)" if p.get("held") else "")
+             + (" (standby)" if p.get("standby") else ""), p.get("caller"),
              p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
              f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
              "yes" if p.get("isolated") else "NO (unisolated fallback)") for p in pods]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from broker.clock import Clock
 from broker.delivering import PackageDelivery
 from broker.errors import AgentError, FirepoolError
 from broker.jobbook import Abort, JobBook
+from broker.jobenv import agent_session, memory_limits
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
 from broker.pods import Pod, owner_annotations
 from broker.pooling import PoolController
@@ -86,9 +86,8 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
 
 
 def session_key(job: Job) -> str:
-    """The opaque session the agent compares to decide whether the workspace survives."""
-    raw = "\x1f".join((job.caller, job.spec.queue, job.spec.lease_tag))
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    """The opaque session the agent compares (a `boundary` pool's; see broker.jobenv)."""
+    return agent_session(job, None)
 
 
 class Executor:
@@ -116,9 +115,12 @@ class Executor:
 
     async def start(self, job: Job, lease: Lease) -> None:
         """Steps 4 and 5: through the per-GPU gate, then launch every rank."""
+        promoting = any(p.standby for p in lease.pods)
         while not self.tracker.start(job.id):
             opened = self._gate_opened
             await self.clock.wait(opened, 1.0)
+        if promoting:
+            self.controller.wake()  # a standby was promoted: stage a fresh one into the open slot
         attempt = job.current_attempt
         assert attempt is not None
         live = self.book.live.get(job.id, job)
@@ -189,8 +191,11 @@ class Executor:
             "FIREPOOL_POOL": spec.pool, "FIREPOOL_POD": pod.name, "FIREPOOL_LEASE_TAG": spec.lease_tag,
             "FIREPOOL_QUEUE": spec.queue, "FIREPOOL_ACQUISITION": pod.path,
         })
+        if pod.gpus:
+            env.update(memory_limits(pod.gpus, {d.key: d for d in self.backend.devices()}))
         env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
-        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session_key(job),
+        session = agent_session(job, self.tracker.pool(spec.pool))
+        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session,
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:

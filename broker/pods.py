@@ -127,7 +127,7 @@ class Pod:
             "caller": self.caller, "lease_tag": self.key[2] if self.key else None,
             "queue": self.key[1] if self.key else None, "hold_until": self.hold_until or None,
             "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
-            "retire_at_release": self.retire, "created_at": self.created_at,
+            "retire_at_release": self.retire, "created_at": self.created_at, "standby": self.standby,
         }
 
 
@@ -146,6 +146,7 @@ def owner_annotations(pod: Pod) -> dict[str, str]:
         ANNOTATION_PREFIX + "used": "1" if pod.used else "",
         ANNOTATION_PREFIX + "origin": pod.origin.value,
         ANNOTATION_PREFIX + "job": pod.job or "",
+        ANNOTATION_PREFIX + "role": "standby" if pod.standby else "",
     }
 
 
@@ -162,3 +163,4 @@ def restore_owner(pod: Pod, annotations: Mapping[str, str]) -> None:
     origin = get(ANNOTATION_PREFIX + "origin") or ""
     if origin in Origin._value2member_map_:
         pod.origin = Origin(origin)
+    pod.standby = get(ANNOTATION_PREFIX + "role") == "standby"

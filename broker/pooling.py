@@ -21,11 +21,12 @@ from broker.budgets import Ledger, units_of
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.holds import MIN_TENURE_S, holds_to_break
-from broker.pods import Origin, Pod, PodState
+from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
 from broker.rollout import drain
 from broker.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
+from broker.standby import exclusive_cards, group_key, plan_standbys
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.tracker import Tracker
@@ -68,6 +69,7 @@ class PoolController:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
+        self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None) -> None:
@@ -141,6 +143,7 @@ class PoolController:
                     self.retire(pod_name, only_if_idle_since=victim.idle_since)
             for pod_name in rollout.mark:
                 self.tracker.retire_at_release(pod_name)
+            self._stage_standbys(spec, pods, now)
             room = spec.max_count - counts.physical - created
             for job_id, (pool, n) in self.single_use.items():
                 if pool != name or job_id in self._reserved_started:
@@ -155,6 +158,31 @@ class PoolController:
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
+
+    def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
+        """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.standby)."""
+        if not self._sweeping and self.tracker.unverified_cards():
+            self._sweeping = True
+            self.tasks.spawn("standby sweep", self._sweep())
+        staged = plan_standbys(spec, pods, now)
+        for key in staged.create:
+            self._create(spec, Origin.STANDBY, gpus=key)
+        for name in staged.retire:
+            victim = self.tracker.pods.get(name)
+            if victim is not None:
+                self.retire(name, only_if_idle_since=victim.idle_since)
+
+    async def _sweep(self) -> None:
+        """Re-verify card exclusivity after a restart; a failed read changes nothing this time."""
+        try:
+            infos = await self.backend.list_pods()
+        except FirepoolError as exc:
+            log.warning("standby sweep failed, promotions stay disabled: %s", exc)
+        else:
+            self.tracker.verify_cards(exclusive_cards(infos) & self.tracker.unverified_cards())
+        finally:
+            self._sweeping = False
+        self.on_ready()
 
     def headroom(self, spec: PoolSpec) -> int | None:
         """Whole pods the pool's accelerator budget (plus borrowable capacity) still allows; None: unbounded."""
@@ -233,13 +261,18 @@ class PoolController:
             log.info("preempted %d borrowed pods (%.0f GPUs) for their owner", len(pre.retire) + len(pre.mark),
                      pre.gpus)
 
-    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None) -> bool:
-        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit."""
+    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
+                gpus: tuple[str, ...] = ()) -> bool:
+        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
+
+        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
+        """
         name = f"{spec.name}-{secrets.token_hex(4)}"
         if origin is not Origin.STANDBY and not self._reserve(name, spec):
             return False
-        pod = Pod(name, spec.name, state=PodState.STARTING, origin=origin, template=spec.template_hash,
+        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
                   created_at=self.clock.now(), reserved_for=reserved_for)
+        pod.standby = origin is Origin.STANDBY
         self.tracker.add(pod)
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
@@ -265,8 +298,10 @@ class PoolController:
                 ledger.adopt(mate.name, r.accelerator, r.units)
 
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
+        pin = group_key(pod) if pod.standby else ()
         try:
-            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin))
+            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
+                                                        annotations=owner_annotations(pod) if pod.standby else {}))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0

@@ -5,7 +5,8 @@ the lease in one step under the lock, so no two claimers take one pod and no cal
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
 Search order inside a pool: the session's own idle pod (warm) -> a never-used idle pod (warm when it
 was ready before the job came, new when the job waited for it) -> the caller's pod from another session (recycled: runs once, then
-retires) -> a new pod (the caller waits; the shortfall is demand for the pool controller).
+retires) -> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> a new pod
+(the caller waits; the shortfall is demand for the pool controller).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
 REASON_TAKEOVER = "pool at its ceiling: took over the caller's least recently used session's pod (workspace wiped)"
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
+REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
 REASON_QUOTA = "caller quota"
 
 
@@ -79,7 +81,7 @@ class Shortfall:
 class _Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "physical")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "standby", "physical")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -90,8 +92,10 @@ class _Bucket:
         """Idle used pods by the session that used them last."""
         self.by_caller: dict[str, dict[str, Pod]] = {}
         """Idle used pods by their last caller (any session)."""
+        self.standby: dict[str, Pod] = {}
+        """Idle standbys (broker.standby): claimed only when no owner's or unheld idle pod exists."""
         self.physical = 0
-        """Tracked pods of the pool (added, not yet removed): at the ceiling no new pod can come."""
+        """Pods of the pool that hold a card's count (not unpromoted standbys): at the ceiling no new pod comes."""
 
 
 class Tracker:
@@ -110,21 +114,38 @@ class Tracker:
         """caller -> [gpus, pods] held by its assigned and running jobs."""
         self._gate: dict[str, str] = {}
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
+        self._unverified: set[str] = set()
+        """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
         self._gangs: dict[str, list[Reservation]] = {}
         """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
 
     # ---------------------------------------------------------------- membership
 
     def add(self, pod: Pod) -> None:
-        """Track a new pod (STARTING, or IDLE when recovery restores it)."""
+        """Track a new pod (STARTING, or IDLE when recovery restores it).
+
+        A standby restored by recovery fails closed: its card takes no promotion until `verify_cards`.
+        """
         with self._lock:
             if pod.name in self.pods:
                 raise ValueError(f"pod {pod.name} is already tracked")
             self.pods[pod.name] = pod
-            if (bucket := self._buckets.get(pod.pool)) is not None:
+            if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
                 bucket.physical += 1
             if pod.state is _IDLE:
+                if pod.standby:
+                    self._unverified.update(pod.gpus)
                 self._index_idle(pod)
+
+    def unverified_cards(self) -> set[str]:
+        """Cards whose standbys wait for an exclusivity sweep (after a restart)."""
+        with self._lock:
+            return set(self._unverified)
+
+    def verify_cards(self, keys: Iterable[str]) -> None:
+        """A sweep found these cards shared only by their Firepool group: promotions may resume."""
+        with self._lock:
+            self._unverified.difference_update(keys)
 
     def ready(self, name: str, now: float, gpus: tuple[str, ...] = ()) -> bool:
         """STARTING -> IDLE with the devices the backend bound; False when it is no longer starting."""
@@ -152,17 +173,20 @@ class Tracker:
                 return None
             if pod.state is _IDLE:
                 self._unindex_idle(pod)
+            verified = pod.state is not _RESETTING
             pod.move(_RETIRING)
-            self._leave_gate(pod)
+            if verified:
+                self._leave_gate(pod)
             return pod
 
     def remove(self, name: str) -> None:
-        """RETIRING -> GONE: the backend deleted it."""
+        """RETIRING -> GONE: the backend deleted it (and with it any process it still had)."""
         with self._lock:
             pod = self.pods.pop(name, None)
             if pod is not None:
                 pod.move(PodState.GONE)
-                if (bucket := self._buckets.get(pod.pool)) is not None:
+                self._leave_gate(pod)
+                if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
                     bucket.physical -= 1
 
     # ---------------------------------------------------------------- claim path
@@ -238,44 +262,63 @@ class Tracker:
         key = (want.caller, want.queue, want.tag)
         picked: list[tuple[Pod, str, str | None]] = []
         taken: set[str] = set()
+        cards: set[str] = set()
+        """Devices of the pods picked so far: a set never puts two of its pods on one card."""
 
         def usable(pod: Pod) -> bool:
-            return pod.name not in taken and self._gate_open(pod)
+            return pod.name not in taken and self._gate_open(pod) and cards.isdisjoint(pod.gpus)
+
+        def take(pod: Pod, path: str, reason: str | None) -> bool:
+            picked.append((pod, path, reason))
+            taken.add(pod.name)
+            cards.update(pod.gpus)
+            return len(picked) == n
 
         own = bucket.by_key.get(key)
         if own:
             for pod in reversed(own.values()):
-                if usable(pod):
-                    picked.append((pod, Path.WARM, None))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+                if usable(pod) and take(pod, Path.WARM, None):
+                    return picked
         mine = bucket.by_caller.get(want.caller)
         if bucket.hint and mine:
             for pod in reversed(mine.values()):
-                if pod.key is not None and pod.key[1] == want.queue and usable(pod):
-                    picked.append((pod, Path.WARM, REASON_TAG_HINT))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+                if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
+                        and take(pod, Path.WARM, REASON_TAG_HINT):
+                    return picked
         for pod in reversed(bucket.fresh.values()):
             if usable(pod):
                 path = Path.NEW if pod.idle_since >= want.since else Path.WARM
-                picked.append((pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD))
-                taken.add(pod.name)
-                if len(picked) == n:
+                if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
                     return picked
-        if mine and (want.recycle or bucket.physical >= bucket.spec.max_count):
+        if mine and want.recycle:
+            for pod in reversed(mine.values()):
+                if usable(pod) and take(pod, Path.RECYCLED, REASON_NEW_SESSION):
+                    return picked
+        if bucket.standby:
+            # A standby may wait at the gate for its card's job: that wait is the handover. Cards that are
+            # free come first, then cards whose job is already resetting, then cards still running one.
+            for pod in sorted(bucket.standby.values(), key=self._gate_wait_rank):
+                if pod.name in taken or not cards.isdisjoint(pod.gpus) \
+                        or (self._unverified and not self._unverified.isdisjoint(pod.gpus)):
+                    continue
+                if take(pod, Path.STANDBY, REASON_STANDBY):
+                    return picked
+        if mine and not want.recycle and bucket.physical >= bucket.spec.max_count:
             # recycle=False gives way only at the ceiling: the caller's least recently used session hands
             # its pod over for good (the agent empties the workspace at the session change).
-            reason = REASON_NEW_SESSION if want.recycle else REASON_TAKEOVER
-            for pod in (reversed(mine.values()) if want.recycle else list(mine.values())):
-                if usable(pod):
-                    picked.append((pod, Path.RECYCLED, reason))
-                    taken.add(pod.name)
-                    if len(picked) == n:
-                        return picked
+            for pod in list(mine.values()):
+                if usable(pod) and take(pod, Path.RECYCLED, REASON_TAKEOVER):
+                    return picked
         return Shortfall("no idle pod", n - len(picked))
+
+    def _gate_wait_rank(self, pod: Pod) -> int:
+        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there."""
+        rank = 0
+        for g in pod.gpus:
+            holder = self.pods.get(self._gate.get(g, ""))
+            if holder is not None and holder is not pod:
+                rank = max(rank, 1 if holder.state is _RESETTING else 2)
+        return rank
 
     def _pick_reserved(self, want: Claim) -> list[tuple[Pod, str, str | None]] | Shortfall:
         ready = self._reserved.get(want.job_id, [])
@@ -313,6 +356,9 @@ class Tracker:
             for pod in pods:
                 pod.move(_RUNNING)
                 pod.used = True
+                if pod.standby:
+                    self._buckets[pod.pool].physical += 1  # promoted: it now holds the card's count
+                pod.standby = False  # promoted: the card's previous job is verified gone
                 for g in pod.gpus:
                     gate[g] = pod.name
             return True
@@ -355,7 +401,8 @@ class Tracker:
         return lease.pods
 
     def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
-        if pod.gpus:
+        if pod.gpus and clean:
+            # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
         if not clean or pod.retire or pod.origin is Origin.SINGLE_USE or (self._gangs and self._makes_room(pod)):
             pod.move(_RETIRING)
@@ -378,8 +425,7 @@ class Tracker:
                 pod.move(_RUNNING)
             if pod.state is _RUNNING:
                 pod.move(_RESETTING)
-            pod.move(_RETIRING)
-            self._leave_gate(pod)
+            pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 
     def retire_at_release(self, name: str) -> bool:
@@ -590,6 +636,9 @@ class Tracker:
     # ---------------------------------------------------------------- internals (lock held)
 
     def _index_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            self._buckets[pod.pool].standby[pod.name] = pod
+            return
         if self._gangs and pod.key is None and pod.reserved_for is None:
             self._feed(pod)
         if pod.reserved_for is not None:
@@ -611,6 +660,9 @@ class Tracker:
             mine[pod.name] = pod
 
     def _unindex_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            del self._buckets[pod.pool].standby[pod.name]
+            return
         if pod.reserved_for is not None:
             ready = self._reserved.get(pod.reserved_for)
             if ready and pod in ready:

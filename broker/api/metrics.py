@@ -34,6 +34,8 @@ class _Collector:
         by: Counter[tuple[str, str]] = Counter()
         for pod in self.cp.tracker.snapshot():
             state = "held" if pod.held(now) else pod.state.value
+            if pod.standby and state in ("starting", "idle"):
+                state = "standby"  # a zero-VRAM standby on an active pod's GPU
             by[(pod.pool, state)] += 1
         for (pool, state), n in sorted(by.items()):
             pods.add_metric([pool, state], n)

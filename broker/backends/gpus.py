@@ -15,6 +15,8 @@ from broker.ports.backend import Device
 log = logging.getLogger(__name__)
 
 VIRTUAL_MODEL = "virtual"
+VIRTUAL_MEMORY_MB = 143_771
+"""The framebuffer a virtual GPU declares (an H200's 141 GB), so jobs get HAMi memory limits as on a real card."""
 _NVML_SUCCESS = 0
 _BUFFER = 96
 
@@ -38,7 +40,8 @@ class _Memory(ctypes.Structure):
 
 def virtual_gpus(count: int) -> list[Gpu]:
     """`count` stand-in GPUs keyed `virtual-gpu-<i>`, for machines without one."""
-    return [Gpu(Device(key=f"virtual-gpu-{i}", index=i, model=VIRTUAL_MODEL), None) for i in range(count)]
+    return [Gpu(Device(key=f"virtual-gpu-{i}", index=i, model=VIRTUAL_MODEL, memory_mb=VIRTUAL_MEMORY_MB), None)
+            for i in range(count)]
 
 
 def nvml_gpus(library: str = "libnvidia-ml.so.1") -> list[Gpu]:

@@ -164,6 +164,16 @@ class LocalBackend:
             raise BackendError(f"pod {name} needs {count} GPU(s), {len(free)} free of {len(self._gpus)}")
         return free[:count]
 
+    def _pin(self, keys: tuple[str, ...], pool: str, name: str) -> list[str]:
+        """A standby's devices: each must exist and be shared only by pods of the same pool (its group)."""
+        for key in keys:
+            if key not in self._gpus:
+                raise BackendError(f"pod {name}: no GPU {key} to pin to")
+            others = {r["pool"] for r in self._records.values() if key in r["gpus"]}
+            if others - {pool}:
+                raise BackendError(f"pod {name}: GPU {key} is shared with pool(s) {sorted(others - {pool})}")
+        return list(keys)
+
     # -- create ---------------------------------------------------------------------------------
 
     async def create(self, request: PodRequest) -> PodInfo:
@@ -181,7 +191,8 @@ class LocalBackend:
         for bind in binds:
             if uses([bind.src], str(self.state_dir)) is not None:
                 raise BackendError(f"pool {request.pool.name}: bind {bind.src} would expose the broker's state")
-        keys = self._allocate(request.pool.gpus, name)
+        keys = self._pin(request.gpus, request.pool.name, name) if request.gpus else \
+            self._allocate(request.pool.gpus, name)
         chosen = [self._gpus[k] for k in keys]
         real = all(not g.virtual for g in chosen)
         # Real GPUs are named by UUID: only their device nodes exist in the sandbox, so indices would shift.

@@ -36,6 +36,8 @@ class PodRequest:
     pool: PoolSpec
     origin: Origin = Origin.DEMAND
     annotations: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[str, ...] = ()
+    """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,11 @@ class FakeBackend:
 
     kind = "fake"
 
-    def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu") -> None:
+    def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu",
+                 memory_mb: int = 0) -> None:
         self.clock = clock
         self.start_delay = start_delay
-        self._devices = [Device(key=f"fake-gpu-{i}", index=i, model=model) for i in range(gpus)]
+        self._devices = [Device(key=f"fake-gpu-{i}", index=i, model=model, memory_mb=memory_mb) for i in range(gpus)]
         self.pods: dict[str, PodInfo] = {}
         self.agents: dict[str, FakeAgent] = {}
         self.created: list[str] = []
@@ -115,7 +118,9 @@ class FakeBackend:
 
     async def create(self, request: PodRequest) -> PodInfo:
         gpus: tuple[str, ...] = ()
-        if request.pool.gpus:
+        if request.gpus:
+            gpus = request.gpus
+        elif request.pool.gpus:
             if self.pin_gpu is not None:
                 gpus = (self.pin_gpu,)
             else:

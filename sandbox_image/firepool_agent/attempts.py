@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import kernel, proctree, wiping
+from firepool_agent import gpushare, kernel, proctree, wiping
 from firepool_agent.config import AgentConfig
 from firepool_agent.output import Output
 from firepool_agent.reaping import Reaper
@@ -115,6 +115,7 @@ class Attempts:
                "FIREPOOL_ATTEMPT_ID": attempt_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         env.update(requested)
         env["CUDA_VISIBLE_DEVICES"] = c.cuda_visible_devices
+        env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
         return env
 
     def launch(self, spec: LaunchSpec) -> Attempt:

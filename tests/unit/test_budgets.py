@@ -7,7 +7,6 @@ import threading
 
 from broker.budgets import Ledger
 from broker.jobs import JobState
-from broker.pods import Origin, Pod, PodState
 from tests.unit.harness import Harness, gpu_pool
 
 
@@ -108,16 +107,14 @@ async def test_an_active_standby_group_holds_one_gpu_of_budget_even_after_its_ac
     try:
         job = await h.run_job("alice", pool="gpu")
         active = h.cp.tracker.pods[job.acquisition[0].pod]
-        standby = Pod("gpu-standby", "gpu", active.gpus, state=PodState.IDLE, origin=Origin.STANDBY,
-                      template=active.template, created_at=h.clock.now())
-        standby.standby = True
-        h.cp.tracker.add(standby)
-        h.cp.controller.reconcile_once()
+        await h.run_for(1.0)  # the controller stages the standby on the active pod's GPU
+        standby = next(p for p in h.cp.tracker.snapshot() if p.standby)
+        assert standby.gpus == active.gpus
         assert h.cp.controller.ledger.used("fake-gpu") == 1.0  # the standby adds no GPU
         assert h.cp.pools_view()[0]["physical"] == 1 and h.cp.pools_view()[0]["standby"] == 1
         assert h.cp.controller.retire(active.name)
         await h.run_for(1.0)
-        assert h.cp.controller.ledger.holds("gpu-standby") and h.cp.controller.ledger.used("fake-gpu") == 1.0
+        assert h.cp.controller.ledger.holds(standby.name) and h.cp.controller.ledger.used("fake-gpu") == 1.0
         assert h.cp.pools_view()[0]["physical"] == 1 and h.cp.pools_view()[0]["standby"] == 0
     finally:
         await h.stop()

@@ -24,7 +24,7 @@ from broker.reserving import refresh as refresh_reservations
 from broker.reserving import reserve_if_due
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
-from broker.tracker import REASON_QUOTA, Claim, Lease, Shortfall, Tracker
+from broker.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 
 if TYPE_CHECKING:
     from broker.executing import Executor
@@ -84,6 +84,8 @@ class Dispatcher:
                                            job_sort_key(job), recycle=spec.recycle), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
+                if got.reason == REASON_SESSION_RESETTING:
+                    continue  # its own pod is back in milliseconds: no demand for another
                 if spec.single_use:
                     single_use[job.id] = (spec.pool, spec.pods)
                 else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ REASON_NEW_SESSION = "new session: ran once on the caller's previous pod, which 
 REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
 REASON_TAKEOVER = "pool at its ceiling: took over the caller's least recently used session's pod (workspace wiped)"
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
+REASON_SESSION_RESETTING = "the session's pod is resetting"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
 REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
 REASON_QUOTA = "caller quota"
@@ -105,6 +107,9 @@ class Tracker:
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {name: _Bucket(spec) for name, spec in pools.items()}
         self._limits: dict[str, CallerLimits] = dict(limits or {})
+        self._returning: dict[str, SessionKey] = {}
+        """Resetting pods that go back to their session when clean: pod name -> session."""
+        self._returning_keys: Counter[SessionKey] = Counter()
         """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
         self.pods: dict[str, Pod] = {}
         self._leases: dict[str, Lease] = {}
@@ -209,6 +214,8 @@ class Tracker:
                     if not gate or self._gate_open(pod):
                         picked = ((pod, Path.WARM, None),)
                         break
+            if picked is None and self._returning_keys:
+                picked = self._session_pod_resetting(want)
             if picked is None:
                 gang = self._gangs and want.job_id in self._reserved
                 picked = self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
@@ -311,6 +318,14 @@ class Tracker:
                     return picked
         return Shortfall("no idle pod", n - len(picked))
 
+    def _session_pod_resetting(self, want: Claim) -> Shortfall | None:
+        """A session whose own pod is still resetting waits the few ms for it rather than take another
+        pod: the result is committed while the reset runs, so a quick next call must not lose its warm
+        workspace (a failed reset retires the pod and the next pass takes another)."""
+        if self._returning_keys.get((want.caller, want.queue, want.tag)):
+            return Shortfall(REASON_SESSION_RESETTING, want.pods)
+        return None
+
     def _gate_wait_rank(self, pod: Pod) -> int:
         """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there."""
         rank = 0
@@ -397,10 +412,14 @@ class Tracker:
             pod.caller = key[0]
             pod.key = key
             pod.job = None
+            if not pod.retire and pod.origin is not Origin.SINGLE_USE:
+                self._returning[pod.name] = key
+                self._returning_keys[key] += 1
         self._unuse(lease)
         return lease.pods
 
     def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
+        self._returned(pod)
         if pod.gpus and clean:
             # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
@@ -412,6 +431,13 @@ class Tracker:
         pod.hold_until = now + hold_seconds
         self._index_idle(pod)
         return True
+
+    def _returned(self, pod: Pod) -> None:
+        key = self._returning.pop(pod.name, None)
+        if key is not None:
+            self._returning_keys[key] -= 1
+            if not self._returning_keys[key]:
+                del self._returning_keys[key]
 
     def lost(self, name: str) -> Pod | None:
         """A pod vanished or its agent stays unreachable: RETIRING from any live state."""
@@ -425,6 +451,7 @@ class Tracker:
                 pod.move(_RUNNING)
             if pod.state is _RUNNING:
                 pod.move(_RESETTING)
+            self._returned(pod)
             pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 

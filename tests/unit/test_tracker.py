@@ -6,7 +6,7 @@ import threading
 
 from broker.pods import Origin, Pod, PodState
 from broker.pools import CallerLimits, PoolSpec
-from broker.tracker import Claim, Lease, Shortfall, Tracker
+from broker.tracker import REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 
 POOL = PoolSpec(name="p", gpus=1, max_count=10_000)
 
@@ -99,3 +99,28 @@ def test_the_gate_blocks_a_second_pod_on_a_busy_gpu() -> None:
     assert t.claim(Claim("j2", "bob", "p"), 0.0) == Shortfall("no idle pod", 1)  # not verified yet
     t.finish_reset(first.pods[0].name, True, 1.0, 60.0)
     assert isinstance(t.claim(Claim("j2", "bob", "p"), 1.0), Lease)
+
+
+def test_a_session_waits_for_its_resetting_pod_instead_of_taking_another() -> None:
+    t = _tracker(2)
+    key = ("alice", "default", "conv")
+    first = t.claim(Claim("j1", "alice", "p", tag="conv"), 0.0)
+    assert isinstance(first, Lease) and t.start("j1")
+    [pod] = t.begin_reset("j1", key)
+    waiting = t.claim(Claim("j2", "alice", "p", tag="conv"), 1.0)
+    assert isinstance(waiting, Shortfall) and waiting.reason == REASON_SESSION_RESETTING
+    other = t.claim(Claim("j3", "alice", "p", tag="other-conv"), 1.0)
+    assert isinstance(other, Lease) and other.pods[0].name != pod.name  # only that session waits
+    assert t.finish_reset(pod.name, True, 2.0, 60.0)
+    again = t.claim(Claim("j2", "alice", "p", tag="conv"), 2.0)
+    assert isinstance(again, Lease) and again.pods[0].name == pod.name
+
+
+def test_a_failed_reset_stops_the_session_waiting() -> None:
+    t = _tracker(2)
+    first = t.claim(Claim("j1", "alice", "p", tag="conv"), 0.0)
+    assert isinstance(first, Lease) and t.start("j1")
+    [pod] = t.begin_reset("j1", ("alice", "default", "conv"))
+    assert not t.finish_reset(pod.name, False, 1.0, 60.0)
+    got = t.claim(Claim("j2", "alice", "p", tag="conv"), 1.0)
+    assert isinstance(got, Lease) and got.pods[0].name != pod.name

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -109,7 +108,7 @@ class Tracker:
         self._limits: dict[str, CallerLimits] = dict(limits or {})
         self._returning: dict[str, SessionKey] = {}
         """Resetting pods that go back to their session when clean: pod name -> session."""
-        self._returning_keys: Counter[SessionKey] = Counter()
+        self._returning_keys: dict[SessionKey, int] = {}
         """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
         self.pods: dict[str, Pod] = {}
         self._leases: dict[str, Lease] = {}
@@ -401,10 +400,10 @@ class Tracker:
         with self._lock:
             lease = self._leases.pop(job_id, None)
             if lease is not None:
-                for pod in self._begin_reset(lease, key):
+                for pod in self._begin_reset(lease, key, returning=False):
                     self._finish_reset(pod, True, now, hold_seconds)
 
-    def _begin_reset(self, lease: Lease, key: SessionKey) -> tuple[Pod, ...]:
+    def _begin_reset(self, lease: Lease, key: SessionKey, returning: bool = True) -> tuple[Pod, ...]:
         for pod in lease.pods:
             if pod.state is _ASSIGNED:  # the launch never went out; the pod may still be dirty
                 pod.move(_RUNNING)
@@ -412,14 +411,15 @@ class Tracker:
             pod.caller = key[0]
             pod.key = key
             pod.job = None
-            if not pod.retire and pod.origin is not Origin.SINGLE_USE:
+            if returning and not pod.retire and pod.origin is not Origin.SINGLE_USE:
                 self._returning[pod.name] = key
-                self._returning_keys[key] += 1
+                self._returning_keys[key] = self._returning_keys.get(key, 0) + 1
         self._unuse(lease)
         return lease.pods
 
     def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
-        self._returned(pod)
+        if self._returning:
+            self._returned(pod)
         if pod.gpus and clean:
             # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
@@ -435,8 +435,10 @@ class Tracker:
     def _returned(self, pod: Pod) -> None:
         key = self._returning.pop(pod.name, None)
         if key is not None:
-            self._returning_keys[key] -= 1
-            if not self._returning_keys[key]:
+            left = self._returning_keys[key] - 1
+            if left:
+                self._returning_keys[key] = left
+            else:
                 del self._returning_keys[key]
 
     def lost(self, name: str) -> Pod | None:

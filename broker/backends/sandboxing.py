@@ -11,6 +11,7 @@ capabilities, an empty bounding set, no_new_privs. As any other user, bwrap make
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import logging
 import os
@@ -126,6 +127,12 @@ def python_of(prefix: str) -> str:
         if os.path.exists(candidate):
             return candidate
     return sys.executable
+
+
+def editable_hooks(prefix: str) -> list[str]:
+    """The `.pth` hooks of editable installs in `prefix`: they point into source trees a sandbox does
+    not mount, and importing their finder costs every Python start in the sandbox ~15 ms."""
+    return sorted(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "__editable__*.pth")))
 
 
 def python_prefixes(prefix: str) -> tuple[str, ...]:
@@ -280,6 +287,8 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.present.update(("/proc", "/dev", "/tmp"))
     for prefix in spec.prefixes:
         tree.mount(prefix, "--ro-bind", prefix, prefix)
+        for hook in editable_hooks(prefix):
+            tree.argv += ["--ro-bind", "/dev/null", hook]
     tree.mount(f"{AGENT_MOUNT}/firepool_agent", "--ro-bind", spec.agent_dir, f"{AGENT_MOUNT}/firepool_agent")
     if spec.gpu_nodes:
         for node in (*_NVIDIA_SHARED, *spec.gpu_nodes):

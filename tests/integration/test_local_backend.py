@@ -212,3 +212,11 @@ async def test_a_pod_that_died_is_dropped_and_its_gpu_freed(backend: LocalBacken
     assert await backend.list_pods() == []
     assert not (backend.pods_dir / "doomed").exists()
     assert (await backend.create(PodRequest(name="heir", pool=GPU))).gpus == info.gpus
+
+
+async def test_python_in_a_sandbox_skips_the_hosts_editable_install_hooks(backend: LocalBackend) -> None:
+    # The hooks point into the source tree, which a sandbox does not mount: importing them only costs time.
+    await backend.create(PodRequest(name="pod-py", pool=CPU))
+    code = "import sys; print(sorted(m for m in sys.modules if 'editable' in m))"
+    assert await run(backend, "pod-py", "job:py", "python3", "-c", code) == (0, "[]\n")
+    await backend.delete("pod-py")

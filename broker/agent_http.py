@@ -7,6 +7,7 @@ request on an established socket. Every httpx error and every unexpected status 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -30,6 +31,8 @@ from broker.ports.agent import (
 _STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptStatus))
 SETUP_S = 660.0
 """Extra time a launch may take when the agent installs requirements before the first instruction."""
+INLINE_LOGS = 256 << 10
+"""A finished attempt's logs up to this size come with its status: no read per stream after a short job."""
 _SLACK_S = 10.0
 """Added to a long-poll's own wait, so the HTTP timeout never fires before the agent answers."""
 
@@ -40,7 +43,10 @@ def _attempt_path(attempt_id: str, suffix: str = "") -> str:
 
 def _status(payload: dict[str, Any]) -> AttemptStatus:
     # Newer agents may report more; only the fields this broker knows are read.
-    return AttemptStatus(**{k: v for k, v in payload.items() if k in _STATUS_FIELDS})
+    fields = {k: v for k, v in payload.items() if k in _STATUS_FIELDS}
+    if fields.get("logs") is not None:
+        fields["logs"] = {str(stream): base64.b64decode(data, validate=True) for stream, data in fields["logs"].items()}
+    return AttemptStatus(**fields)
 
 
 class HttpAgentClient:
@@ -122,7 +128,8 @@ class HttpAgentClient:
 
     async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
         wait_s = max(0.0, timeout_s)
-        response = await self._request("GET", _attempt_path(attempt_id), params={"wait_s": wait_s}, wait_s=wait_s)
+        response = await self._request("GET", _attempt_path(attempt_id), params={"wait_s": wait_s, "inline_logs": INLINE_LOGS},
+                                       wait_s=wait_s)
         with self._decoding():
             return _status(response.json())
 

@@ -311,6 +311,10 @@ class Executor:
 
     async def _collect_logs(self, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]) -> None:
         async def copy(rank: int, pod: Pod, stream: str) -> None:
+            inline = statuses[rank]
+            if inline is not None and inline.logs is not None and stream in inline.logs:
+                await self._write_log(aid, rank, stream, inline.logs[stream])
+                return
             agent = self.backend.agent(pod.name)
             chunks, offset = [], 0
             try:
@@ -322,15 +326,17 @@ class Executor:
                         break
             except FirepoolError as exc:
                 log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
-            data = b"".join(chunks)
-            name = stream if rank == 0 else f"rank{rank}.{stream}"
-            if self.logs.blocking:
-                await asyncio.to_thread(self.logs.write, aid, name, data)
-            else:
-                self.logs.write(aid, name, data)
+            await self._write_log(aid, rank, stream, b"".join(chunks))
 
         await asyncio.gather(*(copy(rank, pod, stream) for rank, pod in enumerate(pods)
                                if statuses[rank] is not None for stream in STREAMS))
+
+    async def _write_log(self, aid: str, rank: int, stream: str, data: bytes) -> None:
+        name = stream if rank == 0 else f"rank{rank}.{stream}"
+        if self.logs.blocking:
+            await asyncio.to_thread(self.logs.write, aid, name, data)
+        else:
+            self.logs.write(aid, name, data)
 
     async def _commit_outcome(self, job_id: str, aid: str, statuses: Sequence[AttemptStatus | None],
                               never_ran: bool, may_retry: bool) -> Job | None:

@@ -49,6 +49,8 @@ class AttemptStatus:
     message: str | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     """Agent-side phase durations (e.g. package unpack), seconds."""
+    logs: Mapping[str, bytes] | None = None
+    """A finished attempt's whole logs by stream, when the agent sent them with its status."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ attempt's logs are complete. All state changes happen under `cond`, which every 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 from firepool_agent import gpushare, kernel, proctree, wiping
 from firepool_agent.config import AgentConfig
+from firepool_agent.output import STREAMS as LOG_STREAMS
 from firepool_agent.output import Output
 from firepool_agent.reaping import Reaper
 
@@ -264,12 +266,19 @@ class Attempts:
         with self.cond:
             return self.by_id.get(attempt_id)
 
-    def wait(self, attempt: Attempt, wait_s: float) -> dict[str, Any]:
-        """The attempt's status once it finished or `wait_s` passed."""
+    def wait(self, attempt: Attempt, wait_s: float, inline_logs: int = 0) -> dict[str, Any]:
+        """The attempt's status once it finished or `wait_s` passed; a finished attempt whose logs
+        total at most `inline_logs` bytes carries them (base64), sparing the broker a read per stream."""
         with self.cond:
             if wait_s > 0:
                 self.cond.wait_for(lambda: not attempt.running, timeout=wait_s)
-            return attempt.to_json()
+            status = attempt.to_json()
+            output = attempt.output
+            small = output is not None and not attempt.running and sum(
+                output.sizes[s] for s in LOG_STREAMS) <= inline_logs
+        if small and output is not None:
+            status["logs"] = {s: base64.b64encode(output.read(s, 0, inline_logs)).decode() for s in LOG_STREAMS}
+        return status
 
     def read_log(self, attempt: Attempt, stream: str, offset: int, max_bytes: int,
                  wait_s: float) -> tuple[bytes, int, bool]:

@@ -161,7 +161,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(201, attempt.to_json())
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
-            self._json(200, attempts.wait(self._attempt(parts[2]), wait_s))
+            inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
+            self._json(200, attempts.wait(self._attempt(parts[2]), wait_s, int(inline)))
         elif route == ("GET", "attempts", 4) and parts[3] == "log":
             self._log(self._attempt(parts[2]), query)
         elif route == ("POST", "attempts", 4) and parts[3] == "signal":

@@ -16,6 +16,8 @@ from firepool_agent.output import STREAMS
 from firepool_agent.resetting import ResetSpec
 
 MAX_WAIT_S = 600.0
+MAX_INLINE_LOGS = 1 << 20
+"""The most log bytes a status may carry inline (`inline_logs=`)."""
 MAX_LOG_CHUNK = 16 << 20
 
 

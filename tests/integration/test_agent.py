@@ -7,6 +7,7 @@ through the local backend in test_local_backend.py and test_isolation.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.agent_http import HttpAgentClient
+from broker.agent_http import INLINE_LOGS, HttpAgentClient
 from broker.errors import AgentError
 from broker.ports.agent import LaunchRequest, ResetRequest
 
@@ -124,7 +125,17 @@ async def test_launch_waits_and_serves_each_stream(agent: RunningAgent) -> None:
     assert (first.data, first.next_offset, first.complete) == (b"out-", 4, False)
     rest = await agent.client.read_log("job-1:0", offset=first.next_offset)
     assert rest.data == b"1\nerr-1\nout-2\n" and rest.complete
-    assert (await agent.client.status("job-1:0")) == done
+    # The finished status carried the whole logs, so the broker needs no read per stream.
+    assert done.logs == {"combined": b"out-1\nerr-1\nout-2\n", "stdout": b"out-1\nout-2\n", "stderr": b"err-1\n"}
+    assert (await agent.client.status("job-1:0")) == dataclasses.replace(done, logs=None)
+
+
+async def test_logs_too_big_to_inline_are_left_to_the_log_reads(agent: RunningAgent) -> None:
+    big = INLINE_LOGS // 2 + 1  # each byte lands in stdout and in combined
+    await agent.client.launch(launch("job-big:0", PY, "-S", "-c", f"import sys; sys.stdout.write('x' * {big})"))
+    done = await agent.client.wait("job-big:0", 10)
+    assert done.exit_code == 0 and done.logs is None
+    assert len((await agent.client.read_log("job-big:0", "stdout")).data) == big
 
 
 async def test_first_instruction_lies_between_start_and_the_jobs_own_clock(agent: RunningAgent) -> None:

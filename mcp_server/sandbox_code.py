@@ -15,6 +15,8 @@ ARTIFACTS_MARK = "\x1efirepool-artifacts"
 RESULT_MARK = "\x1efirepool-result "
 """Prefix of the one stdout line the file helper answers with."""
 OUTPUTS = "outputs"
+MAX_ARTIFACTS = 50
+"""New files of one call listed at most (the wrapper lists all: a pipe to `head` costs a process per call)."""
 """The workspace directory whose new files come back from a call (images inline, the rest as links)."""
 STATE_DIR = ".firepool"
 """Workspace directory of the MCP layer's own state: installed packages, pickled Python namespace."""
@@ -45,7 +47,7 @@ else
     "$@"
 fi
 __fp_rc=$?
-__fp_new=$(find "$__fp_ws/outputs" -type f -newermt "@$__fp_since" -printf '%s %P\n' 2>/dev/null | head -n 50)
+__fp_new=$(find "$__fp_ws/outputs" -type f -newermt "@$__fp_since" -printf '%s %P\n' 2>/dev/null)
 if [ -n "$__fp_new" ]; then printf '\036firepool-artifacts\n%s\n' "$__fp_new" >&2; fi
 exit $__fp_rc
 """
@@ -325,4 +327,4 @@ def split_artifacts(stderr: str) -> tuple[str, list[tuple[int, str]]]:
         size, _, path = line.partition(" ")
         if size.isdigit() and path:
             found.append((int(size), path))
-    return stderr[:at], found
+    return stderr[:at], found[:MAX_ARTIFACTS]

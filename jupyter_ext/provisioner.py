@@ -31,9 +31,6 @@ SIGNAL_NAMES = {signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGKILL: "K
                 signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2", signal.SIGQUIT: "QUIT"}
 POLL_CACHE_S = 0.25
 """poll() asks the broker at most this often; between asks it answers from the last reply."""
-RESET_WAIT_S = 10.0
-"""How long a restart waits for the old kernel's pod to finish its reset (so the new kernel lands warm)."""
-BUSY_POD_STATES = frozenset({"assigned", "running", "resetting"})
 TAG_LIMIT = 255
 
 
@@ -105,7 +102,6 @@ class FirepoolProvisioner(KernelProvisionerBase):
     _exit: int | None = None
     _polled_at: float = 0.0
     _tag: str = ""
-    _pods: frozenset[str] = frozenset()
     last_job: JobInfo | None = None
     """The kernel job as the broker last reported it (pool, pod, acquisition path)."""
     launch_s: float | None = None
@@ -160,7 +156,6 @@ class FirepoolProvisioner(KernelProvisionerBase):
         self.connection_info = info
         self.launch_s = time.perf_counter() - began
         self.last_job = await self.client().get(job.id)
-        self._pods = frozenset(self.last_job.raw.get("bound_pods") or ())
         self.log.info("Firepool kernel %s: job %s on %s (%s)", self.kernel_id, job.id,
                       self.last_job.raw.get("bound_pods"), self.last_job.path)
         return info
@@ -257,31 +252,16 @@ class FirepoolProvisioner(KernelProvisionerBase):
 
     async def cleanup(self, restart: bool = False) -> None:
         """Forget the finished job. Without a restart, make sure it ended: the pod then goes back to the
-        pool, reset and held for this caller like any released pod."""
+        pool, reset and held for this caller like any released pod. (A restart's kernel job waits in the
+        broker for its session's pod to finish resetting, so it lands on the same warm sandbox.)"""
         job_id, self.job_id = self.job_id, None
-        if restart:
-            await self._settle(job_id)
-        else:
+        if not restart:
             if job_id is not None and self._exit is None:
                 try:
                     await self.client().cancel(job_id)
                 except FirepoolError as exc:
                     self.log.warning("cancelling kernel job %s failed: %s", job_id, exc)
             await self._close()
-
-    async def _settle(self, job_id: str | None) -> None:
-        """Wait until the ended kernel's pod is back idle: the broker commits a job's end and resets its pod in
-        parallel, and a restart submitted mid-reset would not find its warm sandbox and take another pod."""
-        pods = self._pods if job_id is not None else frozenset()
-        deadline = time.monotonic() + RESET_WAIT_S
-        while pods and time.monotonic() < deadline:
-            try:
-                views = await self.client().pods(self.pool)
-            except FirepoolError:
-                return
-            if not any(v["name"] in pods and v["state"] in BUSY_POD_STATES for v in views):
-                return
-            await asyncio.sleep(0.01)
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return max(recommended, 10.0)  # the kernel's exit reaches us through the broker
@@ -309,9 +289,8 @@ class FirepoolProvisioner(KernelProvisionerBase):
         self.url = provisioner_info.get("url") or self.url
         self._exit, self._polled_at = None, 0.0
         if self.job_id:
-            try:  # the pods a later restart waits for
+            try:
                 self.last_job = await self.client().get(self.job_id)
-                self._pods = frozenset(self.last_job.raw.get("bound_pods") or ())
             except FirepoolError as exc:
                 self.log.warning("kernel job %s not reachable on reattach: %s", self.job_id, exc)
 

@@ -103,7 +103,7 @@ async def test_provisioner_info_carries_the_job_id_so_a_restarted_server_reattac
     await again.load_provisioner_info(saved)
     assert again.job_id == "j123" and again.has_process and again.pool == "gpu" and again.url == "http://b"
     assert again.connection_info["key"] == b"secret" and again._tag == "kernel:kid"
-    assert again._pods == {"p1"} and await again.poll() is None  # a later restart waits for this pod
+    assert await again.poll() is None
     await again._close()
 
 
@@ -131,9 +131,8 @@ def test_a_front_end_that_ignores_provisioners_gets_an_explanation_not_a_local_k
 class FakeBroker:
     """The broker's REST answers the provisioner needs, scripted; records every request."""
 
-    def __init__(self, job_states: list[str], pod_states: list[str] | None = None) -> None:
+    def __init__(self, job_states: list[str]) -> None:
         self.job_states = job_states
-        self.pod_states = pod_states or ["idle"]
         self.calls: list[str] = []
         self.down = False
 
@@ -141,9 +140,6 @@ class FakeBroker:
         self.calls.append(f"{request.method} {request.url.path}")
         if self.down:
             raise httpx.ConnectError("broker down")
-        if request.url.path == "/v1/pods":
-            state = self.pod_states.pop(0) if len(self.pod_states) > 1 else self.pod_states[0]
-            return httpx.Response(200, json={"pods": [{"name": "p1", "state": state}]})
         state = self.job_states.pop(0) if len(self.job_states) > 1 else self.job_states[0]
         job = {"id": "j1", "state": state, "bound_pods": ["p1"]}
         if state == "SUCCEEDED":
@@ -154,7 +150,7 @@ class FakeBroker:
 def provisioner_on(fake: FakeBroker) -> FirepoolProvisioner:
     prov = FirepoolProvisioner(pool="gpu")
     prov._client = AsyncClient("http://broker", "t", transport=httpx.MockTransport(fake.handler))
-    prov.job_id, prov._pods = "j1", frozenset({"p1"})
+    prov.job_id = "j1"
     return prov
 
 
@@ -180,12 +176,13 @@ async def test_poll_between_asks_answers_from_the_last_reply() -> None:
     await prov._close()
 
 
-async def test_restart_cleanup_waits_for_the_pods_reset_and_keeps_the_lease() -> None:
-    fake = FakeBroker(["SUCCEEDED"], ["resetting", "resetting", "idle"])
+async def test_restart_cleanup_keeps_the_lease_and_asks_the_broker_nothing() -> None:
+    # The broker makes the restarted kernel's job wait for its session's resetting pod.
+    fake = FakeBroker(["SUCCEEDED"])
     prov = provisioner_on(fake)
     prov._exit = 0
     await prov.cleanup(restart=True)
-    assert fake.calls == ["GET /v1/pods"] * 3 and prov.job_id is None and prov._client is not None
+    assert fake.calls == [] and prov.job_id is None and prov._client is not None
     await prov._close()
 
 

@@ -61,15 +61,39 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the package is larger than {limit} bytes", {"limit": limit, "reason": "compressed"})
+
+
+class Upload:
+    """A body streaming into a staging file, cut off at `limit` bytes; the file goes if the upload fails."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path = path
+        self.limit = limit
+        self.size = 0
+        self._out = open(path, "wb")  # noqa: SIM115 - closed in __exit__
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise too_large(self.limit)
+        self._out.write(chunk)
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
+        self._out.close()
+        if failed is not None:
+            self.path.unlink(missing_ok=True)
+
+
 class PackageStore(Protocol):
     limits: PackageLimits
 
-    def staging(self) -> Path:
-        """A new empty file to stream an upload into (then `put_file`)."""
-        ...
-
-    def too_large(self) -> PayloadTooLarge:
-        """The error for an upload over `limits.max_compressed`."""
+    def upload(self) -> Upload:
+        """A new upload to stream a body into (then `put_file` its path)."""
         ...
 
     def put_file(self, caller: str, digest: str, staged: Path) -> StoredPackage:
@@ -121,31 +145,18 @@ class FilePackageStore:
         target = self._file(digest)
         return target if target.is_file() and caller in self._owners(digest) else None
 
-    def staging(self) -> Path:
-        """A new empty file to stream an upload into; hand it to `put_file`, which always removes it."""
+    def upload(self) -> Upload:
+        """A new staging file to stream a body into; hand its path to `put_file`, which always removes it."""
         fd, name = tempfile.mkstemp(dir=self.tmp, suffix=".zip")
         os.close(fd)
-        return Path(name)
-
-    def too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"the package is larger than {self.limits.max_compressed} bytes",
-                               {"limit": self.limits.max_compressed, "reason": "compressed"})
+        return Upload(Path(name), self.limits.max_compressed)
 
     def put(self, caller: str, digest: str, chunks: Iterable[bytes]) -> StoredPackage:
         check_digest(digest)
-        staged = self.staging()
-        try:
-            size = 0
-            with open(staged, "wb") as out:
-                for chunk in chunks:
-                    size += len(chunk)
-                    if size > self.limits.max_compressed:
-                        raise self.too_large()
-                    out.write(chunk)
-        except BaseException:
-            staged.unlink(missing_ok=True)
-            raise
-        return self.put_file(caller, digest, staged)
+        with self.upload() as upload:
+            for chunk in chunks:
+                upload.write(chunk)
+        return self.put_file(caller, digest, upload.path)
 
     def put_file(self, caller: str, digest: str, staged: Path) -> StoredPackage:
         """Check a staged upload and store it under `digest`; the staged file is gone afterwards."""
@@ -153,7 +164,7 @@ class FilePackageStore:
             check_digest(digest)
             size = staged.stat().st_size
             if size > self.limits.max_compressed:
-                raise self.too_large()
+                raise too_large(self.limits.max_compressed)
             hasher = hashlib.sha256()
             with open(staged, "rb") as f:
                 while chunk := f.read(1 << 20):

@@ -8,6 +8,7 @@ worker thread. A caller sees only the packages it uploaded: anyone else's is "no
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -15,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from broker.control import ControlPlane
 from broker.errors import NotFound, PackageError, Unavailable
-from broker.packages import PackageStore, check_digest
+from broker.packages import PackageStore, check_digest, too_large
 
 
 def _store(cp: ControlPlane) -> PackageStore:
@@ -24,23 +25,14 @@ def _store(cp: ControlPlane) -> PackageStore:
     return cp.packages
 
 
-async def _stage(request: Request, store: PackageStore) -> Any:
+async def _stage(request: Request, store: PackageStore) -> Path:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > store.limits.max_compressed:
-        raise store.too_large()
-    staged = store.staging()
-    try:
-        size = 0
-        with open(staged, "wb") as out:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > store.limits.max_compressed:
-                    raise store.too_large()
-                out.write(chunk)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-    return staged
+        raise too_large(store.limits.max_compressed)
+    with store.upload() as upload:
+        async for chunk in request.stream():
+            upload.write(chunk)
+    return upload.path
 
 
 def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict[int | str, dict[str, Any]]) -> None:

@@ -33,9 +33,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/firepool bench tracker
-	$(BIN)/firepool bench reset
-	$(BIN)/firepool bench warm-start
+	for b in tracker warm-start reset late-binding gangs standby rollout mcp jupyter; do \
+	  $(BIN)/firepool bench $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -194,8 +194,7 @@ class Executor:
         if pod.gpus:
             env.update(memory_limits(pod.gpus, {d.key: d for d in self.backend.devices()}))
         env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
-        session = agent_session(job, self.tracker.pool(spec.pool))
-        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=session,
+        return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:

@@ -106,10 +106,11 @@ class Tracker:
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {name: _Bucket(spec) for name, spec in pools.items()}
         self._limits: dict[str, CallerLimits] = dict(limits or {})
+        """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
         self._returning: dict[str, SessionKey] = {}
         """Resetting pods that go back to their session when clean: pod name -> session."""
         self._returning_keys: dict[SessionKey, int] = {}
-        """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
+        """Sessions with pods in `_returning`, and how many: their next job waits for them."""
         self.pods: dict[str, Pod] = {}
         self._leases: dict[str, Lease] = {}
         self._reserved: dict[str, list[Pod]] = {}

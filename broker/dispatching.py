@@ -76,12 +76,12 @@ class Dispatcher:
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
-        for job in sorted(self.queued.values(), key=job_sort_key):
+        for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
             spec = job.spec
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           job_sort_key(job), recycle=spec.recycle), now)
+                                           order, recycle=spec.recycle), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:

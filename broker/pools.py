@@ -1,20 +1,64 @@
 """The pool catalog: one `PoolSpec` per hardware pool, loaded strictly from YAML at start.
 
-Unknown keys are an error, so a typo'd knob fails the start instead of silently using a default.
+The dataclasses below are the schema: pydantic validates the YAML against them (one annotated field
+and a one-line doc per knob). Unknown keys are an error, so a typo'd knob fails the start instead of
+silently using a default; every problem is one `CatalogError` naming the file and the key path.
 With no catalog the broker serves a `cpu` pool and, when GPUs exist (NVML or --virtual-gpus), a `gpu` pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
 
-REUSE_TAG_MODES = ("boundary", "hint")
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+)
+
+ReuseTag = Literal["boundary", "hint", "retire"]
+REUSE_TAG_MODES: tuple[str, ...] = get_args(ReuseTag)
+
+# Strict: YAML `"1"`, `1.5` or `true` is not a count, `"3"` or `true` not a number of seconds.
+Count = Annotated[int, Strict(), Field(ge=0)]
+Number = Annotated[float, Strict(), Field(ge=0)]
+Flag = Annotated[bool, Strict()]
+Key = Annotated[str, BeforeValidator(lambda key: str(key) if isinstance(key, int | float) else key)]
+"""A caller or accelerator name; YAML reads `1:` as a number."""
+
+
+def _pool_name(name: str) -> str:
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"pool name must be a non-empty [A-Za-z0-9_-] string, got {name!r}")
+    return name
+
+
+def _absolute_paths(paths: tuple[str, ...]) -> tuple[str, ...]:
+    if not all(p.startswith("/") for p in paths):
+        raise ValueError(f"must be a list of absolute paths, got {list(paths)!r}")
+    return paths
+
+
+def _variable_names(env: Mapping[str, str]) -> Mapping[str, str]:
+    if not all(k.replace("_", "").isalnum() for k in env):
+        raise ValueError("env must map variable names to strings")
+    return env
+
+
+Paths = Annotated[tuple[str, ...], AfterValidator(_absolute_paths)]
 
 
 class CatalogError(ValueError):
@@ -25,43 +69,46 @@ class CatalogError(ValueError):
 class PoolSpec:
     """One hardware pool (SKU) and its warmth knobs."""
 
-    name: str
-    gpus: int = 0
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Strict(), AfterValidator(_pool_name)]
+    gpus: Count = 0
     """GPUs per pod; 0 for CPU pools."""
-    accelerator: str = "cpu"
+    accelerator: Annotated[str, Strict(), Field(min_length=1)] = "cpu"
     """The budget ledger this pool draws from (a GPU model, or `cpu`)."""
-    cpus: float = 1.0
+    cpus: Number = 1.0
     """CPU cores per pod (the unit of CPU budgets)."""
-    min_count: int = 0
+    min_count: Count = 0
     """Floor: pods kept ready at zero demand."""
-    max_idle_count: int = 2
+    max_idle_count: Count = 2
     """Idle cap: unheld idle pods kept past their keep-alive; retains, never pre-creates."""
-    max_count: int = 8
+    max_count: Count = 8
     """Ceiling: a hard cap on pods (GPU groups) this pool holds."""
-    idle_timeout: float | None = 300.0
+    idle_timeout: Number | None = 300.0
     """Keep-alive of an idle pod, seconds; None keeps pods forever (a static pool)."""
-    caller_hold_seconds: float | None = None
+    caller_hold_seconds: Number | None = None
     """Owner hold after a release; None inherits `idle_timeout`."""
-    standbys_per_active: int = 0
+    standbys_per_active: Count = 0
     """Zero-VRAM standby pods staged on each active pod's GPU."""
-    step: int = 4
+    step: Annotated[int, Strict(), Field(ge=1)] = 4
     """At most this many pod creations per reconcile pass."""
-    reuse_tag: str = "boundary"
-    """`boundary`: a new tag retires the old pod after one job; `hint`: the tag only routes."""
-    keep_paths: tuple[str, ...] = ()
+    reuse_tag: ReuseTag = "boundary"
+    """`boundary`: a new tag empties the caller's pod, which then serves the new session; `hint`: the tag
+    only routes (the workspace survives it); `retire`: the paper's rule, one job on the old pod, then it retires."""
+    keep_paths: Paths = ()
     """Paths inside the sandbox that reset never wipes (caches)."""
-    wipe_paths: tuple[str, ...] = ()
+    wipe_paths: Paths = ()
     """Paths inside the sandbox that reset always empties."""
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Annotated[Mapping[str, str], AfterValidator(_variable_names)] = field(default_factory=dict)
     """Environment the operator gives every job of the pool (e.g. PIP_INDEX_URL, UV_INDEX_URL for
     requirement installs); the job's own env is applied on top."""
-    drain_budget: int = 1
+    drain_budget: Count = 1
     """Stale pods retired at a time during a template rollout."""
-    borrow: bool = False
+    borrow: Flag = False
     """May place warm or burst pods on reserved-but-unused capacity a capacity source publishes."""
     template: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific pod template (image, resources, binds, start delay)."""
-    reserve_gangs_after: float | None = 60.0
+    reserve_gangs_after: Number | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
 
     @property
@@ -85,8 +132,10 @@ class PoolSpec:
 class CallerLimits:
     """Per-caller caps on what its running jobs may hold at once."""
 
-    max_gpus: int | None = None
-    max_pods: int | None = None
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    max_gpus: Count | None = None
+    max_pods: Count | None = None
 
 
 @dataclass(frozen=True)
@@ -101,116 +150,133 @@ class Catalog:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
 
 
-_POOL_FIELDS = {f.name: f for f in dataclasses.fields(PoolSpec)}
-_TOP_KEYS = {"pools", "caller_limits", "budgets"}
-_LIMIT_KEYS = {f.name for f in dataclasses.fields(CallerLimits)}
+class _CatalogFile(BaseModel):
+    """The catalog file's top level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pools: Annotated[list[PoolSpec], Field(min_length=1)]
+    caller_limits: dict[Key, CallerLimits] | None = None
+    budgets: dict[Key, Number] | None = None
 
 
-def _number(pool: str, key: str, value: Any, *, integer: bool, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-        raise CatalogError(f"pool {pool!r}: {key} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if value < 0:
-        raise CatalogError(f"pool {pool!r}: {key} must not be negative")
-    return value
+@functools.cache
+def _catalog_adapter() -> TypeAdapter[_CatalogFile]:
+    return TypeAdapter(_CatalogFile)
+
+
+@functools.cache
+def _pool_adapter() -> TypeAdapter[PoolSpec]:
+    return TypeAdapter(PoolSpec)
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """('pools', 0, 'max_count') -> pools[0].max_count"""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error in the catalog's own words."""
+    kind, given, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return "unknown key"
+    if kind in ("missing", "missing_argument"):
+        return "is required"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer, got {given!r}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, got {given!r}"
+    if kind == "greater_than_equal":
+        return "must not be negative" if ctx.get("ge") == 0 else f"must be at least {ctx.get('ge')}"
+    if kind == "bool_type":
+        return "must be true or false"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {given!r}"
+    if kind == "string_type":
+        return f"must be a string, got {given!r}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "too_short":
+        return "must be a non-empty list"
+    if kind in ("list_type", "tuple_type"):
+        return f"must be a list, got {given!r}"
+    if kind in ("dict_type", "mapping_type", "dataclass_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping, got {given!r}"
+    if kind == "value_error" and "error" in ctx:
+        return str(ctx["error"])
+    return str(error["msg"])
+
+
+def _catalog_error(source: str, exc: ValidationError) -> CatalogError:
+    """Every problem pydantic found, on one line: `pools.yaml: pools[0].max_cout: unknown key; ...`"""
+    problems = []
+    for error in exc.errors():
+        where = _where(tuple(error["loc"]))
+        problem = _problem(error)
+        # "pools[0].gpus must be an integer" reads as a sentence; "pools[0].max_cout: unknown key" as a label.
+        problems.append(f"{where}{' ' if problem.startswith(('must', 'is ')) else ': '}{problem}" if where else problem)
+    return CatalogError(f"{source}: {'; '.join(problems)}")
+
+
+def _checked(spec: PoolSpec, raw: Mapping[str, Any], where: str) -> PoolSpec:
+    """The rules across knobs, which a per-field type cannot say."""
+    if "accelerator" not in raw and spec.gpus > 0:
+        spec = dataclasses.replace(spec, accelerator="gpu")
+    if spec.max_count < spec.min_count:
+        raise CatalogError(f"{where}: max_count {spec.max_count} is below min_count {spec.min_count}")
+    return spec
 
 
 def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
     """Build one PoolSpec from a mapping, rejecting unknown keys and wrong types."""
-    if not isinstance(raw, Mapping):
-        raise CatalogError(f"a pool must be a mapping, got {raw!r}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name or not name.replace("-", "").replace("_", "").isalnum():
-        raise CatalogError(f"pool name must be a non-empty [A-Za-z0-9_-] string, got {name!r}")
-    unknown = sorted(set(raw) - set(_POOL_FIELDS))
-    if unknown:
-        raise CatalogError(f"pool {name!r}: unknown key(s) {', '.join(unknown)}")
-    values: dict[str, Any] = {"name": name}
-    for key, value in raw.items():
-        if key == "name":
-            continue
-        if key in ("gpus", "min_count", "max_idle_count", "max_count", "standbys_per_active", "step", "drain_budget"):
-            values[key] = _number(name, key, value, integer=True)
-        elif key in ("idle_timeout", "caller_hold_seconds"):
-            values[key] = _number(name, key, value, integer=False, allow_none=True)
-        elif key == "cpus":
-            values[key] = _number(name, key, value, integer=False)
-        elif key == "accelerator":
-            if not isinstance(value, str) or not value:
-                raise CatalogError(f"pool {name!r}: accelerator must be a string")
-            values[key] = value
-        elif key == "borrow":
-            if not isinstance(value, bool):
-                raise CatalogError(f"pool {name!r}: borrow must be true or false")
-            values[key] = value
-        elif key == "reuse_tag":
-            if value not in REUSE_TAG_MODES:
-                raise CatalogError(f"pool {name!r}: reuse_tag must be one of {REUSE_TAG_MODES}, got {value!r}")
-            values[key] = value
-        elif key in ("keep_paths", "wipe_paths"):
-            if not isinstance(value, list) or not all(isinstance(p, str) and p.startswith("/") for p in value):
-                raise CatalogError(f"pool {name!r}: {key} must be a list of absolute paths")
-            values[key] = tuple(value)
-        elif key == "reserve_gangs_after":
-            values[key] = _number(name, key, value, integer=False, allow_none=True)
-        elif key == "env":
-            if not isinstance(value, Mapping) or not all(
-                    isinstance(k, str) and k.replace("_", "").isalnum() and isinstance(v, str) for k, v in value.items()):
-                raise CatalogError(f"pool {name!r}: env must map variable names to strings")
-            values[key] = dict(value)
-        elif key == "template":
-            if not isinstance(value, Mapping):
-                raise CatalogError(f"pool {name!r}: template must be a mapping")
-            values[key] = dict(value)
-    spec = PoolSpec(**values)
-    if "accelerator" not in raw and spec.gpus > 0:
-        spec = dataclasses.replace(spec, accelerator="gpu")
-    if spec.max_count < spec.min_count:
-        raise CatalogError(f"pool {name!r}: max_count {spec.max_count} is below min_count {spec.min_count}")
-    if spec.step < 1:
-        raise CatalogError(f"pool {name!r}: step must be at least 1")
-    return spec
+    name = raw.get("name") if isinstance(raw, Mapping) else None
+    where = f"pool {name!r}" if isinstance(name, str) else "pool"
+    try:
+        spec = _pool_adapter().validate_python(raw)
+    except ValidationError as exc:
+        raise _catalog_error(where, exc) from None
+    return _checked(spec, raw, where)
 
 
-def parse_catalog(raw: Any) -> Catalog:
-    """Build a Catalog from parsed YAML (a mapping with `pools` and optional `caller_limits`)."""
+def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
+    """Build a Catalog from parsed YAML; `source` (the file) leads every error message."""
     if not isinstance(raw, Mapping):
-        raise CatalogError("the catalog must be a mapping with a `pools` list")
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise CatalogError(f"unknown top-level key(s) {', '.join(unknown)}")
-    pools_raw = raw.get("pools")
-    if not isinstance(pools_raw, list) or not pools_raw:
-        raise CatalogError("`pools` must be a non-empty list")
+        raise CatalogError(f"{source}: the catalog must be a mapping with a `pools` list")
+    try:
+        parsed = _catalog_adapter().validate_python(raw)
+    except ValidationError as exc:
+        raise _catalog_error(source, exc) from None
     pools: dict[str, PoolSpec] = {}
-    for entry in pools_raw:
-        spec = parse_pool(entry)
+    for index, (spec, entry) in enumerate(zip(parsed.pools, raw["pools"], strict=True)):
+        spec = _checked(spec, entry, f"{source}: pools[{index}]")
         if spec.name in pools:
-            raise CatalogError(f"pool {spec.name!r} is defined twice")
+            raise CatalogError(f"{source}: pools[{index}].name: pool {spec.name!r} is defined twice")
         pools[spec.name] = spec
-    limits: dict[str, CallerLimits] = {}
-    for caller, entry in (raw.get("caller_limits") or {}).items():
-        if not isinstance(entry, Mapping) or set(entry) - _LIMIT_KEYS:
-            raise CatalogError(f"caller_limits[{caller!r}]: keys must be among {sorted(_LIMIT_KEYS)}")
-        limits[str(caller)] = CallerLimits(**{k: _number(str(caller), k, v, integer=True, allow_none=True)
-                                              for k, v in entry.items()})
-    budgets_raw = raw.get("budgets") or {}
-    if not isinstance(budgets_raw, Mapping):
-        raise CatalogError("`budgets` must map an accelerator to a number of GPUs (or CPU cores)")
-    budgets = {str(a): float(_number(f"budgets[{a}]", "limit", v, integer=False)) for a, v in budgets_raw.items()}
-    return Catalog(pools=pools, caller_limits=limits, budgets=budgets)
+    return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
+                   budgets={a: float(v) for a, v in (parsed.budgets or {}).items()})
 
 
-def load_catalog(text: str) -> Catalog:
-    """Parse catalog YAML text."""
+def load_catalog(text: str, source: str = "catalog") -> Catalog:
+    """Parse catalog YAML text; `source` names it in errors."""
     import yaml
 
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise CatalogError(f"catalog is not valid YAML: {exc}") from exc
-    return parse_catalog(raw)
+        raise CatalogError(f"{source}: not valid YAML: {exc}") from None
+    return parse_catalog(raw, source)
+
+
+def load_catalog_file(path: str | Path) -> Catalog:
+    """Read and parse a catalog file; a missing or unreadable file is a CatalogError too."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror or exc}") from None
+    return load_catalog(text, str(path))
 
 
 def default_catalog(gpu_count: int, gpu_model: str = "gpu", cpu_pods: int = 16) -> Catalog:

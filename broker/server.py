@@ -23,7 +23,7 @@ from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import DEFAULT_PORT
 from broker.packages import FilePackageStore, PackageLimits
-from broker.pools import Catalog, default_catalog, load_catalog
+from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 
 log = logging.getLogger("firepool.server")
@@ -67,7 +67,7 @@ def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
     if settings.pools_file is None:
         return
     try:
-        catalog = load_catalog(settings.pools_file.read_text())
+        catalog = load_catalog_file(settings.pools_file)
     except (OSError, ValueError) as exc:
         log.error("catalog reload failed, keeping the running catalog: %s", exc)
         return
@@ -77,7 +77,7 @@ def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
 
 def build_catalog(settings: ServeSettings, gpu_count: int, gpu_model: str) -> Catalog:
     if settings.pools_file is not None:
-        return load_catalog(settings.pools_file.read_text())
+        return load_catalog_file(settings.pools_file)
     return default_catalog(gpu_count, gpu_model)
 
 

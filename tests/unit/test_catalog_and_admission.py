@@ -51,8 +51,8 @@ def test_hold_inherits_the_idle_timeout_and_none_means_forever() -> None:
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("pools: [{name: a, max_cnt: 3}]", "unknown key(s) max_cnt"),
-    ("pools: [{name: a}]\nbudget: {}", "unknown top-level key(s) budget"),
+    ("pools: [{name: a, max_cnt: 3}]", "catalog: pools[0].max_cnt: unknown key"),
+    ("pools: [{name: a}]\nbudget: {}", "catalog: budget: unknown key"),
     ("pools: [{name: a}]\nbudgets: {H200: -1}", "must not be negative"),
     ("pools: [{name: a, borrow: 1}]", "borrow must be true or false"),
     ("pools: [{name: a, gpus: one}]", "gpus must be an integer"),

@@ -1,23 +1,24 @@
 """Building a code package on the caller's side: a deterministic zip of a directory tree.
 
 The same tree always gives the same bytes, hence the same digest (sorted entries, fixed timestamps
-and modes), so an unchanged tree is never uploaded twice. Paths matched by `.gitignore`-style
-patterns (the tree's own `.gitignore` and `.firepoolignore`, plus any given) are left out, and so is
-`.git/`. Symlinks and special files are refused here, as the broker would refuse them.
+and modes), so an unchanged tree is never uploaded twice. Paths matched by gitignore patterns (git's
+own rules through pathspec: the `.gitignore` and `.firepoolignore` of the tree and of each directory
+in it, plus any given) are left out, and so is `.git/`. Symlinks and special files are refused here,
+as the broker would refuse them.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import io
 import os
-import re
 import stat
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pathspec
 
 from broker.errors import UnsafePackage
 
@@ -26,76 +27,62 @@ EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 @dataclass(frozen=True)
-class _Pattern:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
+class _Level:
+    """The ignore files of one directory, matched against paths relative to it (as git does)."""
+
+    prefix: str
+    spec: pathspec.GitIgnoreSpec
 
 
-def _compile(line: str) -> _Pattern | None:
-    line = line.rstrip("\n").rstrip()
-    if not line or line.startswith("#"):
-        return None
-    negate = line.startswith("!")
-    if negate:
-        line = line[1:]
-    dir_only = line.endswith("/")
-    line = line.rstrip("/")
-    anchored = "/" in line  # a slash anywhere but the end anchors the pattern at the tree's root
-    line = line.lstrip("/")
-    parts = []
-    for piece in re.split(r"(\*\*/|/\*\*|\*\*)", line):
-        if piece == "**/":
-            parts.append(r"(?:.*/)?")
-        elif piece in ("/**", "**"):
-            parts.append(r"(?:/.*)?" if piece == "/**" else r".*")
-        else:
-            # fnmatch's `*` crosses "/"; gitignore's stays inside one path component.
-            parts.append(fnmatch.translate(piece).removeprefix("(?s:").removesuffix(r")\Z").replace(".*", "[^/]*"))
-    body = "".join(parts)
-    regex = rf"^{body}$" if anchored else rf"^(?:.*/)?{body}$"
-    return _Pattern(re.compile(regex, re.S), negate, dir_only)
+def _level(directory: Path, prefix: str) -> _Level | None:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        ignore = directory / name
+        if ignore.is_file() and not ignore.is_symlink():
+            lines += ignore.read_text(errors="replace").splitlines()
+    return _Level(prefix, pathspec.GitIgnoreSpec.from_lines(lines)) if lines else None
 
 
-def _patterns(lines: Iterable[str]) -> list[_Pattern]:
-    return [p for p in (_compile(line) for line in lines) if p is not None]
-
-
-def _ignored(rel: str, is_dir: bool, patterns: Sequence[_Pattern]) -> bool:
-    verdict = False
-    for p in patterns:
-        if (is_dir or not p.dir_only) and p.regex.match(rel):
-            verdict = not p.negate
-    return verdict
+def _ignored(rel: str, is_dir: bool, excludes: pathspec.GitIgnoreSpec, levels: Sequence[_Level]) -> bool:
+    """Git's precedence: the given excludes first, then the deepest ignore file with a matching pattern,
+    whose last matching pattern decides (a `!` pattern re-includes)."""
+    path = rel + "/" if is_dir else rel  # so that `dir/` patterns match directories only
+    verdict = excludes.check_file(path).include
+    for level in reversed(levels):
+        if verdict is not None:
+            break
+        verdict = level.spec.check_file(path[len(level.prefix):]).include
+    return bool(verdict)
 
 
 def files_of(root: Path, excludes: Sequence[str] = ()) -> list[tuple[str, Path, bool]]:
-    """(relative path, file, executable) of every file to pack, sorted; UnsafePackage on links or devices."""
-    lines = list(excludes)
-    for name in IGNORE_FILES:
-        ignore = root / name
-        if ignore.is_file():
-            lines += ignore.read_text(errors="replace").splitlines()
-    patterns = _patterns([".git/", *lines])
+    """(relative path, file, executable) of every file to pack, sorted; UnsafePackage on links or devices.
+
+    Left out: `.git/`, whatever `excludes` (gitignore patterns, relative to `root`) match, and whatever
+    the `.gitignore` and `.firepoolignore` files of `root` and of every directory under it match."""
+    given = pathspec.GitIgnoreSpec.from_lines(excludes)
     found: list[tuple[str, Path, bool]] = []
 
-    def walk(directory: Path, prefix: str) -> None:
+    def walk(directory: Path, prefix: str, levels: tuple[_Level, ...]) -> None:
+        here = _level(directory, prefix)
+        if here is not None:
+            levels = (*levels, here)
         for entry in sorted(os.scandir(directory), key=lambda e: e.name):
             rel = prefix + entry.name
             st = entry.stat(follow_symlinks=False)
             is_dir = stat.S_ISDIR(st.st_mode)
-            if _ignored(rel, is_dir, patterns):
+            if (is_dir and entry.name == ".git") or _ignored(rel, is_dir, given, levels):
                 continue
             if stat.S_ISLNK(st.st_mode):
                 raise UnsafePackage(f"{rel} is a symlink; packages hold only files and directories", {"entry": rel})
             if is_dir:
-                walk(Path(entry.path), rel + "/")
+                walk(Path(entry.path), rel + "/", levels)
             elif stat.S_ISREG(st.st_mode):
                 found.append((rel, Path(entry.path), bool(st.st_mode & 0o111)))
             else:
                 raise UnsafePackage(f"{rel} is a special file", {"entry": rel})
 
-    walk(root, "")
+    walk(root, "", ())
     return found
 
 

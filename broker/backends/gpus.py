@@ -1,14 +1,16 @@
-"""Which GPUs this machine has: NVIDIA GPUs through NVML (ctypes, no CUDA), or numbered virtual ones.
+"""Which GPUs this machine has: NVIDIA GPUs through NVML (`nvidia-ml-py`, no CUDA), or numbered virtual ones.
 
-NVML is loaded from libnvidia-ml.so.1 at call time; a machine without the driver, or any NVML
-failure, yields no GPUs rather than an error, so the broker still serves CPU pools.
+NVML is loaded at call time; a machine without the driver or library (NVMLError, or pynvml not
+installed), or any NVML failure, yields no GPUs rather than an error, so the broker still serves
+CPU pools.
 """
 
 from __future__ import annotations
 
-import ctypes
+import importlib
 import logging
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from broker.ports.backend import Device
 
@@ -17,8 +19,6 @@ log = logging.getLogger(__name__)
 VIRTUAL_MODEL = "virtual"
 VIRTUAL_MEMORY_MB = 143_771
 """The framebuffer a virtual GPU declares (an H200's 141 GB), so jobs get HAMi memory limits as on a real card."""
-_NVML_SUCCESS = 0
-_BUFFER = 96
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,19 @@ class Gpu:
         return self.minor is None
 
 
-class _Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+class Nvml(Protocol):
+    """The part of `pynvml` read here; tests pass a fake with the same names."""
+
+    NVMLError: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
 
 
 def virtual_gpus(count: int) -> list[Gpu]:
@@ -44,47 +55,54 @@ def virtual_gpus(count: int) -> list[Gpu]:
             for i in range(count)]
 
 
-def nvml_gpus(library: str = "libnvidia-ml.so.1") -> list[Gpu]:
-    """The NVIDIA GPUs NVML reports, keyed by UUID; [] without a driver or on any NVML error."""
+def load_nvml() -> Nvml | None:
+    """The installed `pynvml` module, or None when nvidia-ml-py is missing."""
     try:
-        nvml = ctypes.CDLL(library)
-    except OSError:
+        return cast(Nvml, importlib.import_module("pynvml"))
+    except ImportError:
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py returns str since 11.515; older releases returned bytes.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_gpus(nvml: Nvml | None = None) -> list[Gpu]:
+    """The NVIDIA GPUs NVML reports, keyed by UUID; [] without a driver or on any NVML error."""
+    nvml = nvml if nvml is not None else load_nvml()
+    if nvml is None:
+        return []
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        # The usual case on a machine without NVIDIA GPUs (library not found, driver not loaded).
+        log.debug("NVML unavailable (%s); no GPUs will be offered", exc)
         return []
     try:
         return _query(nvml)
-    except (OSError, AttributeError) as exc:
+    except nvml.NVMLError as exc:
         log.warning("NVML is present but failed (%s); no GPUs will be offered", exc)
         return []
-
-
-def _query(nvml: ctypes.CDLL) -> list[Gpu]:
-    def check(result: int, call: str) -> None:
-        if result != _NVML_SUCCESS:
-            raise OSError(f"{call} returned NVML error {result}")
-
-    check(nvml.nvmlInit_v2(), "nvmlInit_v2")
-    try:
-        count = ctypes.c_uint(0)
-        check(nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), "nvmlDeviceGetCount_v2")
-        gpus = []
-        for index in range(count.value):
-            handle = ctypes.c_void_p()
-            check(nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)), "nvmlDeviceGetHandleByIndex_v2")
-            uuid = ctypes.create_string_buffer(_BUFFER)
-            check(nvml.nvmlDeviceGetUUID(handle, uuid, _BUFFER), "nvmlDeviceGetUUID")
-            name = ctypes.create_string_buffer(_BUFFER)
-            check(nvml.nvmlDeviceGetName(handle, name, _BUFFER), "nvmlDeviceGetName")
-            memory = _Memory()
-            memory_mb = 0
-            if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == _NVML_SUCCESS:
-                memory_mb = memory.total // (1 << 20)
-            minor = ctypes.c_uint(0)
-            check(nvml.nvmlDeviceGetMinorNumber(handle, ctypes.byref(minor)), "nvmlDeviceGetMinorNumber")
-            device = Device(key=uuid.value.decode(), index=index, model=name.value.decode(), memory_mb=memory_mb)
-            gpus.append(Gpu(device, minor.value))
-        return gpus
     finally:
-        nvml.nvmlShutdown()
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _query(nvml: Nvml) -> list[Gpu]:
+    gpus = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+        except nvml.NVMLError:
+            memory_mb = 0  # the card is still usable; only HAMi memory limits need the size
+        device = Device(key=_text(nvml.nvmlDeviceGetUUID(handle)), index=index,
+                        model=_text(nvml.nvmlDeviceGetName(handle)), memory_mb=memory_mb)
+        gpus.append(Gpu(device, nvml.nvmlDeviceGetMinorNumber(handle)))
+    return gpus
 
 
 def discover(virtual: int | None = None) -> list[Gpu]:

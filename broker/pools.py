@@ -54,7 +54,7 @@ def _absolute_paths(paths: tuple[str, ...]) -> tuple[str, ...]:
 
 def _variable_names(env: Mapping[str, str]) -> Mapping[str, str]:
     if not all(k.replace("_", "").isalnum() for k in env):
-        raise ValueError("env must map variable names to strings")
+        raise ValueError(f"must map variable names to strings, got keys {sorted(env)!r}")
     return env
 
 
@@ -62,7 +62,7 @@ Paths = Annotated[tuple[str, ...], AfterValidator(_absolute_paths)]
 
 
 class CatalogError(ValueError):
-    """The catalog is malformed; the message names the pool and key."""
+    """The catalog is malformed; the message names the file (or pool) and the key path."""
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def package_bytes(total_mb: float, seed: int = 7) -> bytes:
 
 
 def run(c: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    job = c.post("/v1/jobs", json=body).json()
+    job: dict[str, Any] = c.post("/v1/jobs", json=body).json()
     if "id" not in job:
         raise RuntimeError(f"submit refused: {job}")
     while job["state"] not in TERMINAL:
@@ -96,7 +96,9 @@ def bench_dependencies(repeats: int) -> dict[str, Any]:
              "    keep_paths: [/cache/uv]\n"
              f"    template: {{binds: [{{src: {wheels}, dst: /wheels, ro: true}}]}}\n")
     callers = tuple(f"bench{i}" for i in range(repeats))
-    first, same, changed = [], [], []
+    first: list[float] = []
+    same: list[float] = []
+    changed: list[float] = []
 
     def pins(*p: str) -> str:
         return "\n".join(["--no-index", "--find-links /wheels", *p]) + "\n"

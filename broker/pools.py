@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-REUSE_TAG_MODES = ("boundary", "hint")
+REUSE_TAG_MODES = ("boundary", "hint", "retire")
 
 
 class CatalogError(ValueError):
@@ -47,7 +47,8 @@ class PoolSpec:
     step: int = 4
     """At most this many pod creations per reconcile pass."""
     reuse_tag: str = "boundary"
-    """`boundary`: a new tag retires the old pod after one job; `hint`: the tag only routes."""
+    """`boundary`: a new tag starts on an emptied workspace and keeps the pod; `hint`: the tag only routes;
+    `retire`: a pod that crosses a session boundary runs one job there, then retires (the paper's rule)."""
     keep_paths: tuple[str, ...] = ()
     """Paths inside the sandbox that reset never wipes (caches)."""
     wipe_paths: tuple[str, ...] = ()

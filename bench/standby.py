@@ -1,6 +1,6 @@
 """B8: standby handover — 30 sequential jobs of one caller, a fresh reuse tag each, on a 2-GPU pool.
 
-With `reuse_tag: boundary` each job may run once on the previous job's pod, which then retires, so
+With `reuse_tag: retire` (the paper's rule) each job may run once on the previous job's pod, which then retires, so
 jobs alternate between a recycled pod and a handover: a job that found no idle pod (path `standby` or
 `new`). Handover wait is submitted -> handed off to the agent, which includes a standby's wait at the
 per-GPU gate. Arms: standby on (`standbys_per_active`) and off; a third arm runs the same loop with
@@ -75,8 +75,8 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser.add_argument("--standbys", type=int, default=3, help="standbys_per_active in the standby-on arm")
     parser.add_argument("--start-delay", type=float, default=0.0, help="venue model: pod start delay (s)")
     args = parser.parse_args(argv)
-    on = summarise(run_arm(args.jobs, args.body_s, args.standbys, "boundary", args.start_delay))
-    off = summarise(run_arm(args.jobs, args.body_s, 0, "boundary", args.start_delay))
+    on = summarise(run_arm(args.jobs, args.body_s, args.standbys, "retire", args.start_delay))
+    off = summarise(run_arm(args.jobs, args.body_s, 0, "retire", args.start_delay))
     hint = summarise(run_arm(args.jobs, args.body_s, 0, "hint", args.start_delay))
     n = args.jobs
     rows = [
@@ -90,10 +90,10 @@ def main(argv: list[str], json_out: bool = False) -> int:
         Row("B8", "submit->first instruction p50, standby off", off["start_p50"], "s", "28.2 s"),
         Row("B8", "loop makespan, standby on", on["makespan"], "s", "337 s"),
         Row("B8", "loop makespan, standby off", off["makespan"], "s", "1,023 s"),
-        Row("9.5", "warm share, fresh tag per job: reuse_tag boundary (standby off)", off["warm_share"], "",
+        Row("9.5", "warm share, fresh tag per job: reuse_tag retire (standby off)", off["warm_share"], "",
             "about 0.5"),
         Row("9.5", "warm share, fresh tag per job: reuse_tag hint", hint["warm_share"], "", "0.99"),
-        Row("9.5", f"pods used per {n} jobs: boundary / hint ({off['pods']} / {hint['pods']})",
+        Row("9.5", f"pods used per {n} jobs: retire / hint ({off['pods']} / {hint['pods']})",
             float(hint["pods"]), "pods", "28.9 -> 2.5 created"),
     ]
     failed = on["failed"] + off["failed"] + hint["failed"]

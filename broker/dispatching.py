@@ -93,13 +93,13 @@ class Dispatcher:
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
                         reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
-                    if spec.recycle:  # recycle=False cannot use the caller's held pods of other sessions
+                    if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
                         by = queued_by[spec.pool]
                         by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
-                self.controller.wake()  # a pod crossing a session boundary wants a replacement now
+                self.controller.wake()  # a pod that retires after this job (reuse_tag: retire, a backfill) wants a replacement now
             del self.queued[job.id]
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)

@@ -123,10 +123,10 @@ class JobSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields later features add (package, requirements, kernel); stored with the spec."""
     recycle: bool = True
-    """May the job take the caller's idle pod of another session (which then retires)? False prefers a
-    fresh pod, so concurrent sessions of one caller (MCP conversations) do not end each other; only at the
-    pool's ceiling does it take over the caller's least recently used pod of another session (for good: the
-    pod is not retired, the agent empties its workspace at the session change)."""
+    """May a new session take the caller's idle pod of another session (emptying that session's workspace)
+    before a standby or a new pod? Either way the pod then stays with the new session. False protects
+    sessions that live side by side (MCP conversations): only at the pool's ceiling does the caller's least
+    recently used session hand its pod over. broker.tracker's docstring says why both exist."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

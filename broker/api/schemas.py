@@ -22,9 +22,10 @@ class JobRequest(Strict):
     lease_tag: str = Field(default="", max_length=255, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
-    recycle: bool = Field(default=True, description="May run once on the caller's pod of another session "
-                                                    "(which then retires); false prefers a fresh pod and "
-                                                    "recycles only at the pool's ceiling.")
+    recycle: bool = Field(default=True, description="A new session may take the caller's idle pod of another "
+                                                    "session (its workspace is emptied; the pod stays with the "
+                                                    "new session); false leaves other sessions' pods alone "
+                                                    "until the pool is at its ceiling.")
     single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     max_retries: int = Field(default=0, ge=0, le=20)

@@ -93,7 +93,8 @@ def test_a_standby_is_promoted_only_after_the_previous_jobs_tree_is_gone(broker_
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    b = broker_factory(pools=gpu_pool(f", template: {{binds: [{{src: {shared}, dst: /shared, ro: false}}]}}"))
+    # reuse_tag: retire, the paper's rule: the boundary-crossing pod retires and the standby takes over.
+    b = broker_factory(pools=gpu_pool(f", reuse_tag: retire, template: {{binds: [{{src: {shared}, dst: /shared, ro: false}}]}}"))
     c = b.client()
     first = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "a"})
     wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(c)))

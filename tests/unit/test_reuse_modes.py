@@ -1,4 +1,5 @@
-"""Reuse-tag modes per pool (paper §5, §9.5): `boundary` retires at a new tag, `hint` only routes."""
+"""Reuse-tag modes per pool (paper §5, §9.5): `retire` retires at a new tag (the paper), `boundary` empties the
+workspace and keeps the pod for the new session, `hint` only routes."""
 
 from __future__ import annotations
 
@@ -20,17 +21,25 @@ async def fresh_tag_loop(reuse_tag: str, jobs: int = 20) -> tuple[float, int, Ha
     return warm / jobs, len(h.backend.created), h
 
 
-async def test_a_hint_tag_keeps_the_loop_warm_where_a_boundary_tag_retires_every_other_pod() -> None:
-    boundary_warm, boundary_pods, _ = await fresh_tag_loop("boundary")
+async def test_a_hint_tag_keeps_the_loop_warm_where_a_retiring_tag_retires_every_other_pod() -> None:
+    retire_warm, retire_pods, _ = await fresh_tag_loop("retire")
     hint_warm, hint_pods, _ = await fresh_tag_loop("hint")
     # The paper's consequence: a hard per-tag boundary keeps about half of the jobs warm and creates a
     # pod per boundary; a routing hint keeps them warm on one pod.
-    assert boundary_warm <= 0.6 and boundary_pods >= 10
+    assert retire_warm <= 0.6 and retire_pods >= 10
     assert hint_warm == 1.0 and hint_pods == 1
 
 
+async def test_a_boundary_tag_loop_runs_on_one_pod_emptied_at_each_new_tag() -> None:
+    warm, pods, h = await fresh_tag_loop("boundary")
+    # Each fresh tag takes the previous session's pod (recycled, workspace emptied) and keeps it: no pod
+    # is created after the floor pod, and no job waits for one.
+    assert pods == 1 and warm == 1 / 20
+    assert h.cp.stats.acquisitions[("cpu", "recycled")] == 19
+
+
 async def test_a_hint_tag_keeps_the_workspace_and_a_boundary_tag_empties_it() -> None:
-    for mode, wiped in (("hint", 0), ("boundary", 1)):
+    for mode, wiped in (("hint", 0), ("boundary", 1), ("retire", 1)):
         h = await Harness([cpu_pool(reuse_tag=mode)]).start()
         try:
             first = await h.run_job(lease_tag="a")
@@ -42,7 +51,7 @@ async def test_a_hint_tag_keeps_the_workspace_and_a_boundary_tag_empties_it() ->
             await h.stop()
 
 
-async def test_a_hint_tag_still_treats_a_new_queue_as_a_boundary() -> None:
+async def test_a_hint_tag_still_treats_a_new_queue_as_a_boundary_that_keeps_the_pod() -> None:
     h = await Harness([cpu_pool(reuse_tag="hint")]).start()
     try:
         first = await h.run_job(lease_tag="a")
@@ -51,6 +60,8 @@ async def test_a_hint_tag_still_treats_a_new_queue_as_a_boundary() -> None:
         assert other_queue.pods == first.pods and h.paths(other_queue) == ["recycled"]
         assert agent.workspace_wiped == 1
         await h.run_for(1.0)
-        assert first.pods[0] in h.backend.deleted
+        assert first.pods[0] not in h.backend.deleted
+        again = await h.run_job(lease_tag="a", queue="eval")
+        assert again.pods == first.pods and h.paths(again) == ["warm"] and agent.workspace_wiped == 1
     finally:
         await h.stop()

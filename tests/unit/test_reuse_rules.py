@@ -43,7 +43,7 @@ async def test_three_concurrent_callers_never_share_a_pod(h: Harness) -> None:
     assert all(h.paths(j) == ["warm"] for j in later)
 
 
-async def test_new_tag_runs_once_on_the_old_pod_then_it_retires(h: Harness) -> None:
+async def test_new_tag_starts_on_the_emptied_old_pod_and_keeps_it(h: Harness) -> None:
     first = await h.run_job(lease_tag="session-a")
     agent = h.backend.agents[first.pods[0]]
     second = await h.run_job(lease_tag="session-b")
@@ -52,9 +52,9 @@ async def test_new_tag_runs_once_on_the_old_pod_then_it_retires(h: Harness) -> N
     assert "new session" in (second.acquisition[0].reason or "")
     assert agent.workspace_wiped == 1  # the second session started on an emptied workspace
     await h.run_for(1.0)
-    assert first.pods[0] in h.backend.deleted
+    assert first.pods[0] not in h.backend.deleted
     third = await h.run_job(lease_tag="session-b")
-    assert third.pods != first.pods
+    assert third.pods == first.pods and h.paths(third) == ["warm"] and agent.workspace_wiped == 1
 
 
 async def test_hold_expiry_retires_the_pod(h: Harness) -> None:
@@ -107,20 +107,6 @@ async def test_reuse_tag_hint_keeps_the_pod_across_tags() -> None:
         await h.run_for(1.0)
         assert first.pods[0] not in h.backend.deleted
         other_queue = await h.run_job(lease_tag="b", queue="eval")
-        assert h.paths(other_queue) == ["recycled"]
-    finally:
-        await h.stop()
-
-
-async def test_a_recycled_pod_is_replaced_while_it_runs_so_the_session_stays_warm() -> None:
-    h = await Harness([cpu_pool()], start_delay=1.0).start()
-    try:
-        old = await h.run_job(lease_tag="a")
-        crossing = await h.run_job(lease_tag="b", command=("sleep", "2"))
-        assert h.paths(crossing) == ["recycled"]
-        assert len(h.backend.created) == 2  # the replacement started while the recycled pod ran
-        after = await h.run_job(lease_tag="b")
-        assert h.paths(after) == ["warm"] and after.pods != old.pods
-        assert after.timings["first_instruction_at"] - after.timings["submitted_at"] < 0.1
+        assert h.paths(other_queue) == ["recycled"] and other_queue.pods == first.pods
     finally:
         await h.stop()

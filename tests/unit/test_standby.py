@@ -62,7 +62,7 @@ async def test_a_job_takes_a_standby_only_when_no_owner_or_unheld_idle_pod_exist
 
 
 async def test_promotion_waits_until_the_previous_jobs_reset_is_verified() -> None:
-    h = await harness(max_count=1)
+    h = await harness(max_count=1, reuse_tag="retire")  # the paper's rule: a boundary-crossing pod retires
     try:
         first = await h.run_job("alice", pool="gpu", lease_tag="a")
         await h.run_for(1.0)
@@ -100,7 +100,7 @@ async def test_promotion_waits_until_the_previous_jobs_reset_is_verified() -> No
 
 
 async def test_a_recycled_pod_with_a_standby_is_not_replaced_by_a_new_pod() -> None:
-    h = await harness(max_count=2)
+    h = await harness(max_count=2, reuse_tag="retire")
     try:
         await h.run_job("alice", pool="gpu", lease_tag="a")
         await h.run_for(1.0)

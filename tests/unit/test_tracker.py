@@ -49,7 +49,7 @@ def test_32_threads_never_claim_one_pod_twice() -> None:
     for th in threads:
         th.join()
     assert errors == []
-    # recycled pods (another session of the same caller) retire; nothing is left mid-lease
+    # nothing is left mid-lease
     assert {p.state for p in t.snapshot()} <= {PodState.IDLE, PodState.RETIRING}
     assert all(t.usage(f"c{i}") == (0, 0) for i in range(5))
 
@@ -72,7 +72,7 @@ def test_caller_limits_are_checked_in_the_claim() -> None:
     assert isinstance(t.claim(Claim("a2", "alice", "p"), 0.0), Lease)
 
 
-def test_held_pods_serve_only_their_owner_and_a_new_session_recycles() -> None:
+def test_held_pods_serve_only_their_owner_and_a_new_session_recycles_and_keeps_the_pod() -> None:
     t = _tracker(1)
     lease = t.claim(Claim("j1", "alice", "p", tag="s1", since=1.0), 1.0)  # the pod was ready first
     assert isinstance(lease, Lease) and lease.pods[0].path == "warm"
@@ -80,11 +80,12 @@ def test_held_pods_serve_only_their_owner_and_a_new_session_recycles() -> None:
     t.release("j1", ("alice", "default", "s1"), 1.0, 60.0)
     assert t.claim(Claim("b", "bob", "p"), 2.0) == Shortfall("no idle pod", 1)
     again = t.claim(Claim("j2", "alice", "p", tag="s2"), 2.0)
-    assert isinstance(again, Lease) and again.pods[0].path == "recycled" and again.pods[0].retire
+    assert isinstance(again, Lease) and again.pods[0].path == "recycled" and not again.pods[0].retire
     t.start("j2")
     t.begin_reset("j2", ("alice", "default", "s2"))
-    assert t.finish_reset(again.pods[0].name, True, 3.0, 60.0) is False
-    assert again.pods[0].state is PodState.RETIRING
+    assert t.finish_reset(again.pods[0].name, True, 3.0, 60.0) is True
+    assert again.pods[0].state is PodState.IDLE and again.pods[0].key == ("alice", "default", "s2")
+    assert isinstance(t.claim(Claim("j3", "alice", "p", tag="s1", recycle=False), 4.0), Shortfall)
 
 
 def test_the_gate_blocks_a_second_pod_on_a_busy_gpu() -> None:

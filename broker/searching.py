@@ -1,0 +1,124 @@
+"""The search order inside a pool: which idle pod a claim takes, and why a warmer one was not used.
+
+The session's own idle pod (warm) -> with `reuse_tag: hint`, the caller's pod of another tag on the same
+queue (warm) -> a never-used idle pod (warm when it was ready before the job came, new when the job
+waited for it) -> the caller's idle pod of another session (recycled; only when the claim may recycle)
+-> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> at the pool's
+ceiling, the caller's least recently used session's pod (recycled, a takeover) -> nothing: the
+shortfall is demand for the pool controller, and the caller waits for a new pod.
+
+Runs under the tracker lock (broker.tracker): no I/O, no logging, small allocations only.
+"""
+
+from __future__ import annotations
+
+from broker.pods import Path, Pod
+from broker.tracking import (
+    REASON_NO_IDLE,
+    REASON_NO_SESSION_POD,
+    REASON_SESSION_RESETTING,
+    REASON_SINGLE_USE,
+    REASON_STANDBY,
+    REASON_TAG_HINT,
+    REASON_TAKEOVER,
+    RESETTING,
+    Bucket,
+    Claim,
+    Pick,
+    Shortfall,
+    TrackerState,
+)
+
+
+class Search(TrackerState):
+    """The lock-held pick steps of a claim (the fast path itself stays inline in Tracker.claim)."""
+
+    def _over_limit(self, want: Claim, gpus_per_pod: int) -> bool:
+        limits = self._limits.get(want.caller) or self._limits.get("default")
+        if limits is None:
+            return False
+        held_gpus, held_pods = self._usage.get(want.caller) or (0, 0)
+        return ((limits.max_pods is not None and held_pods + want.pods > limits.max_pods)
+                or (limits.max_gpus is not None and held_gpus + want.pods * gpus_per_pod > limits.max_gpus))
+
+    def _pick(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
+        """The general search: whole set in search order, or a shortfall that takes nothing."""
+        n = want.pods
+        key = (want.caller, want.queue, want.tag)
+        picked: list[Pick] = []
+        taken: set[str] = set()
+        cards: set[str] = set()
+        """Devices of the pods picked so far: a set never puts two of its pods on one card."""
+
+        def usable(pod: Pod) -> bool:
+            return pod.name not in taken and self._gate_open(pod) and cards.isdisjoint(pod.gpus)
+
+        def take(pod: Pod, path: str, reason: str | None) -> bool:
+            picked.append((pod, path, reason))
+            taken.add(pod.name)
+            cards.update(pod.gpus)
+            return len(picked) == n
+
+        own = bucket.by_key.get(key)
+        if own:
+            for pod in reversed(own.values()):
+                if usable(pod) and take(pod, Path.WARM, None):
+                    return picked
+        mine = bucket.by_caller.get(want.caller)
+        if bucket.hint and mine:
+            for pod in reversed(mine.values()):
+                if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
+                        and take(pod, Path.WARM, REASON_TAG_HINT):
+                    return picked
+        for pod in reversed(bucket.fresh.values()):
+            if usable(pod):
+                path = Path.NEW if pod.idle_since >= want.since else Path.WARM
+                if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
+                    return picked
+        if mine and want.recycle:
+            # Least recently released first: the session least likely to come back gives its pod up.
+            reason = bucket.recycled_reason()
+            for pod in list(mine.values()):
+                if usable(pod) and take(pod, Path.RECYCLED, reason):
+                    return picked
+        if bucket.standby:
+            # A standby may wait at the gate for its card's job: that wait is the handover. Cards that are
+            # free come first, then cards whose job is already resetting, then cards still running one.
+            for pod in sorted(bucket.standby.values(), key=self._gate_wait_rank):
+                if pod.name in taken or not cards.isdisjoint(pod.gpus) \
+                        or (self._unverified and not self._unverified.isdisjoint(pod.gpus)):
+                    continue
+                if take(pod, Path.STANDBY, REASON_STANDBY):
+                    return picked
+        if mine and not want.recycle and bucket.physical >= bucket.spec.max_count:
+            # recycle=False gives way only at the ceiling: the caller's least recently used session hands
+            # its pod over (the agent empties the workspace at the session change).
+            reason = bucket.recycled_reason() if bucket.retire else REASON_TAKEOVER
+            for pod in list(mine.values()):
+                if usable(pod) and take(pod, Path.RECYCLED, reason):
+                    return picked
+        return Shortfall("no idle pod", n - len(picked))
+
+    def _session_pod_resetting(self, want: Claim) -> Shortfall | None:
+        """A session whose own pod is still resetting waits the few ms for it rather than take another
+        pod: the result is committed while the reset runs, so a quick next call must not lose its warm
+        workspace (a failed reset retires the pod and the next pass takes another)."""
+        if self._returning_keys.get((want.caller, want.queue, want.tag)):
+            return Shortfall(REASON_SESSION_RESETTING, want.pods)
+        return None
+
+    def _gate_wait_rank(self, pod: Pod) -> int:
+        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there."""
+        rank = 0
+        for g in pod.gpus:
+            holder = self.pods.get(self._gate.get(g, ""))
+            if holder is not None and holder is not pod:
+                rank = max(rank, 1 if holder.state is RESETTING else 2)
+        return rank
+
+    def _pick_reserved(self, want: Claim) -> list[Pick] | Shortfall:
+        ready = self._reserved.get(want.job_id, [])
+        if len(ready) < want.pods:
+            return Shortfall("single-use pod starting", want.pods - len(ready))
+        del self._reserved[want.job_id]
+        return [(pod, Path.NEW, REASON_SINGLE_USE) for pod in ready[: want.pods]]

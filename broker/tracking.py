@@ -1,0 +1,220 @@
+"""The tracker's state: what a claim asks for and gets, each pool's idle indexes, and the index upkeep.
+
+Everything here runs with the tracker lock held (broker.tracker takes it); the classes split the
+Tracker along its seams (this state, broker.searching's search order, broker.gangclaims' reserved
+pods) without a second lock or an extra call on the claim fast path.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker.pods import Pod, PodState, SessionKey
+from broker.pools import CallerLimits, PoolSpec
+from broker.reserving import Reservation
+
+IDLE = PodState.IDLE
+ASSIGNED = PodState.ASSIGNED
+RUNNING = PodState.RUNNING
+RESETTING = PodState.RESETTING
+RETIRING = PodState.RETIRING
+
+REASON_NO_SESSION_POD = "no idle pod of this session"
+REASON_NEW_SESSION = ("new session: took the caller's pod of another session (workspace emptied); "
+                      "it is this session's pod from now on")
+REASON_NEW_SESSION_RETIRE = "new session: ran once on the caller's previous pod, which then retires (reuse_tag: retire)"
+REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
+REASON_TAKEOVER = ("pool at its ceiling: took over the caller's least recently used session's pod "
+                   "(workspace emptied); it is this session's pod from now on")
+REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
+REASON_SESSION_RESETTING = "the session's pod is resetting"
+REASON_SINGLE_USE = "single_use: a pod created for this job"
+REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
+REASON_QUOTA = "caller quota"
+
+Pick = tuple[Pod, str, str | None]
+"""A picked pod, the acquisition path it got and why a warmer one was not used."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a job asks the tracker for."""
+
+    job_id: str
+    caller: str
+    pool: str
+    queue: str = "default"
+    tag: str = ""
+    pods: int = 1
+    single_use: bool = False
+    since: float = 0.0
+    """When the job was submitted: a never-used pod that became ready after it was made for it (`new`)."""
+    ends_by: float = math.inf
+    """When the job ends at the latest if it starts now (now + timeout_s): may it backfill a reservation?"""
+    order: tuple[int, float, str] | None = None
+    """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
+    recycle: bool = True
+    """May take the caller's idle pod of another session before a standby or a new pod; False takes one
+    only at the pool's ceiling (broker.tracker's docstring says why both exist)."""
+
+
+class Lease:
+    """A claimed pod set, in rank order, and what it counts against its caller's limits."""
+
+    __slots__ = ("job_id", "caller", "pods", "gpus")
+
+    def __init__(self, job_id: str, caller: str, pods: tuple[Pod, ...], gpus: int) -> None:
+        self.job_id = job_id
+        self.caller = caller
+        self.pods = pods
+        self.gpus = gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a claim took nothing, and how many of its pods it could not find."""
+
+    reason: str
+    missing: int
+
+
+class Bucket:
+    """One pool's idle indexes."""
+
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical")
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self.hint = spec.reuse_tag == "hint"
+        self.retire = spec.reuse_tag == "retire"
+        """The paper's rule: a pod that crosses a session boundary runs one job there, then retires."""
+        self.fresh: dict[str, Pod] = {}
+        """Idle pods no job has used, not reserved."""
+        self.by_key: dict[SessionKey, dict[str, Pod]] = {}
+        """Idle used pods by the session that used them last."""
+        self.by_caller: dict[str, dict[str, Pod]] = {}
+        """Idle used pods by their last caller (any session), least recently released first."""
+        self.standby: dict[str, Pod] = {}
+        """Idle standbys (broker.standby): claimed only when no owner's or unheld idle pod exists."""
+        self.physical = 0
+        """Pods of the pool that hold a card's count (not unpromoted standbys): at the ceiling no new pod comes."""
+
+    def respec(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self.hint = spec.reuse_tag == "hint"
+        self.retire = spec.reuse_tag == "retire"
+
+    def recycled_reason(self) -> str:
+        return REASON_NEW_SESSION_RETIRE if self.retire else REASON_NEW_SESSION
+
+
+class TrackerState:
+    """The tracker's indexes; every method here expects the caller to hold `_lock`."""
+
+    def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[str, Bucket] = {name: Bucket(spec) for name, spec in pools.items()}
+        self._limits: dict[str, CallerLimits] = dict(limits or {})
+        """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
+        self._returning: dict[str, SessionKey] = {}
+        """Resetting pods that go back to their session when clean: pod name -> session."""
+        self._returning_keys: dict[SessionKey, int] = {}
+        """Sessions with pods in `_returning`, and how many: their next job waits for them."""
+        self.pods: dict[str, Pod] = {}
+        self._leases: dict[str, Lease] = {}
+        self._reserved: dict[str, list[Pod]] = {}
+        """Idle single-use pods by the job they were created for, and idle pods set aside for a gang."""
+        self._usage: dict[str, list[int]] = {}
+        """caller -> [gpus, pods] held by its assigned and running jobs."""
+        self._gate: dict[str, str] = {}
+        """GPU key -> the pod running a job on it (the per-GPU gate)."""
+        self._unverified: set[str] = set()
+        """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
+        self._gangs: dict[str, list[Reservation]] = {}
+        """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
+
+    def _gate_open(self, pod: Pod) -> bool:
+        """No other pod runs a job on any of this pod's GPUs."""
+        gate = self._gate
+        for g in pod.gpus:
+            holder = gate.get(g)
+            if holder is not None and holder != pod.name:
+                return False
+        return True
+
+    def _leave_gate(self, pod: Pod) -> None:
+        for g in pod.gpus:
+            if self._gate.get(g) == pod.name:
+                del self._gate[g]
+
+    def _unuse(self, lease: Lease) -> None:
+        usage = self._usage[lease.caller]
+        usage[0] -= lease.gpus
+        usage[1] -= len(lease.pods)
+
+    def _returned(self, pod: Pod) -> None:
+        """The pod's reset ended (clean or not): its session stops waiting for it."""
+        key = self._returning.pop(pod.name, None)
+        if key is not None:
+            left = self._returning_keys[key] - 1
+            if left:
+                self._returning_keys[key] = left
+            else:
+                del self._returning_keys[key]
+
+    def _feed(self, pod: Pod) -> None:
+        """A never-used pod became idle: it goes to the first reservation of its pool still short of pods."""
+        for res in self._gangs.get(pod.pool, ()):
+            if len(self._reserved.get(res.job_id, ())) < res.pods:
+                pod.reserved_for = res.job_id
+                return
+
+    def _index_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            self._buckets[pod.pool].standby[pod.name] = pod
+            return
+        if self._gangs and pod.key is None and pod.reserved_for is None:
+            self._feed(pod)
+        if pod.reserved_for is not None:
+            self._reserved.setdefault(pod.reserved_for, []).append(pod)
+            return
+        bucket = self._buckets[pod.pool]
+        if pod.key is None:
+            bucket.fresh[pod.name] = pod
+            return
+        own = bucket.by_key.get(pod.key)
+        if own is None:
+            bucket.by_key[pod.key] = {pod.name: pod}
+        else:
+            own[pod.name] = pod
+        mine = bucket.by_caller.get(pod.key[0])
+        if mine is None:
+            bucket.by_caller[pod.key[0]] = {pod.name: pod}
+        else:
+            mine[pod.name] = pod
+
+    def _unindex_idle(self, pod: Pod) -> None:
+        if pod.standby:
+            del self._buckets[pod.pool].standby[pod.name]
+            return
+        if pod.reserved_for is not None:
+            ready = self._reserved.get(pod.reserved_for)
+            if ready and pod in ready:
+                ready.remove(pod)
+            return
+        bucket = self._buckets[pod.pool]
+        if pod.key is None:
+            del bucket.fresh[pod.name]
+            return
+        own = bucket.by_key[pod.key]
+        del own[pod.name]
+        if not own:
+            del bucket.by_key[pod.key]
+        mine = bucket.by_caller[pod.key[0]]
+        del mine[pod.name]
+        if not mine:
+            del bucket.by_caller[pod.key[0]]
+

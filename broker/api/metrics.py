@@ -93,7 +93,7 @@ def _pool_gauges(cp: ControlPlane) -> Iterator[Metric]:
 
 def registry_for(cp: ControlPlane) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(cp))  # type: ignore[arg-type]
+    registry.register(_Collector(cp))
     return registry
 
 

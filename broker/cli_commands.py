@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.cli_output import console, one_line_command, print_table
-from broker.locations import state_dir_for
+from broker.locations import read_broker_file, state_dir_for
 
 if TYPE_CHECKING:
     from broker.client import Client, JobInfo
@@ -59,17 +60,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
         load_catalog(read_file("--pools", args.pools))  # a CatalogError here is reported before anything starts
     if args.tokens:
         read_file("--tokens", args.tokens)
+    state_dir = state_dir_for(args.state_dir)
+    running, _ = read_broker_file(state_dir)
+    if running:
+        raise UsageError(f"a broker is already running for state dir {state_dir} at {running}: use it, stop it, "
+                         "or give this one another --state-dir")
+    _check_port(args.host, args.port)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else
     settings = ServeSettings(
-        state_dir=state_dir_for(args.state_dir), db_url=args.db,
+        state_dir=state_dir, db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
         virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp)
     return serve(settings)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before starting anything when the port is taken (uvicorn would find out only after recovery)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); another broker? "
+                             "`--port 0` picks a free port") from None
 
 
 def _parse_env(pairs: Sequence[str]) -> dict[str, str]:

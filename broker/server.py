@@ -147,8 +147,8 @@ class _Server(uvicorn.Server):
         if self.should_exit or not self.servers:
             return  # the bind failed (uvicorn logged why) or a signal came first: announce nothing
         port = self.servers[0].sockets[0].getsockname()[1]
-        write_address(self.settings, int(port))
-        log.info("listening on %s:%s", self.settings.host, port)
+        path = write_address(self.settings, int(port))
+        log.info("broker ready on %s:%s (clients find it through %s)", self.settings.host, port, path)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         remove_address(self.settings)  # first: no new client should find a broker that is stopping
@@ -167,8 +167,8 @@ def serve(settings: ServeSettings) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
         await cp.start()
-        log.info("broker ready on %s:%s (backend %s, isolated %s, pools %s; recovery %s)", settings.host,
-                 settings.port, cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
+        log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
+                 cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_catalog, cp, settings)
         try:

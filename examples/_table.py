@@ -37,7 +37,7 @@ def _ms(seconds: float | None) -> str:
 class LoopProgress:
     """`with LoopProgress("agent loop", total) as p: ... p.done(label, job)` from any thread."""
 
-    def __init__(self, title: str, total: int | None) -> None:
+    def __init__(self, title: str, total: int) -> None:
         self.title, self.total, self.count = title, total, 0
         self.started = time.monotonic()
         self._lock = threading.Lock()
@@ -51,7 +51,7 @@ class LoopProgress:
             self._bar.start()
             self._task = self._bar.add_task(self.title, total=self.total, last="")
         else:
-            _console.print(f"{self.title}: {self.total or 'some'} jobs")
+            _console.print(f"{self.title}: {self.total} jobs, a line as each finishes")
         return self
 
     def done(self, label: str, job: JobInfo) -> None:
@@ -62,7 +62,7 @@ class LoopProgress:
                 self._bar.update(self._task, advance=1, last=note)
             else:
                 elapsed = time.monotonic() - self.started
-                _console.print(f"  [{elapsed:5.1f}s] {self.count:>3}/{self.total or '?'} {note}")
+                _console.print(f"  [{elapsed:5.1f}s] {self.count:>3}/{self.total} {note}")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
@@ -71,7 +71,7 @@ class LoopProgress:
 
 def print_table(title: str, rows: Sequence[tuple[str, JobInfo]]) -> None:
     """`rows` are (step label, final job)."""
-    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for name, right in (("step", False), ("job", False), ("caller", False), ("tag", False), ("path", False),
                         ("submit->first", True), ("run", True), ("state", False)):
         table.add_column(name, justify="right" if right else "left", no_wrap=True)
@@ -79,7 +79,7 @@ def print_table(title: str, rows: Sequence[tuple[str, JobInfo]]) -> None:
         run = run_time(job)
         table.add_row(label, job.id, job.caller, job.raw.get("lease_tag", ""), job.path or "-",
                       _ms(job.start_latency), f"{run:.2f} s" if run is not None else "-", job.state)
-    _console.print()
+    _console.print(f"\n{title}")
     _console.print(table)
     paths = Counter(job.path for _, job in rows)
     lats = sorted(j.start_latency for _, j in rows if j.start_latency is not None)

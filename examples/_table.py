@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from broker.client import JobInfo
@@ -42,7 +42,7 @@ class LoopProgress:
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     def __enter__(self) -> LoopProgress:
         if _console.is_terminal:

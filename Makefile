@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: demo test unit integration lint bench clean
 
@@ -10,14 +11,24 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+# The demo needs only the broker's own dependencies: no torch, no dev tools, no editable build
+# (`make test` installs all of that, editable, over it). Pip runs without -q so its progress shows.
+$(DEMO_STAMP): pyproject.toml
+	@echo "==> make demo: setting up $(VENV) with what the demo needs (the broker's dependencies; no torch, no dev tools)"
+	@if [ -f $(STAMP) ]; then $(MAKE) --no-print-directory $(STAMP); else \
+	  test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/pip install --progress-bar on . ; fi
+	@touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	@echo "==> make demo: checking for bubblewrap (sandbox isolation)"
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
 	  else echo "bubblewrap is missing: sandboxes will run UNISOLATED (install bubblewrap)"; fi; }
-	$(BIN)/python examples/demo.py
+	@PYTHONPATH=$(CURDIR) $(BIN)/python examples/demo.py
 
 test: $(STAMP) lint unit integration
 

@@ -63,7 +63,9 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float)
     """Check `spec` against the catalog and return the job as it will be inserted (QUEUED)."""
     pool = pools.get(spec.pool)
     if pool is None:
-        raise UnknownPool(f"no pool named {spec.pool!r}", {"pool": spec.pool, "known": sorted(pools)})
+        known = sorted(pools)
+        raise UnknownPool(f"no pool named {spec.pool!r}; pools here: {', '.join(known) or 'none'}",
+                          {"pool": spec.pool, "known": known})
     if not spec.command:
         raise InvalidRequest("command must name at least the program to run", {"field": "command"})
     if spec.pods > pool.max_count:

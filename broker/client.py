@@ -11,12 +11,12 @@ switch on `UnknownPool`, `Unauthorized`, `NotFound`, ... instead of status codes
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +24,8 @@ import httpx
 
 from broker import packaging
 from broker.errors import FirepoolError, Unavailable, all_error_classes
-from broker.locations import DEFAULT_PORT, default_state_dir
+from broker.locations import Discovery, discover
+from broker.retrying import RetryPolicy, retry_after, should_retry_error, should_retry_response
 
 _ERRORS = all_error_classes()
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -70,23 +71,11 @@ class JobInfo:
                    attempts=data.get("attempts", []), raw=data)
 
 
-def discover(url: str | None = None, token: str | None = None,
-             state_dir: Path | None = None) -> tuple[str, str]:
-    """The broker's URL and token: arguments, then FIREPOOL_URL/FIREPOOL_TOKEN, then the local state dir."""
-    state = state_dir or default_state_dir()
-    url = url or os.environ.get("FIREPOOL_URL")
-    if not url:
-        try:
-            url = json.loads((state / "broker.json").read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            url = f"http://127.0.0.1:{DEFAULT_PORT}"
-    token = token or os.environ.get("FIREPOOL_TOKEN")
-    if not token:
-        try:
-            token = (state / "token").read_text().strip()
-        except OSError:
-            token = ""
-    return url.rstrip("/"), token
+def _unreachable(found: Discovery, exc: httpx.TransportError) -> Unavailable:
+    """The broker did not answer: say where we looked and, when we guessed, what to do."""
+    why = str(exc) or type(exc).__name__
+    hint = f"; {found.hint}" if found.hint else ""
+    return Unavailable(f"cannot reach the broker at {found.url} ({why}){hint}", {"url": found.url})
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -103,18 +92,24 @@ def _raise_for(response: httpx.Response) -> None:
 
 
 def _job_body(command: Sequence[str], pool: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    body = {"pool": pool, "command": list(command)}
+    """The submit request; it always carries an idempotency key, so a retried submit cannot duplicate."""
+    body: dict[str, Any] = {"pool": pool, "command": list(command)}
     body.update({k: v for k, v in fields.items() if v is not None})
+    body.setdefault("idempotency_key", f"sdk-{uuid.uuid4().hex}")
     return body
 
 
 class Client:
     """Synchronous SDK."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 330.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.url, token = discover(url, token)
-        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+    def __init__(self, url: str | None = None, token: str | None = None, *, state_dir: str | os.PathLike[str] | None = None,
+                 timeout: float = 330.0, transport: httpx.BaseTransport | None = None,
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.found = discover(url, token, state_dir)
+        self.url = self.found.url
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.found.token}"},
                                   timeout=timeout, transport=transport)
 
     def __enter__(self) -> Client:
@@ -126,21 +121,33 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, retried per `self.retry` (see broker.retrying); raises Unavailable when unreachable."""
+        request = self._http.build_request(method, path, **kw)
+        for attempt in range(self.retry.attempts):
+            last = attempt == self.retry.attempts - 1
+            try:
+                response = self._http.send(request)
+            except httpx.TransportError as exc:
+                if last or not should_retry_error(exc, request):
+                    raise _unreachable(self.found, exc) from exc
+                self._sleep(self.retry.delay(attempt))
+                continue
+            if last or not should_retry_response(response):
+                return response
+            response.close()
+            self._sleep(self.retry.delay(attempt, retry_after(response)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        response = self._send(method, path, **kw)
         _raise_for(response)
         return response
 
     def package(self, path: str | os.PathLike[str], excludes: Sequence[str] = ()) -> str:
         """Zip a directory deterministically, upload it unless the broker has it, and return its digest."""
         data, digest = packaging.build(path, excludes)
-        try:
-            head = self._http.head(f"/v1/packages/{digest}")
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        head = self._send("HEAD", f"/v1/packages/{digest}")
         if head.status_code == 200:
             return digest
         self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
@@ -192,7 +199,7 @@ class Client:
                     _raise_for(response)
                 yield from response.iter_bytes()
         except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+            raise _unreachable(self.found, exc) from exc
 
     def pools(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/pools").json()["pools"])
@@ -211,10 +218,15 @@ class Client:
 class AsyncClient:
     """Asynchronous SDK (same methods as `Client`, awaited)."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 330.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.url, token = discover(url, token)
-        self._http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+    def __init__(self, url: str | None = None, token: str | None = None, *, state_dir: str | os.PathLike[str] | None = None,
+                 timeout: float = 330.0, transport: httpx.AsyncBaseTransport | None = None,
+                 retry: RetryPolicy | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.found = discover(url, token, state_dir)
+        self.url = self.found.url
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.found.token}"},
                                        timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
@@ -226,23 +238,33 @@ class AsyncClient:
     async def close(self) -> None:
         await self._http.aclose()
 
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, retried per `self.retry` (see broker.retrying); raises Unavailable when unreachable."""
+        request = self._http.build_request(method, path, **kw)
+        for attempt in range(self.retry.attempts):
+            last = attempt == self.retry.attempts - 1
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as exc:
+                if last or not should_retry_error(exc, request):
+                    raise _unreachable(self.found, exc) from exc
+                await self._sleep(self.retry.delay(attempt))
+                continue
+            if last or not should_retry_response(response):
+                return response
+            await response.aclose()
+            await self._sleep(self.retry.delay(attempt, retry_after(response)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            response = await self._http.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        response = await self._send(method, path, **kw)
         _raise_for(response)
         return response
 
     async def package(self, path: str | os.PathLike[str], excludes: Sequence[str] = ()) -> str:
         """Zip a directory deterministically, upload it unless the broker has it, and return its digest."""
-        import asyncio
-
         data, digest = await asyncio.to_thread(packaging.build, path, excludes)
-        try:
-            head = await self._http.head(f"/v1/packages/{digest}")
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        head = await self._send("HEAD", f"/v1/packages/{digest}")
         if head.status_code == 200:
             return digest
         await self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
@@ -288,7 +310,7 @@ class AsyncClient:
                 async for chunk in response.aiter_bytes():
                     yield chunk
         except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+            raise _unreachable(self.found, exc) from exc
 
     async def pools(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/v1/pools")).json()["pools"])

@@ -13,20 +13,24 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+
 from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
-from broker.locations import DEFAULT_PORT
+from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.packages import FilePackageStore, PackageLimits
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 
 log = logging.getLogger("firepool.server")
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -108,17 +112,51 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
                         tuning=settings.tuning, capacity=build_capacity(settings), packages=packages)
 
 
-def write_address(settings: ServeSettings) -> None:
-    """Tell local clients where the embedded broker listens."""
+def write_address(settings: ServeSettings, port: int) -> Path:
+    """Tell local clients where the broker listens; called once the port is bound, so a client that
+    reads the file can connect. Written whole (rename), so nobody reads half a file."""
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    path = settings.state_dir / "broker.json"
-    path.write_text(json.dumps({"url": f"http://{host}:{settings.port}", "pid": os.getpid()}))
+    if ":" in host:
+        host = f"[{host}]"
+    path = settings.state_dir / BROKER_FILE
+    tmp = path.with_name(f".{BROKER_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+    os.replace(tmp, path)
+    return path
+
+
+def remove_address(settings: ServeSettings) -> None:
+    """At shutdown: remove broker.json if it is still ours (another broker may have taken the dir over)."""
+    path = settings.state_dir / BROKER_FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, announcing itself in broker.json only after its socket is bound."""
+
+    def __init__(self, config: uvicorn.Config, settings: ServeSettings) -> None:
+        super().__init__(config)
+        self.settings = settings
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.should_exit or not self.servers:
+            return  # the bind failed (uvicorn logged why) or a signal came first: announce nothing
+        port = self.servers[0].sockets[0].getsockname()[1]
+        path = write_address(self.settings, int(port))
+        log.info("broker ready on %s:%s (clients find it through %s)", self.settings.host, port, path)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        remove_address(self.settings)  # first: no new client should find a broker that is stopping
+        await super().shutdown(sockets)
 
 
 def serve(settings: ServeSettings) -> int:
     """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
-    import uvicorn
-
     from broker.api.app import create_app
 
     auth = build_auth(settings)
@@ -129,9 +167,8 @@ def serve(settings: ServeSettings) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
         await cp.start()
-        write_address(settings)
-        log.info("broker ready on %s:%s (backend %s, isolated %s, pools %s; recovery %s)", settings.host,
-                 settings.port, cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
+        log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
+                 cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_catalog, cp, settings)
         try:
@@ -148,8 +185,13 @@ def serve(settings: ServeSettings) -> int:
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    server.run()
+    server = _Server(config, settings)
+    try:
+        server.run()  # SIGINT/SIGTERM end it gracefully: uvicorn handles them and returns
+    finally:
+        remove_address(settings)
+    if not server.started:
+        return 1  # the port could not be bound (uvicorn logged why)
     return 1 if cp.tasks.failure is not None else 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _table import print_table  # noqa: E402
+from _table import LoopProgress, print_table  # noqa: E402
 
 from broker.client import Client, JobInfo  # noqa: E402
 
@@ -28,16 +28,17 @@ TOOL = ("import os, time, pathlib; time.sleep({body}); p = pathlib.Path('notes.t
 
 
 def agent(fp: Client, name: str, pool: str, rows: list[tuple[str, JobInfo]], lock: threading.Lock,
-          rng: random.Random, think: float) -> None:
+          rng: random.Random, plan: list[int], think: float, progress: LoopProgress) -> None:
     tag = f"{name}-{rng.randrange(1 << 30):x}"
     step = 0
-    for iteration in range(3):
-        for call in range(rng.randint(2, 4)):
+    for iteration, calls in enumerate(plan):
+        for call in range(calls):
             body = round(rng.uniform(0.2, 0.5), 2)
             job = fp.run(["python3", "-c", TOOL.format(body=body, step=step)], pool=pool, lease_tag=tag,
                          timeout_s=60)
             with lock:
                 rows.append((f"{name} i{iteration}c{call}", job))
+            progress.done(f"{name} i{iteration}c{call}", job)
             step += 1
             time.sleep(rng.uniform(0.2, 0.6) * think)
         time.sleep(1.0 * think)
@@ -54,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[tuple[str, JobInfo]] = []
     lock = threading.Lock()
-    with Client(args.url, args.token) as fp:
-        threads = [threading.Thread(target=agent, args=(fp, f"agent{i}", args.pool, rows, lock,
-                                                        random.Random(args.seed + i), args.think))
+    rngs = [random.Random(args.seed + i) for i in range(args.agents)]
+    plans = [[rng.randint(2, 4) for _ in range(3)] for rng in rngs]  # tool calls per iteration, drawn up front
+    total = sum(map(sum, plans))
+    with Client(args.url, args.token) as fp, LoopProgress(f"agent loop: {args.agents} agents", total) as progress:
+        threads = [threading.Thread(target=agent, args=(fp, f"agent{i}", args.pool, rows, lock, rngs[i], plans[i],
+                                                        args.think, progress))
                    for i in range(args.agents)]
         started = time.monotonic()
         for t in threads:

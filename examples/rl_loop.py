@@ -16,18 +16,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _table import print_table  # noqa: E402
+from _table import LoopProgress, print_table  # noqa: E402
 
 from broker.client import Client, JobInfo  # noqa: E402
 
 BODY = "import time, random; time.sleep({body}); print('{kind}', {i}, 'reward', round(random.random(), 3))"
 
 
-def stage(fp: Client, pool: str, tag: str, kind: str, n: int, rng: random.Random) -> list[JobInfo]:
+def stage(fp: Client, pool: str, tag: str, kind: str, n: int, rng: random.Random, it: int,
+          progress: LoopProgress) -> list[JobInfo]:
     bodies = [round(rng.uniform(0.3, 0.8), 2) for _ in range(n)]
+
+    def run(i: int, body: float) -> JobInfo:
+        job = fp.run(["python3", "-c", BODY.format(body=body, kind=kind, i=i)], pool, lease_tag=tag, timeout_s=120)
+        progress.done(f"it{it} {kind}{i}", job)
+        return job
+
     with ThreadPoolExecutor(max_workers=n) as ex:
-        futures = [ex.submit(fp.run, ["python3", "-c", BODY.format(body=b, kind=kind, i=i)], pool, lease_tag=tag,
-                             timeout_s=120) for i, b in enumerate(bodies)]
+        futures = [ex.submit(run, i, b) for i, b in enumerate(bodies)]
         return [f.result() for f in futures]
 
 
@@ -44,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"rl-run-{rng.randrange(1 << 30):x}"
     rows: list[tuple[str, JobInfo]] = []
     started = time.monotonic()
-    with Client(args.url, args.token) as fp:
+    total = args.iterations * (args.rollouts + 3)
+    with Client(args.url, args.token) as fp, LoopProgress(f"RL loop: {args.iterations} iterations", total) as progress:
         for it in range(args.iterations):
             for kind, n in (("rollout", args.rollouts), ("eval", 2), ("update", 1)):
-                for i, job in enumerate(stage(fp, args.pool, tag, kind, n, rng)):
+                for i, job in enumerate(stage(fp, args.pool, tag, kind, n, rng, it, progress)):
                     rows.append((f"it{it} {kind}{i}", job))
     makespan = time.monotonic() - started
     print_table(f"RL loop: {args.iterations} iterations x ({args.rollouts} rollouts, 2 evals, 1 update), "

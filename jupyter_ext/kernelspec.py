@@ -1,4 +1,4 @@
-"""`firepool kernelspec install`: write a kernelspec whose kernel runs in a Firepool pool.
+"""`firepool kernelspec install|list|uninstall`: write (list, remove) a kernelspec whose kernel runs in a Firepool pool.
 
 The kernel.json names the `firepool` provisioner with its config (pool, broker URL, session tag mode,
 bind address) and `interrupt_mode: message`, so interrupts travel as Jupyter messages to the kernel. The
@@ -56,14 +56,20 @@ def install(spec: dict[str, Any], name: str, *, user: bool = False, prefix: str 
     return destination
 
 
-def add_parser(sub: Any) -> None:
-    """`firepool kernelspec install ...` on the CLI's subparsers."""
-    p = sub.add_parser("kernelspec", help="install a Jupyter kernelspec whose kernel runs in a Firepool pool")
-    actions = p.add_subparsers(dest="kernelspec_cmd", required=True)
-    i = actions.add_parser("install", help="write the kernelspec (kernel.json naming the firepool provisioner)")
+def add_parser(sub: Any, formatter: type[argparse.HelpFormatter] = argparse.HelpFormatter) -> None:
+    """`firepool kernelspec install|list|uninstall` on the CLI's subparsers."""
+    def parser(parent: Any, name: str, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help, formatter_class=formatter)
+        p.set_defaults(parser=p)
+        return p
+
+    p = parser(sub, "kernelspec", "install, list or remove Jupyter kernelspecs whose kernels run in Firepool pools")
+    p.set_defaults(fn=None)
+    actions = p.add_subparsers(dest="kernelspec_cmd", metavar="ACTION")
+    i = parser(actions, "install", "write the kernelspec (kernel.json naming the firepool provisioner)")
     i.add_argument("--pool", required=True, help="pool the kernel runs in")
     i.add_argument("--name", default=None, help="kernelspec name (default: firepool-POOL)")
-    i.add_argument("--display-name", default=None, help='e.g. "Firepool GPU (H200)"')
+    i.add_argument("--display-name", default=None, help='e.g. "Firepool GPU (H200)" (default: from the pool)')
     i.add_argument("--url", default=None, help="broker URL (default: $FIREPOOL_URL, else the local broker)")
     i.add_argument("--tag", default="kernel",
                    help="session tag: 'kernel' (each kernel its own sandbox session), 'notebook' (the notebook "
@@ -75,12 +81,68 @@ def add_parser(sub: Any) -> None:
     where.add_argument("--sys-prefix", action="store_true", help="install into this Python's sys.prefix")
     where.add_argument("--prefix", default=None, help="install under this prefix")
     i.set_defaults(fn=cmd_install)
+    listing = parser(actions, "list", "the installed kernelspecs that run in Firepool (name, pool, directory)")
+    listing.add_argument("--all", action="store_true", help="list every kernelspec, not only Firepool's")
+    listing.set_defaults(fn=cmd_list)
+    u = parser(actions, "uninstall", "remove installed Firepool kernelspecs by name")
+    u.add_argument("names", nargs="+", metavar="NAME", help="kernelspec name (see `firepool kernelspec list`)")
+    u.set_defaults(fn=cmd_uninstall)
+
+
+def _manager() -> Any:
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError as exc:
+        raise InvalidRequest("jupyter_client is not installed: pip install 'firepool[jupyter]'") from exc
+    return KernelSpecManager()
+
+
+def firepool_pool(spec: dict[str, Any]) -> str | None:
+    """The pool a kernel.json runs in, or None when it is not a Firepool kernelspec."""
+    provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
+    if provisioner.get("provisioner_name") != "firepool":
+        return None
+    return str(provisioner.get("config", {}).get("pool", ""))
+
+
+def installed() -> list[tuple[str, str | None, str, str]]:
+    """(name, pool or None, display name, directory) of every installed kernelspec."""
+    found = []
+    for name, entry in sorted(_manager().get_all_specs().items()):
+        spec = entry.get("spec", {})
+        found.append((name, firepool_pool(spec), str(spec.get("display_name", "")), str(entry.get("resource_dir"))))
+    return found
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from broker.cli_output import print_table
+
+    rows = [(n, p or "-", d, r) for n, p, d, r in installed() if args.all or p is not None]
+    if not rows:
+        print("no Firepool kernelspecs installed: firepool kernelspec install --pool POOL --user", file=sys.stderr)
+        return 0
+    print_table(rows, ("NAME", "POOL", "DISPLAY NAME", "DIRECTORY"))
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    ours = {n: r for n, p, _, r in installed() if p is not None}
+    missing = [n for n in args.names if n not in ours]
+    if missing:
+        known = ", ".join(sorted(ours)) or "none installed"
+        raise InvalidRequest(f"no Firepool kernelspec named {', '.join(missing)} (installed: {known})",
+                             {"names": missing})
+    manager = _manager()
+    for name in args.names:
+        manager.remove_kernel_spec(name)
+        print(f"removed kernelspec {name} from {ours[name]}")
+    return 0
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from broker.client import discover
+    from broker.locations import discover
 
-    url, _ = discover(args.url, "-")
+    url = discover(args.url, "-").url
     name = args.name or f"firepool-{args.pool}".lower()
     spec = kernel_json(args.pool, url=url, display_name=args.display_name, lease_tag=args.tag, ip=args.ip)
     prefix = sys.prefix if args.sys_prefix else args.prefix

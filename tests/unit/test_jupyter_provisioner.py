@@ -12,6 +12,7 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 
 from broker.client import AsyncClient
 from broker.errors import InvalidRequest
+from broker.retrying import NO_RETRY
 from firepool_agent import kernel as launcher
 from jupyter_ext import kernelspec
 from jupyter_ext.provisioner import (
@@ -149,7 +150,8 @@ class FakeBroker:
 
 def provisioner_on(fake: FakeBroker) -> FirepoolProvisioner:
     prov = FirepoolProvisioner(pool="gpu")
-    prov._client = AsyncClient("http://broker", "t", transport=httpx.MockTransport(fake.handler))
+    # No SDK retries here: these tests count the provisioner's own asks (the SDK's are in test_client_retries).
+    prov._client = AsyncClient("http://broker", "t", transport=httpx.MockTransport(fake.handler), retry=NO_RETRY)
     prov.job_id = "j1"
     return prov
 

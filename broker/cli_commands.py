@@ -1,0 +1,254 @@
+"""The `firepool` subcommands (the parser and the error handling are in `broker.cli`).
+
+A command checks what the user named (files, directories, pools) before it starts anything and raises
+`UsageError` with the flag and the path, so the user reads which argument to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker.cli_output import console, one_line_command, print_table
+from broker.locations import read_broker_file, state_dir_for
+
+if TYPE_CHECKING:
+    from broker.client import Client, JobInfo
+
+BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter")
+"""The benchmarks built so far (modules of `bench/`); dispatch, loops, frontier and recovery come later."""
+
+EXIT_TIMEOUT = 124
+"""`submit --wait` of a job that ran past its timeout exits like timeout(1)."""
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for, found after parsing (a missing file, a bad value)."""
+
+
+def read_file(flag: str, path: str) -> str:
+    """The text of the file a flag names, or a UsageError naming the flag."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag} {path}: is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _client(args: argparse.Namespace) -> Client:
+    from broker.client import Client
+
+    return Client(url=args.url, token=args.token, state_dir=args.state_dir)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.packages import PackageLimits
+    from broker.pools import load_catalog
+    from broker.server import ServeSettings, serve
+
+    if args.pools:
+        load_catalog(read_file("--pools", args.pools))  # a CatalogError here is reported before anything starts
+    if args.tokens:
+        read_file("--tokens", args.tokens)
+    state_dir = state_dir_for(args.state_dir)
+    running, _ = read_broker_file(state_dir)
+    if running:
+        raise UsageError(f"a broker is already running for state dir {state_dir} at {running}: use it, stop it, "
+                         "or give this one another --state-dir")
+    _check_port(args.host, args.port)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else
+    settings = ServeSettings(
+        state_dir=state_dir, db_url=args.db,
+        backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
+        tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
+        packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
+                               push_timeout_s=args.package_push_timeout), mcp=args.mcp)
+    return serve(settings)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before starting anything when the port is taken (uvicorn would find out only after recovery)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); another broker? "
+                             "`--port 0` picks a free port") from None
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+class _Progress:
+    """One line per state change, and a heartbeat on long waits, on stderr."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.last = ""
+        self.last_at = 0.0
+        self.out = console(sys.stderr)
+
+    def __call__(self, job: JobInfo) -> None:
+        elapsed = time.monotonic() - self.started
+        reason = job.raw.get("waiting_reason")
+        line = f"{job.id}: {job.state}" + (f" ({reason})" if reason and job.state == "QUEUED" else "")
+        if line != self.last or elapsed - self.last_at >= 10:
+            self.out.print(f"[{elapsed:6.1f}s] {line}")
+            self.last, self.last_at = line, elapsed
+
+
+def _outcome(job: JobInfo) -> tuple[str, int]:
+    """The closing line of `submit --wait` and the exit code."""
+    if job.state == "SUCCEEDED":
+        latency = job.start_latency
+        first = f" submit->first={latency * 1000:.0f}ms" if latency is not None else ""
+        return f"{job.id}: SUCCEEDED exit=0 path={job.path}{first}", 0
+    if job.error_class == "Timeout":
+        limit = job.raw.get("timeout_s")
+        return f"{job.id}: Timeout: ran past its {limit} s limit and was stopped", EXIT_TIMEOUT
+    if job.error_class == "Cancelled" or job.state == "CANCELLED":
+        return f"{job.id}: Cancelled", 1
+    code = job.exit_code if isinstance(job.exit_code, int) and 0 < job.exit_code < 256 else 1
+    message = job.raw.get("error_message")
+    return (f"{job.id}: {job.state} exit={job.exit_code} error={job.error_class}"
+            + (f": {message}" if message else "")), code
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("nothing to run: firepool submit [options] -- CMD ...")
+    requirements = read_file("--requirements", args.requirements) if args.requirements else None
+    if args.package and not Path(args.package).is_dir():
+        raise UsageError(f"--package {args.package}: no such directory")
+    env = _parse_env(args.env) or None
+    with _client(args) as fp:
+        package = fp.package(args.package, args.exclude) if args.package else None
+        job = fp.submit(command, pool=args.pool, lease_tag=args.tag, pods=args.pods, queue=args.queue,
+                        env=env, timeout_s=args.timeout, max_retries=args.retries,
+                        single_use=args.single_use or None, priority=args.priority, package=package,
+                        requirements=requirements)
+        if not args.wait:
+            print(json.dumps(job.raw, indent=2) if args.json else job.id)
+            return 0
+        progress = _Progress()
+        while job.state in ("PENDING", "QUEUED"):
+            progress(job)
+            job = fp.get(job.id, wait_s=2.0)
+        progress(job)
+        for chunk in fp.stream_logs(job.id, follow=True):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        job = fp.wait(job.id)
+        progress(job)
+    line, code = _outcome(job)
+    if args.json:
+        print(json.dumps(job.raw, indent=2))
+    else:
+        print(line, file=sys.stderr)
+    return code
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        jobs = fp.jobs(state=args.state, limit=args.limit)
+    if args.json:
+        print(json.dumps([j.raw for j in jobs], indent=2))
+        return 0
+    rows = [(j.id, j.state, j.pool, j.raw.get("lease_tag", ""), j.path, j.exit_code, j.error_class,
+             one_line_command(j.raw.get("command", []))) for j in jobs]
+    print_table(rows, ("ID", "STATE", "POOL", "TAG", "PATH", "EXIT", "ERROR", "COMMAND"), right=("EXIT",))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        for chunk in fp.stream_logs(args.job_id, stream=args.stream, follow=not args.no_follow):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        before = fp.get(args.job_id)
+        if before.terminal:
+            print(f"firepool: {before.id} already finished ({before.state}): nothing to cancel", file=sys.stderr)
+            return 1
+        job = fp.cancel(args.job_id)
+    print(f"{job.id}: {job.state}" + (" (cancelling: the job is being stopped)" if not job.terminal else ""))
+    return 0
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        pools = fp.pools()
+    if args.json:
+        print(json.dumps(pools, indent=2))
+        return 0
+    keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
+            "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
+    header = [k.upper() for k in keys]
+    print_table([[p.get(k) for k in keys] for p in pools], header, right=header[1:])
+    return 0
+
+
+def cmd_pods(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        pods = fp.pods(args.pool)
+        if args.pool and not pods:
+            names = [p["name"] for p in fp.pools()]
+            if args.pool not in names:
+                raise UsageError(f"--pool {args.pool}: no such pool (pools: {', '.join(names)})")
+    if args.json:
+        print(json.dumps(pods, indent=2))
+        return 0
+    now = time.time()
+    rows = [(p["name"], p["pool"], p["state"] + (" (held)" if p.get("held") else "")
+             + (" (standby)" if p.get("standby") else ""), p.get("caller"),
+             p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
+             f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
+             "yes" if p.get("isolated") else "NO (unisolated fallback)") for p in pods]
+    print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED"))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    rest = [a for a in args.rest if a != "--json"]
+    json_out = args.json or len(rest) != len(args.rest)
+    module: Any = importlib.import_module("bench." + args.name.replace("-", "_"))
+    return int(module.main(rest, json_out=json_out) or 0)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from mcp_server.main import main as mcp_main
+
+    return mcp_main(args)

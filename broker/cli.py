@@ -191,9 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except FirepoolError as exc:
         return _fail(f"{exc.error_class}: {exc.message}")
-    except CatalogError as exc:
-        where = getattr(args, "pools", None)
-        return _fail(f"catalog {where}: {exc}" if where else f"catalog: {exc}")
+    except CatalogError as exc:  # its message leads with the file and names the key
+        return _fail(str(exc))
     except cmds.UsageError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:

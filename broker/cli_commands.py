@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.server import ServeSettings, serve
 
     if args.pools:
-        load_catalog(read_file("--pools", args.pools))  # a CatalogError here is reported before anything starts
+        load_catalog(read_file("--pools", args.pools), source=args.pools)  # a CatalogError here is reported before anything starts
     if args.tokens:
         read_file("--tokens", args.tokens)
     state_dir = state_dir_for(args.state_dir)

@@ -52,7 +52,7 @@ def test_mistakes_made_without_a_broker_are_one_line_messages(tmp_path: Path) ->
                     "--package", "nodir")
     assert_one_line(firepool("serve", "--pools", str(tmp_path / "none.yaml"), env=env), "--pools", "none.yaml")
     assert_one_line(firepool("serve", "--tokens", str(tmp_path / "none.json"), env=env), "--tokens", "none.json")
-    assert_one_line(firepool("serve", "--pools", str(bad_catalog), env=env), str(bad_catalog), "'cpu'", "colour")
+    assert_one_line(firepool("serve", "--pools", str(bad_catalog), env=env), str(bad_catalog), "pools[0].colour", "unknown key")
     assert_one_line(firepool("jobs", env=env), "cannot reach the broker", "firepool serve", "FIREPOOL_URL")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 REUSE_TAG_MODES = ("boundary", "hint")
+KERNEL_MODES = ("auto", "prestart", "learned", "cold")
 
 
 class CatalogError(ValueError):
@@ -63,6 +64,8 @@ class PoolSpec:
     """Backend-specific pod template (image, resources, binds, start delay)."""
     reserve_gangs_after: float | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
+    kernels: str = "auto"
+    """Pre-imported kernel on idle pods: prestart, learned (after a kernel job), cold; auto: learned sans standby."""
 
     @property
     def hold_seconds(self) -> float:
@@ -152,6 +155,10 @@ def parse_pool(raw: Mapping[str, Any]) -> PoolSpec:
             if not isinstance(value, list) or not all(isinstance(p, str) and p.startswith("/") for p in value):
                 raise CatalogError(f"pool {name!r}: {key} must be a list of absolute paths")
             values[key] = tuple(value)
+        elif key == "kernels":
+            if value not in KERNEL_MODES:
+                raise CatalogError(f"pool {name!r}: kernels must be one of {KERNEL_MODES}, got {value!r}")
+            values[key] = value
         elif key == "reserve_gangs_after":
             values[key] = _number(name, key, value, integer=False, allow_none=True)
         elif key == "env":

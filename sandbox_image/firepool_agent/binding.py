@@ -78,9 +78,9 @@ def receive_package(attempts: Attempts, digest: str, body: BinaryIO, length: int
             except FileNotFoundError:
                 pass
         done = time.perf_counter()
-        attempts.delivered = Delivered(digest, unpack_s=done - received, receive_s=received - began,
-                                       extracted=extracted)
-        return attempts.delivered
+        delivered = Delivered(digest, unpack_s=done - received, receive_s=received - began, extracted=extracted)
+        attempts.delivered = delivered
+        return delivered
 
 
 def prepare(attempts: Attempts, attempt: Attempt, spec: LaunchSpec) -> LaunchSpec | tuple[str, str]:

@@ -47,9 +47,9 @@ def kernel_broker(broker_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     use(broker, monkeypatch, "alice")
-    for pool in ("kern", "gpu"):
+    for name, pool in (("kern", "kern"), ("gpu", "gpu"), ("gpu2", "gpu")):
         r = subprocess.run([sys.executable, "-m", "broker.cli", "kernelspec", "install", "--pool", pool,
-                            "--name", f"fp-{pool}", "--user", "--tag", f"prestart-{pool}"],
+                            "--name", f"fp-{name}", "--user", "--tag", f"prestart-{name}"],
                            env=broker.env("alice") | {"JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data")},
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -163,6 +163,20 @@ async def test_a_gpu_kernel_gets_its_gpu_only_at_bind_and_the_idle_process_sees_
     pid, cuda, cache = out.split()
     assert int(pid) == ready["pid"] and cuda in ("0", "1") and cache.startswith("/")
     assert root.exists()
+
+
+async def test_another_sessions_kernel_on_the_pod_starts_cold(kernel_broker) -> None:
+    broker = kernel_broker  # the gpu pool holds one pod: the second session's kernels land on it
+    async with kernel("fp-gpu") as (km, kc, _):
+        pod = job_of(broker, km)["bound_pods"][0]
+    await held_idle(broker, pod)
+    before = await prestarted(broker, pod)
+    async with kernel("fp-gpu2") as (km, kc, _):
+        job = job_of(broker, km)
+        assert job["bound_pods"] == [pod] and job["lease_tag"] == "prestart-gpu2", job
+        assert attempt_timings(job)["kernel_prestarted"] == 0.0  # started before the boundary: killed there
+        _, out, _ = await run(kc, "import os; print(os.getpid())")
+        assert int(out) != before["pid"]
 
 
 async def test_a_reset_kills_the_prestarted_process_and_starts_a_new_one(kernel_broker) -> None:

@@ -152,8 +152,10 @@ class Attempts:
                     return attempt
             self.session = spec.session
             self.prestarter.last_was_kernel = bool(spec.extra.get("kernel"))
-            if not self.prestarter.last_was_kernel:
-                self.prestarter.kill()  # no unbound process sits beside another job (memory, `ps`)
+            if not self.prestarter.last_was_kernel or spec.extra.get("requirements") is not None:
+                # Nothing runs beside an unbound process: not another job, not a requirements install
+                # (package builds run code), and the memory is the job's.
+                self.prestarter.kill()
             if self.prepare is not None and spec.extra:
                 prepared = self.prepare(attempt, spec)
                 if isinstance(prepared, tuple):

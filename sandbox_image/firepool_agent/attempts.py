@@ -110,28 +110,25 @@ class Attempts:
         """The code package unpacked for the next launch (`binding.Delivered`); a reset forgets it."""
         self.prepare: Callable[[Attempt, LaunchSpec], LaunchSpec | tuple[str, str]] | None = None
         """Late binding before the spawn (`binding.prepare`): the launch to run, or (error class, message)."""
-        self.prestarter = Prestarter(config, reaper, self.prestart_env)
+        self.prestarter = Prestarter(config, reaper, self.base_env)
         """The pod's pre-started kernel process, bound by a kernel launch (`prestart`)."""
 
     # -- launching ------------------------------------------------------------------------------
 
-    def job_env(self, requested: Mapping[str, str], attempt_id: str) -> dict[str, str]:
-        """A fresh environment: the base, then the request on top; CUDA_VISIBLE_DEVICES is ours."""
-        c = self.config
-        env = {"PATH": c.job_path, "HOME": c.workspace, "LANG": "C.UTF-8", "TMPDIR": c.tmp_dir,
-               "FIREPOOL_WORKSPACE": c.workspace, "FIREPOOL_PACKAGE_DIR": c.package_dir,
-               "FIREPOOL_ATTEMPT_ID": attempt_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(requested)
-        env["CUDA_VISIBLE_DEVICES"] = c.cuda_visible_devices
-        env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
-        return env
-
-    def prestart_env(self) -> dict[str, str]:
-        """What every job's environment has before its own parts (attempt id, GPU accounting) are added."""
+    def base_env(self) -> dict[str, str]:
+        """Every job's environment before its own parts (attempt id, request, GPU accounting)."""
         c = self.config
         return {"PATH": c.job_path, "HOME": c.workspace, "LANG": "C.UTF-8", "TMPDIR": c.tmp_dir,
                 "FIREPOOL_WORKSPACE": c.workspace, "FIREPOOL_PACKAGE_DIR": c.package_dir,
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def job_env(self, requested: Mapping[str, str], attempt_id: str) -> dict[str, str]:
+        """A fresh environment: the base, then the request on top; CUDA_VISIBLE_DEVICES is ours."""
+        c = self.config
+        env = {**self.base_env(), "FIREPOOL_ATTEMPT_ID": attempt_id, **requested}
+        env["CUDA_VISIBLE_DEVICES"] = c.cuda_visible_devices
+        env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
+        return env
 
     def launch(self, spec: LaunchSpec) -> Attempt:
         """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError)."""

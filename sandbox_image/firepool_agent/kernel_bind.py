@@ -188,7 +188,7 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     while not data.endswith(b"\n"):
         more = sock.recv(1 << 16)
         if not more or len(data) > MAX_MESSAGE:
-            raise Refused("the bind message was cut off")
+            raise Refused("the bind message was cut off (or the agent is gone)")
         data += more
     return json.loads(data), list(fds)
 
@@ -200,18 +200,25 @@ def wait_for_bind(fd: int) -> list[str]:
     _parent_death_signal(signal.SIGKILL)  # an idle pre-started kernel never outlives its agent
     sock = socket.socket(fileno=fd)
     warmed = Warmed()
-    status = open(f"/proc/{os.getpid()}/status", "rb").read()  # noqa: SIM115 - read once
-    rss = next((int(line.split()[1]) for line in status.splitlines() if line.startswith(b"VmRSS:")), 0)
-    sock.sendall(json.dumps({"ready": True, "rss_kib": rss}).encode() + b"\n")
+    with open(f"/proc/{os.getpid()}/status", "rb") as f:
+        rss = next((int(line.split()[1]) for line in f if line.startswith(b"VmRSS:")), 0)
+    _answer(sock, {"ready": True, "rss_kib": rss})
     try:
         message, fds = receive(sock)
         argv = apply(message, fds, warmed)
     except Refused as exc:
-        sock.sendall(json.dumps({"refused": str(exc)}).encode() + b"\n")
+        _answer(sock, {"refused": str(exc)})
         sys.exit(0)
     except Exception as exc:  # anything unforeseen: refuse rather than run a half-bound kernel
-        sock.sendall(json.dumps({"refused": f"bind failed: {exc!r}"}).encode() + b"\n")
+        _answer(sock, {"refused": f"bind failed: {exc!r}"})
         sys.exit(0)
-    sock.sendall(b'{"bound":true}\n')
+    _answer(sock, {"bound": True})
     sock.close()
     return argv
+
+
+def _answer(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the agent is gone (then so is this process) or gave up waiting

@@ -175,3 +175,13 @@ def _is_prestarted(pid: int, sandbox_pid: int) -> bool:
         return False
     nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
     return len(nspid) > 1 and int(nspid[-1]) == sandbox_pid and b"--prestarted" in cmdline
+
+
+async def test_an_unbound_process_dies_with_its_agent(agent: RunningAgent) -> None:
+    prestarted = await ready(agent.client)
+    agent.process.kill()  # no handler runs: the parent-death signal alone must take it
+    agent.process.wait(10)
+    deadline = time.monotonic() + 5
+    while alive(prestarted["pid"]):
+        assert time.monotonic() < deadline, "the pre-started kernel outlived its agent"
+        await asyncio.sleep(0.01)

@@ -31,6 +31,7 @@ from pydantic import (
 
 ReuseTag = Literal["boundary", "hint", "retire"]
 REUSE_TAG_MODES: tuple[str, ...] = get_args(ReuseTag)
+KernelMode = Literal["auto", "prestart", "learned", "cold"]
 
 # Strict: YAML `"1"`, `1.5` or `true` is not a count, `"3"` or `true` not a number of seconds.
 Count = Annotated[int, Strict(), Field(ge=0)]
@@ -110,6 +111,8 @@ class PoolSpec:
     """Backend-specific pod template (image, resources, binds, start delay)."""
     reserve_gangs_after: Number | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
+    kernels: KernelMode = "auto"
+    """Pre-imported kernel on idle pods: prestart, learned (after a kernel job), cold; auto: learned sans standby."""
 
     @property
     def hold_seconds(self) -> float:

@@ -45,6 +45,7 @@ from broker.backends.sandboxing import (
 from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.pools import PoolSpec
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.topology import Rendezvous
 
@@ -56,6 +57,13 @@ START_TIMEOUT_S = 30.0
 HEALTH_TIMEOUT_S = 3.0
 KILL_TIMEOUT_S = 10.0
 _warned_unisolated = False
+
+
+def agent_kernels(pool: PoolSpec) -> str:
+    """The agent's `--kernels` mode for a pool: `auto` learns on pools without standby pods, else stays cold."""
+    if pool.kernels != "auto":
+        return pool.kernels
+    return "cold" if pool.standbys_per_active > 0 else "learned"
 
 
 class LocalBackend:
@@ -204,6 +212,7 @@ class LocalBackend:
             "gpus": keys, "cuda_visible_devices": cuda, "annotations": dict(request.annotations),
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": "host" if network or not self.isolated else "none",
+            "kernels": agent_kernels(request.pool),
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
@@ -239,6 +248,7 @@ class LocalBackend:
         make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
                          self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
+        argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod

@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(directory, exist_ok=True)
     reaper = Reaper()
     reaper.start()
-    agent = Agent(config, secret, Attempts(config, reaper))
+    attempts = Attempts(config, reaper)
+    agent = Agent(config, secret, attempts)
     server = make_server(agent)
+    with attempts.launch_lock:
+        attempts.prestarter.spawn()  # a new pod has run nothing yet: as clean as after a verified reset
     if not proctree.in_own_pid_namespace():
         # Outside a namespace our jobs would outlive us; take them down when asked to stop. As PID 1
         # no handler is installed, so jobs in the namespace cannot signal the agent at all.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import re
 import signal
@@ -26,7 +27,10 @@ from firepool_agent import gpushare, kernel, proctree, wiping
 from firepool_agent.config import AgentConfig
 from firepool_agent.output import STREAMS as LOG_STREAMS
 from firepool_agent.output import Output
+from firepool_agent.prestart import Prestarted, Prestarter
 from firepool_agent.reaping import Reaper
+
+log = logging.getLogger(__name__)
 
 REMEMBERED = 1000
 """Finished attempts whose status the agent keeps (a restarted broker asks about recent ones)."""
@@ -106,16 +110,22 @@ class Attempts:
         """The code package unpacked for the next launch (`binding.Delivered`); a reset forgets it."""
         self.prepare: Callable[[Attempt, LaunchSpec], LaunchSpec | tuple[str, str]] | None = None
         """Late binding before the spawn (`binding.prepare`): the launch to run, or (error class, message)."""
+        self.prestarter = Prestarter(config, reaper, self.base_env)
+        """The pod's pre-started kernel process, bound by a kernel launch (`prestart`)."""
 
     # -- launching ------------------------------------------------------------------------------
+
+    def base_env(self) -> dict[str, str]:
+        """Every job's environment before its own parts (attempt id, request, GPU accounting)."""
+        c = self.config
+        return {"PATH": c.job_path, "HOME": c.workspace, "LANG": "C.UTF-8", "TMPDIR": c.tmp_dir,
+                "FIREPOOL_WORKSPACE": c.workspace, "FIREPOOL_PACKAGE_DIR": c.package_dir,
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def job_env(self, requested: Mapping[str, str], attempt_id: str) -> dict[str, str]:
         """A fresh environment: the base, then the request on top; CUDA_VISIBLE_DEVICES is ours."""
         c = self.config
-        env = {"PATH": c.job_path, "HOME": c.workspace, "LANG": "C.UTF-8", "TMPDIR": c.tmp_dir,
-               "FIREPOOL_WORKSPACE": c.workspace, "FIREPOOL_PACKAGE_DIR": c.package_dir,
-               "FIREPOOL_ATTEMPT_ID": attempt_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(requested)
+        env = {**self.base_env(), "FIREPOOL_ATTEMPT_ID": attempt_id, **requested}
         env["CUDA_VISIBLE_DEVICES"] = c.cuda_visible_devices
         env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
         return env
@@ -138,6 +148,11 @@ class Attempts:
                                "emptied: " + "; ".join(problems[:5]))
                     return attempt
             self.session = spec.session
+            self.prestarter.last_was_kernel = bool(spec.extra.get("kernel"))
+            if not self.prestarter.last_was_kernel or spec.extra.get("requirements") is not None:
+                # Nothing runs beside an unbound process: not another job, not a requirements install
+                # (package builds run code), and the memory is the job's.
+                self.prestarter.kill()
             if self.prepare is not None and spec.extra:
                 prepared = self.prepare(attempt, spec)
                 if isinstance(prepared, tuple):
@@ -154,6 +169,7 @@ class Attempts:
         """A new session sees nothing of the last one: its processes die and its scratch is emptied."""
         began = time.perf_counter()
         problems = []
+        self.prestarter.kill()  # it was started before this boundary: the new session gets a cold kernel
         if proctree.others():
             proctree.kill_all()
             problems += [f"process {p.pid} survived" for p in proctree.wait_gone(2.0)]
@@ -171,11 +187,13 @@ class Attempts:
 
     def _spawn(self, attempt: Attempt, spec: LaunchSpec) -> None:
         began = time.perf_counter()
-        output = Output(attempt.directory, self._notify)
         cwd = os.path.join(self.config.workspace, spec.cwd) if spec.cwd else self.config.workspace
         env = self.job_env(spec.env, spec.attempt_id)
         if spec.extra.get("kernel"):
             kernel.prepare_env(env)
+            if self._bind_prestarted(attempt, spec, env, cwd, began):
+                return
+        output = Output(attempt.directory, self._notify)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -199,6 +217,50 @@ class Attempts:
             os.close(out_w)
             os.close(err_w)
         attempt.timings["spawn_s"] = time.perf_counter() - began
+        self._follow(attempt, spec, output, out_r, err_r)
+
+    def _bind_prestarted(self, attempt: Attempt, spec: LaunchSpec, env: dict[str, str], cwd: str,
+                         began: float) -> bool:
+        """Make the pod's pre-started kernel this attempt's rank 0; False (and nothing started) when it cannot."""
+        if self.prestarter.current is None:
+            attempt.timings["kernel_prestarted"] = 0.0
+            return False
+        ready = self.prestarter.current.ready_at is not None or bool(self.prestarter.current.messages(None))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        attempt.started_at = time.time()
+        try:
+            bound = self.prestarter.bind(spec.argv, env, cwd, (out_w, err_w))
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if not isinstance(bound, Prestarted):
+            os.close(out_r)
+            os.close(err_r)
+            log.info("%s: normal kernel launch (%s)", spec.attempt_id, bound)
+            attempt.started_at = None
+            attempt.timings["kernel_prestarted"] = 0.0
+            return False
+        attempt.first_instruction_at = time.time()
+        output = Output(attempt.directory, self._notify)
+        with self.cond:
+            attempt.pid = bound.pid
+            attempt.popen = bound.popen
+            attempt.output = output
+        with bound.lock:
+            early = bound.exit
+            if early is None:
+                bound.on_exit = partial(self._exited, attempt)
+        if early is not None:  # it ended between its answer and now: the exit is this attempt's
+            self._exited(attempt, *early)
+        attempt.timings.update(spawn_s=time.perf_counter() - began, kernel_prestarted=1.0,
+                               kernel_prestart_ready=1.0 if ready else 0.0,
+                               kernel_prestart_age_s=time.monotonic() - bound.spawned_at)
+        self._follow(attempt, spec, output, out_r, err_r)
+        return True
+
+    def _follow(self, attempt: Attempt, spec: LaunchSpec, output: Output, out_r: int, err_r: int) -> None:
+        """Pump rank 0's output and arm the attempt's timeout."""
         output.pump(out_r, err_r, partial(self._drained, attempt))
         if spec.timeout_s is not None:
             attempt.timer = threading.Timer(spec.timeout_s, self._time_out, args=(attempt,))

@@ -36,6 +36,8 @@ class AgentConfig:
     shm_dir: str = "/dev/shm"
     deps_dir: str = ""
     """Where requirements are installed; survives resets for the pod's life. "" disables installs."""
+    kernels: str = "cold"
+    """Pre-started kernel (`prestart`): `cold` never, `learned` after a kernel attempt, `prestart` always."""
 
 
 def _auto_cuda_devices() -> str:
@@ -61,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
     parser.add_argument("--path", default=None, help="PATH for jobs (default: the agent's PATH)")
     parser.add_argument("--isolated", action="store_true", help="the agent runs in its own sandbox")
     parser.add_argument("--deps-dir", default="", help="the pod's dependency directory (kept across resets)")
+    parser.add_argument("--kernels", choices=("cold", "learned", "prestart"), default="cold",
+                        help="keep a pre-imported, unbound kernel process while idle: never, after a kernel "
+                             "attempt, or always (default: cold)")
     args = parser.parse_args(argv)
     cuda = _auto_cuda_devices() if args.cuda_visible_devices == "auto" else args.cuda_visible_devices
     config = AgentConfig(
@@ -74,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         job_path=args.path or os.environ.get("PATH") or AgentConfig.job_path,
         isolated=args.isolated,
         deps_dir=os.path.abspath(args.deps_dir) if args.deps_dir else "",
+        kernels=args.kernels,
     )
     if not (config.listen.startswith("unix:") or config.listen.startswith("tcp:")):
         parser.error("--listen must be unix:/path or tcp:host:port")

@@ -80,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="address the kernel binds (127.0.0.1 on a host-network local pod, 0.0.0.0 in a cluster)")
     parser.add_argument("--advertise", default="", help="address reported to the Jupyter server (default: derived)")
     parser.add_argument("--no-encryption", action="store_true", help="plain (HMAC-signed only) ZeroMQ channels")
+    parser.add_argument("--prestarted", type=int, metavar="FD", default=None,
+                        help="(the agent's) import now, then wait on this socket to be bound to a job")
     args, rest = parser.parse_known_args(argv)
+    if args.prestarted is not None:
+        from firepool_agent import kernel_bind
+
+        return main(kernel_bind.wait_for_bind(args.prestarted))
     key = secrets.token_hex(32)
     curve = {} if args.no_encryption else curve_keys()
     tmp = os.environ.get("TMPDIR") or "/tmp"
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ipykernel.kernelapp import IPKernelApp
 
-    class ReportingApp(IPKernelApp):  # type: ignore[misc]
+    class ReportingApp(IPKernelApp):
         def write_connection_file(self, **kwargs: Any) -> None:
             # The ports are bound now: report them at once, so the Jupyter side connects while IPython is
             # still setting up its shell (messages wait in the bound sockets).
@@ -103,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     app = ReportingApp.instance()
     try:
-        app.initialize(["-f", path, *rest])
+        app.initialize(["-f", path, *rest])  # type: ignore[no-untyped-call]
     finally:
         os.close(report_fd)
-    app.start()
+    app.start()  # type: ignore[no-untyped-call]
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from functools import partial
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from firepool_agent import __version__, binding, wire
@@ -53,7 +53,8 @@ class Agent:
             "uptime_s": time.monotonic() - self.started,
             "info": {"pid": os.getpid(), "python": sys.version.split()[0], "version": __version__,
                      "cuda_visible_devices": self.config.cuda_visible_devices,
-                     "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace},
+                     "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,
+                     "kernel_prestart": self.attempts.prestarter.state()},
         }
 
 
@@ -185,7 +186,7 @@ class Handler(BaseHTTPRequestHandler):
             raise wire.HttpError(411, "a package needs a Content-Length (no chunked bodies)")
         max_extracted = wire.query_int(query, "max_extracted", 2_000_000_000, 1 << 40)
         try:
-            delivered = binding.receive_package(self.agent.attempts, digest, self.rfile,
+            delivered = binding.receive_package(self.agent.attempts, digest, cast(BinaryIO, self.rfile),
                                                 int(self.headers["Content-Length"]), max_extracted)
         except BaseException:
             self.close_connection = True  # the body may be partly unread

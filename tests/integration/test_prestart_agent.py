@@ -1,0 +1,187 @@
+"""The pre-started kernel at the agent: refusals that fall back to a normal launch, no GPU library, the pod's end.
+
+Agents here run unisolated (a subreaper, as in test_agent.py) with `--kernels prestart`, so each case is a
+second or so; the sandboxed path runs in test_prestart.py. The last tests use the bubblewrap backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from broker.agent_http import HttpAgentClient
+from broker.backends.local import LocalBackend, agent_kernels
+from broker.pools import PoolSpec
+from broker.ports.agent import LaunchRequest, ResetRequest
+from broker.ports.backend import PodRequest
+from tests.integration.test_agent import AGENT_ROOT, RunningAgent, alive, wait_healthy
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+KERNEL = ("python3", "-m", "firepool_agent.kernel", "--ip", "127.0.0.1")
+GPU_MODULES = ("torch", "cupy", "pynvml", "nvidia", "numba", "jax", "tensorflow", "pycuda", "cuda")
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[RunningAgent]:
+    root = Path(tempfile.mkdtemp(prefix="fp-pk-"))  # short: a Unix socket path holds ~107 bytes
+    secret = secrets.token_urlsafe(32)
+    read_end, write_end = os.pipe()
+    os.write(write_end, secret.encode())
+    os.close(write_end)
+    path = f"{os.path.dirname(PY)}:/usr/bin:/bin"  # the jobs' python3 is this one, which has ipykernel
+    argv = [PY, "-S", "-m", "firepool_agent", "--pod", "pk", "--listen", f"unix:{root}/run/agent.sock",
+            "--secret-fd", str(read_end), "--workspace", str(root / "ws"), "--package-dir", str(root / "pkg"),
+            "--run-dir", str(root / "run"), "--tmp-dir", str(root / "tmp"), "--path", path, "--kernels", "prestart"]
+    with open(root / "agent.log", "wb") as log:
+        process = subprocess.Popen(argv, pass_fds=(read_end,), env={"PYTHONPATH": str(AGENT_ROOT), "PATH": path},
+                                   stdout=log, stderr=log, start_new_session=True)
+    os.close(read_end)
+    client = HttpAgentClient(f"unix:{root}/run/agent.sock", secret, pod="pk")
+    try:
+        await wait_healthy(client, process)
+        yield RunningAgent(client, process, secret, f"{root}/run/agent.sock", root)
+    finally:
+        await client.close()
+        process.terminate()
+        process.wait(10)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+async def ready(client: HttpAgentClient, timeout_s: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = (await client.health()).info["kernel_prestart"]
+        if state.get("ready"):
+            return state
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.02)
+
+
+async def kernel_line(client: HttpAgentClient, attempt_id: str) -> dict:
+    """The launcher's connection line from the attempt's stdout."""
+    data, offset = b"", 0
+    deadline = time.monotonic() + 30
+    while b"\n" not in data:
+        chunk = await client.read_log(attempt_id, "stdout", offset, wait_s=1.0)
+        data, offset = data + chunk.data, chunk.next_offset
+        assert time.monotonic() < deadline and not (chunk.complete and b"\n" not in data), data
+    line = data.split(b"\n", 1)[0]
+    assert line.startswith(b"FIREPOOL-KERNEL "), data
+    return json.loads(line[len(b"FIREPOOL-KERNEL "):])
+
+
+async def launch_kernel(agent: RunningAgent, attempt_id: str, **env: str) -> tuple[dict, dict]:
+    status = await agent.client.launch(LaunchRequest(attempt_id=attempt_id, argv=KERNEL, env=env, session="s1",
+                                                     extra={"kernel": True}))
+    info = await kernel_line(agent.client, attempt_id)
+    await agent.client.signal(attempt_id, "KILL")
+    await agent.client.wait(attempt_id, 10)
+    return dict(status.timings), info
+
+
+async def test_a_bound_kernel_is_the_prestarted_process_and_a_reset_replaces_it(agent: RunningAgent) -> None:
+    first = await ready(agent.client)
+    timings, info = await launch_kernel(agent, "k1")
+    assert timings["kernel_prestarted"] == 1.0 and info["pid"] == first["pid"] and info["cwd"] == str(agent.workspace)
+    assert (await agent.client.health()).info["kernel_prestart"]["pid"] is None  # nothing unbound beside a kernel
+    assert (await agent.client.reset(ResetRequest())).clean
+    second = await ready(agent.client)
+    assert second["pid"] != first["pid"] and not alive(first["pid"]) and second["spawned"] == first["spawned"] + 1
+    timings, again = await launch_kernel(agent, "k2")
+    assert timings["kernel_prestarted"] == 1.0 and again["pid"] == second["pid"] and again["key"] != info["key"]
+
+
+async def test_an_interpreter_setting_in_the_jobs_env_means_a_normal_launch(agent: RunningAgent) -> None:
+    prestarted = await ready(agent.client)
+    timings, info = await launch_kernel(agent, "k1", PYTHONHASHSEED="7")
+    assert timings["kernel_prestarted"] == 0.0 and info["pid"] != prestarted["pid"]
+    assert "environment differs in PYTHONHASHSEED" in (agent.root / "agent.log").read_text()
+
+
+async def test_a_variable_the_imports_read_means_a_normal_launch(agent: RunningAgent) -> None:
+    await ready(agent.client)
+    timings, _ = await launch_kernel(agent, "k1", PYDEVD_USE_CYTHON="NO")  # debugpy reads it at import
+    assert timings["kernel_prestarted"] == 0.0
+    assert "PYDEVD_USE_CYTHON" in (agent.root / "agent.log").read_text()
+
+
+async def test_a_workspace_module_that_shadows_an_imported_one_means_a_normal_launch(agent: RunningAgent) -> None:
+    import shlex
+
+    await ready(agent.client)
+    # A working copy of shlex in the workspace: a new interpreter there imports it, not the installed one.
+    (agent.workspace / "shlex.py").write_text(f"exec(compile(open({shlex.__file__!r}).read(), 'shlex', 'exec'))\n")
+    timings, _ = await launch_kernel(agent, "k1")
+    assert timings["kernel_prestarted"] == 0.0
+    assert "the job's path has its own shlex" in (agent.root / "agent.log").read_text()
+
+
+async def test_another_command_kills_the_unbound_process_before_it_runs(agent: RunningAgent) -> None:
+    prestarted = await ready(agent.client)
+    await agent.client.launch(LaunchRequest(attempt_id="ls", argv=("true",), env={}, session="s1"))
+    await agent.client.wait("ls", 10)
+    deadline = time.monotonic() + 5
+    while alive(prestarted["pid"]):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    assert (await agent.client.health()).info["kernel_prestart"]["pid"] is None
+
+
+def test_the_prestarted_process_imports_no_gpu_library() -> None:
+    code = ("import sys, json\nfrom firepool_agent import kernel_bind\nkernel_bind.Warmed()\n"
+            "maps = open('/proc/self/maps').read()\n"
+            f"print(json.dumps({{'gpu': sorted(m for m in sys.modules if m.split('.')[0] in {GPU_MODULES!r}), "
+            "'libs': [l for l in ('libcuda', 'libnvidia', 'libcudart') if l in maps], "
+            "'n': len(sys.modules)}))")
+    result = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(AGENT_ROOT), "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["gpu"] == [] and found["libs"] == [] and found["n"] > 300  # torch is installed here, not imported
+
+
+def test_auto_prestarts_after_kernels_on_pools_without_standby_only() -> None:
+    assert agent_kernels(PoolSpec(name="a")) == "learned"
+    assert agent_kernels(PoolSpec(name="b", standbys_per_active=1)) == "cold"
+    assert agent_kernels(PoolSpec(name="c", standbys_per_active=1, kernels="prestart")) == "prestart"
+
+
+async def test_deleting_a_pod_leaves_no_prestarted_process(backend: LocalBackend) -> None:
+    await backend.create(PodRequest(name="pk-1", pool=PoolSpec(name="kern", kernels="prestart")))
+    state = await ready(backend.agent("pk-1"))
+    host = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_prestarted(int(p), state["pid"])]
+    assert len(host) == 1
+    await backend.delete("pk-1")
+    assert not alive(host[0])
+
+
+def _is_prestarted(pid: int, sandbox_pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+    return len(nspid) > 1 and int(nspid[-1]) == sandbox_pid and b"--prestarted" in cmdline
+
+
+async def test_an_unbound_process_dies_with_its_agent(agent: RunningAgent) -> None:
+    prestarted = await ready(agent.client)
+    agent.process.kill()  # no handler runs: the parent-death signal alone must take it
+    agent.process.wait(10)
+    deadline = time.monotonic() + 5
+    while alive(prestarted["pid"]):
+        assert time.monotonic() < deadline, "the pre-started kernel outlived its agent"
+        await asyncio.sleep(0.01)

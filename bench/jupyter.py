@@ -101,7 +101,7 @@ async def _stop(km: Any, kc: Any) -> None:
 
 
 async def _prestart_state(state_dir: Path, pod: str) -> dict[str, Any]:
-    from broker.agent_http import HttpAgentClient
+    from broker.running.agent_http import HttpAgentClient
 
     root = state_dir / "pods" / pod
     secret = json.loads((root / "pod.json").read_text())["secret"]

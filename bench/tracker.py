@@ -13,9 +13,9 @@ import time
 import tracemalloc
 
 from bench.common import Row, at_least, at_most, percentile, report
+from broker.claiming.tracker import Claim, Lease, Tracker
 from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
-from broker.tracker import Claim, Lease, Tracker
 
 POOL = PoolSpec(name="h200", gpus=1, accelerator="nvidia-h200", max_count=1_000_000)
 

@@ -52,8 +52,8 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from broker.packages import PackageLimits
     from broker.pools import load_catalog
+    from broker.running.packages import PackageLimits
     from broker.server import ServeSettings, serve
 
     if args.pools:

@@ -13,29 +13,29 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from broker.admission import admit
-from broker.borrowing import Borrowing
+from broker.claiming.admission import admit
+from broker.claiming.dispatching import Dispatcher
+from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.tracker import Tracker
 from broker.clock import Clock
-from broker.delivering import PackageDelivery
-from broker.dispatching import Dispatcher
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
-from broker.executing import SIGNALS, Executor
-from broker.jobbook import Abort, JobBook
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
-from broker.packages import PackageStore
 from broker.pods import PodState
-from broker.pooling import PoolController, count
 from broker.pools import Catalog
-from broker.poolview import pool_view
 from broker.ports.agent import LogChunk
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
 from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, recover
+from broker.running.delivering import PackageDelivery
+from broker.running.executing import SIGNALS, Executor
+from broker.running.packages import PackageStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
-from broker.tracker import Tracker
+from broker.warmth.borrowing import Borrowing
+from broker.warmth.pooling import PoolController, count
+from broker.warmth.poolview import pool_view
 
 log = logging.getLogger("firepool.control")
 

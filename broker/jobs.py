@@ -126,7 +126,7 @@ class JobSpec:
     """May a new session take the caller's idle pod of another session (emptying that session's workspace)
     before a standby or a new pod? Either way the pod then stays with the new session. False protects
     sessions that live side by side (MCP conversations): only at the pool's ceiling does the caller's least
-    recently used session hand its pod over. broker.tracker's docstring says why both exist."""
+    recently used session hand its pod over. broker.claiming.tracker's docstring says why both exist."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -69,7 +69,7 @@ class Origin(enum.StrEnum):
     DEMAND = "demand"      # queued jobs (or a replacement for a retiring pod) wanted it
     WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
-    STANDBY = "standby"    # staged on an active pod's GPU (broker.standby)
+    STANDBY = "standby"    # staged on an active pod's GPU (broker.warmth.standby)
 
 
 SessionKey = tuple[str, str, str]
@@ -109,7 +109,7 @@ class Pod:
         self.path = ""
         self.reason: str | None = None
         self.standby = False
-        """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.standby)."""
+        """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.warmth.standby)."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker.claiming.jobbook import Abort, JobBook
 from broker.errors import FirepoolError
-from broker.jobbook import Abort, JobBook
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
 from broker.ports.agent import AttemptStatus, ResetRequest

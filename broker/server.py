@@ -25,9 +25,9 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import BROKER_FILE, DEFAULT_PORT
-from broker.packages import FilePackageStore, PackageLimits
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
+from broker.running.packages import FilePackageStore, PackageLimits
 
 log = logging.getLogger("firepool.server")
 
@@ -92,7 +92,7 @@ def build_auth(settings: ServeSettings) -> TokenAuth:
 
 
 def build_control_plane(settings: ServeSettings) -> ControlPlane:
-    from broker.logstore import FileLogStore
+    from broker.running.logstore import FileLogStore
     from broker.store.sql import SqlJobStore
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)

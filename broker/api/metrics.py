@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from broker.control import ControlPlane
-from broker.poolview import GAUGE_FIELDS
+from broker.warmth.poolview import GAUGE_FIELDS
 
 
 class _Collector:

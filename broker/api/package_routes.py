@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from broker.control import ControlPlane
 from broker.errors import NotFound, PackageError, Unavailable
-from broker.packages import PackageStore, check_digest, too_large
+from broker.running.packages import PackageStore, check_digest, too_large
 
 
 def _store(cp: ControlPlane) -> PackageStore:

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.agent_http import HttpAgentClient
 from broker.backends import gpus as gpu_discovery
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
@@ -47,7 +46,8 @@ from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
 from broker.ports.backend import Device, PodInfo, PodRequest
-from broker.topology import Rendezvous
+from broker.running.agent_http import HttpAgentClient
+from broker.running.topology import Rendezvous
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The pod-agent port: what the broker asks of the agent inside every pod, and the answers' shapes.
 
-The HTTP implementation lives in `broker.agent_http`; `FakeAgent` runs attempts in the injected
+The HTTP implementation lives in `broker.running.agent_http`; `FakeAgent` runs attempts in the injected
 clock's time for unit tests and the simulator. Attempt ids are `<job-id>:<n>`; an agent remembers the
 attempts it ran, so a restarted broker can tell "finished while I was away" from "never launched".
 """

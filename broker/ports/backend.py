@@ -17,7 +17,7 @@ from broker.errors import BackendError
 from broker.pods import Origin
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient, FakeAgent
-from broker.topology import Rendezvous
+from broker.running.topology import Rendezvous
 
 
 @dataclass(frozen=True)

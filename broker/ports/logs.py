@@ -1,6 +1,6 @@
 """The log store port: where the broker keeps each attempt's output once the pod is reset.
 
-`FileLogStore` (the embedded default) lives in `broker.logstore`; `MemoryLogStore` is the fake.
+`FileLogStore` (the embedded default) lives in `broker.running.logstore`; `MemoryLogStore` is the fake.
 Streams are `combined`, `stdout` and `stderr`.
 """
 

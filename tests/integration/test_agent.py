@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.agent_http import INLINE_LOGS, HttpAgentClient
 from broker.errors import AgentError
 from broker.ports.agent import LaunchRequest, ResetRequest
+from broker.running.agent_http import INLINE_LOGS, HttpAgentClient
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
-from broker.agent_http import HttpAgentClient
+from broker.running.agent_http import HttpAgentClient
 from tests.integration.test_jupyter import TIMEOUT, job_of, run, use
 
 pytestmark = pytest.mark.integration

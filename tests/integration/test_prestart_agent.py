@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.agent_http import HttpAgentClient
 from broker.backends.local import LocalBackend, agent_kernels
 from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
+from broker.running.agent_http import HttpAgentClient
 from tests.integration.test_agent import AGENT_ROOT, RunningAgent, alive, wait_healthy
 
 pytestmark = pytest.mark.integration

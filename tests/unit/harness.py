@@ -8,12 +8,12 @@ from collections.abc import Callable
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
 from broker.jobs import Job, JobSpec
-from broker.packages import PackageStore
 from broker.pools import CallerLimits, Catalog, PoolSpec
 from broker.ports.backend import FakeBackend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import MemoryLogStore
 from broker.ports.store import MemoryJobStore
+from broker.running.packages import PackageStore
 
 
 class Harness:

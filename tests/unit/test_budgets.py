@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import threading
 
-from broker.budgets import Ledger
 from broker.jobs import JobState
+from broker.warmth.budgets import Ledger
 from tests.unit.harness import Harness, gpu_pool
 
 

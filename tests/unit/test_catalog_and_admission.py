@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from broker.admission import admit, filter_env
+from broker.claiming.admission import admit, filter_env
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.jobs import JobSpec, JobState
 from broker.pools import CatalogError, default_catalog, load_catalog

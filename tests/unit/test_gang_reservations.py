@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from broker.claiming.reserving import REASON_BACKFILL, Reservation, estimate
+from broker.claiming.tracker import Claim, Lease, Shortfall, Tracker
 from broker.jobs import Job, JobState
 from broker.pods import Pod, PodState
 from broker.pools import CatalogError, PoolSpec, parse_pool
-from broker.reserving import REASON_BACKFILL, Reservation, estimate
-from broker.tracker import Claim, Lease, Shortfall, Tracker
 from tests.unit.harness import Harness, cpu_pool
 
 JOB_S = 2.0

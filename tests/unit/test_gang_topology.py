@@ -7,7 +7,7 @@ import pytest
 from broker.errors import BackendError
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, new_job_id, transition
 from broker.pods import PodState
-from broker.topology import Rendezvous
+from broker.running.topology import Rendezvous
 from tests.unit.harness import Harness, cpu_pool
 
 TOPOLOGY = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")

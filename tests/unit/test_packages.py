@@ -16,8 +16,8 @@ from broker.api.app import create_app
 from broker.api.auth import TokenAuth
 from broker.errors import DigestMismatch, PayloadTooLarge, UnsafePackage
 from broker.jobs import JobState
-from broker.packages import FilePackageStore, PackageLimits
 from broker.packaging import build, files_of
+from broker.running.packages import FilePackageStore, PackageLimits
 from tests.unit.harness import Harness, cpu_pool
 
 ALICE, BOB = "alice-token", "bob-token"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broker.pods import Origin, Pod, PodState
-from broker.pooling import count, plan
 from broker.pools import PoolSpec
+from broker.warmth.pooling import count, plan
 from tests.unit.harness import Harness, cpu_pool
 
 

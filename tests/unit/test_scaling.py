@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.pods import Origin, Pod, PodState
-from broker.pooling import count, plan
 from broker.pools import PoolSpec
+from broker.warmth.pooling import count, plan
 
 NOW = 1000.0
 

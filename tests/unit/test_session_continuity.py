@@ -3,10 +3,17 @@ whatever path it came by; `reuse_tag: retire` keeps the paper's retire-after-one
 
 from __future__ import annotations
 
+from broker.claiming.tracker import (
+    REASON_NEW_SESSION,
+    REASON_NEW_SESSION_RETIRE,
+    Claim,
+    Lease,
+    Shortfall,
+    Tracker,
+)
 from broker.jobs import JobState
 from broker.pods import Origin, Path, Pod, PodState
 from broker.pools import PoolSpec
-from broker.tracker import REASON_NEW_SESSION, REASON_NEW_SESSION_RETIRE, Claim, Lease, Shortfall, Tracker
 from tests.unit.harness import Harness, cpu_pool
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from broker.api.metrics import registry_for, render
+from broker.claiming.tracker import Claim, Lease, Tracker
 from broker.clock import VirtualClock
 from broker.errors import BackendError
 from broker.jobs import JobState
 from broker.pods import Origin, Pod, PodState
-from broker.pooling import count
 from broker.ports.agent import ResetRequest, ResetResult
 from broker.ports.backend import FakeBackend, PodInfo
-from broker.standby import exclusive_cards, plan_standbys
-from broker.tracker import Claim, Lease, Tracker
+from broker.warmth.pooling import count
+from broker.warmth.standby import exclusive_cards, plan_standbys
 from tests.unit.harness import Harness, gpu_pool
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from broker.claiming.tracker import REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 from broker.pods import Origin, Pod, PodState
 from broker.pools import CallerLimits, PoolSpec
-from broker.tracker import REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 
 POOL = PoolSpec(name="p", gpus=1, max_count=10_000)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.budgets import Ledger, units_of
 from broker.pools import PoolSpec
-from broker.scaling import Counts, Plan
+from broker.warmth.budgets import Ledger, units_of
+from broker.warmth.scaling import Counts, Plan
 
 GAUGE_FIELDS = ("min_count", "max_idle_count", "max_count", "idle_timeout", "caller_hold_seconds", "physical",
                 "eligible", "idle", "held", "starting", "busy", "assigned", "running", "resetting", "retiring",

@@ -15,21 +15,21 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
-from broker.delivering import PackageDelivery
 from broker.errors import AgentError, FirepoolError
-from broker.jobbook import Abort, JobBook
-from broker.jobenv import agent_session, memory_limits
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
 from broker.pods import Pod, owner_annotations
-from broker.pooling import PoolController
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
+from broker.running.delivering import PackageDelivery
+from broker.running.jobenv import agent_session, memory_limits
+from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
-from broker.topology import Rendezvous, topology_env
-from broker.tracker import Lease, Tracker
+from broker.warmth.pooling import PoolController
 
 log = logging.getLogger("firepool.executing")
 
@@ -86,7 +86,7 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
 
 
 def session_key(job: Job) -> str:
-    """The opaque session the agent compares (a `boundary` pool's; see broker.jobenv)."""
+    """The opaque session the agent compares (a `boundary` pool's; see broker.running.jobenv)."""
     return agent_session(job, None)
 
 

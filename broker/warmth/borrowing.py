@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from broker.budgets import Ledger
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.pods import Pod, PodState
 from broker.ports.capacity import CapacitySource
+from broker.warmth.budgets import Ledger
 
 log = logging.getLogger("firepool.borrowing")
 

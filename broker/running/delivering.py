@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.errors import FirepoolError
-from broker.packages import PackageStore
 from broker.ports.agent import AgentClient
+from broker.running.packages import PackageStore
 
 log = logging.getLogger("firepool.delivering")
 

@@ -16,20 +16,20 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 
-from broker.borrowing import Borrowing
-from broker.budgets import Ledger, units_of
+from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
-from broker.holds import MIN_TENURE_S, holds_to_break
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
-from broker.rollout import drain
-from broker.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
-from broker.standby import exclusive_cards, group_key, plan_standbys
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
-from broker.tracker import Tracker
+from broker.warmth.borrowing import Borrowing
+from broker.warmth.budgets import Ledger, units_of
+from broker.warmth.holds import MIN_TENURE_S, holds_to_break
+from broker.warmth.rollout import drain
+from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
+from broker.warmth.standby import exclusive_cards, group_key, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
 
@@ -160,7 +160,7 @@ class PoolController:
         return plans
 
     def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
-        """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.standby)."""
+        """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.warmth.standby)."""
         if not self._sweeping and self.tracker.unverified_cards():
             self._sweeping = True
             self.tasks.spawn("standby sweep", self._sweep())

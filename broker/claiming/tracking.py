@@ -1,7 +1,7 @@
 """The tracker's state: what a claim asks for and gets, each pool's idle indexes, and the index upkeep.
 
-Everything here runs with the tracker lock held (broker.tracker takes it); the classes split the
-Tracker along its seams (this state, broker.searching's search order, broker.gangclaims' reserved
+Everything here runs with the tracker lock held (broker.claiming.tracker takes it); the classes split the
+Tracker along its seams (this state, broker.claiming.searching's search order, broker.claiming.gangclaims' reserved
 pods) without a second lock or an extra call on the claim fast path.
 """
 
@@ -12,9 +12,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from broker.claiming.reserving import Reservation
 from broker.pods import Pod, PodState, SessionKey
 from broker.pools import CallerLimits, PoolSpec
-from broker.reserving import Reservation
 
 IDLE = PodState.IDLE
 ASSIGNED = PodState.ASSIGNED
@@ -58,7 +58,7 @@ class Claim:
     """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
     recycle: bool = True
     """May take the caller's idle pod of another session before a standby or a new pod; False takes one
-    only at the pool's ceiling (broker.tracker's docstring says why both exist)."""
+    only at the pool's ceiling (broker.claiming.tracker's docstring says why both exist)."""
 
 
 class Lease:
@@ -98,7 +98,7 @@ class Bucket:
         self.by_caller: dict[str, dict[str, Pod]] = {}
         """Idle used pods by their last caller (any session), least recently released first."""
         self.standby: dict[str, Pod] = {}
-        """Idle standbys (broker.standby): claimed only when no owner's or unheld idle pod exists."""
+        """Idle standbys (broker.warmth.standby): claimed only when no owner's or unheld idle pod exists."""
         self.physical = 0
         """Pods of the pool that hold a card's count (not unpromoted standbys): at the ceiling no new pod comes."""
 

@@ -1,6 +1,6 @@
 """Gang reservations inside the tracker: the pods set aside for a waiting gang, and who may borrow them.
 
-broker.reserving decides when a gang gets a reservation and estimates when it fills; this module is the
+broker.claiming.reserving decides when a gang gets a reservation and estimates when it fills; this module is the
 lock-held side: idle never-used pods go to the first reservation still short of pods, a reserved gang
 claims its pods first, a job sure to end before the gang fills (or ahead of it in dispatch order) may
 backfill them, and a pod another caller released retires while a reservation needs its room.
@@ -12,10 +12,10 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 
+from broker.claiming.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
+from broker.claiming.searching import Search
+from broker.claiming.tracking import REASON_NO_IDLE, REASON_NO_SESSION_POD, Bucket, Claim, Pick, Shortfall
 from broker.pods import Origin, Path, Pod
-from broker.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
-from broker.searching import Search
-from broker.tracking import REASON_NO_IDLE, REASON_NO_SESSION_POD, Bucket, Claim, Pick, Shortfall
 
 
 class GangClaims(Search):

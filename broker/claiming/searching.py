@@ -7,13 +7,12 @@ waited for it) -> the caller's idle pod of another session (recycled; only when 
 ceiling, the caller's least recently used session's pod (recycled, a takeover) -> nothing: the
 shortfall is demand for the pool controller, and the caller waits for a new pod.
 
-Runs under the tracker lock (broker.tracker): no I/O, no logging, small allocations only.
+Runs under the tracker lock (broker.claiming.tracker): no I/O, no logging, small allocations only.
 """
 
 from __future__ import annotations
 
-from broker.pods import Path, Pod
-from broker.tracking import (
+from broker.claiming.tracking import (
     REASON_NO_IDLE,
     REASON_NO_SESSION_POD,
     REASON_SESSION_RESETTING,
@@ -28,6 +27,7 @@ from broker.tracking import (
     Shortfall,
     TrackerState,
 )
+from broker.pods import Path, Pod
 
 
 class Search(TrackerState):

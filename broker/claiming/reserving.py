@@ -25,7 +25,7 @@ from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
 
 if TYPE_CHECKING:
-    from broker.tracker import Tracker
+    from broker.claiming.tracker import Tracker
 
 Retire = Callable[[str, float], bool]
 

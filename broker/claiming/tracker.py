@@ -3,8 +3,8 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-The search order is broker.searching's; a waiting gang's reserved pods are broker.gangclaims'; the
-indexes and what a claim asks for and gets are broker.tracking's. This module owns the lock and every
+The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; the
+indexes and what a claim asks for and gets are broker.claiming.tracking's. This module owns the lock and every
 pod state change.
 
 Session continuity. The pod a session's first job runs on is that session's pod from then on, whatever
@@ -29,10 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from broker.gangclaims import GangClaims
-from broker.pods import Origin, Path, Pod, PodState, SessionKey
-from broker.pools import PoolSpec
-from broker.tracking import (
+from broker.claiming.gangclaims import GangClaims
+from broker.claiming.tracking import (
     ASSIGNED,
     IDLE,
     REASON_NEW_SESSION,
@@ -54,6 +52,8 @@ from broker.tracking import (
     Pick,
     Shortfall,
 )
+from broker.pods import Origin, Path, Pod, PodState, SessionKey
+from broker.pools import PoolSpec
 
 __all__ = [
     "REASON_NEW_SESSION", "REASON_NEW_SESSION_RETIRE", "REASON_NO_IDLE", "REASON_NO_SESSION_POD", "REASON_QUOTA",

@@ -4,7 +4,7 @@ A group is the set of pods bound to one physical GPU (set): its active pod(s) an
 `standbys_per_active` standbys pinned to the same card. A standby runs only the pod agent (no CUDA
 context, no memory); the tracker hands it to a job when no same-owner or unheld idle pod exists and
 promotes it at the per-GPU gate once the previous job's processes are verified gone. A group counts
-as ONE physical GPU in every count, ceiling and budget (broker.scaling counts it through one member).
+as ONE physical GPU in every count, ceiling and budget (broker.warmth.scaling counts it through one member).
 """
 
 from __future__ import annotations

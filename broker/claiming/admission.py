@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
-from broker.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
+from broker.running.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

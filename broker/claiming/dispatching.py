@@ -15,19 +15,19 @@ import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.reserving import refresh as refresh_reservations
+from broker.claiming.reserving import reserve_if_due
+from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
-from broker.jobbook import Abort, JobBook
 from broker.jobs import Acquisition, Attempt, Job, JobState, attempt_id, job_sort_key, transition
-from broker.pooling import PoolController
-from broker.reserving import refresh as refresh_reservations
-from broker.reserving import reserve_if_due
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
-from broker.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
+from broker.warmth.pooling import PoolController
 
 if TYPE_CHECKING:
-    from broker.executing import Executor
+    from broker.running.executing import Executor
 
 log = logging.getLogger("firepool.dispatching")
 

@@ -63,10 +63,13 @@ def main(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         broker = StdioBroker(args.url, args.token)
+        server = build_server(broker, pool=args.pool, queue=args.queue)
         try:
-            await build_server(broker, pool=args.pool, queue=args.queue).run_stdio_async()
+            await server.run_stdio_async()
         finally:
-            await broker.close()
+            with anyio.CancelScope(shield=True):
+                await server.kernels.close()  # the client is gone: its kernels must not pin their pods
+                await broker.close()
 
     anyio.run(serve)
     return 0

@@ -87,17 +87,16 @@ async def test_python_state_survives_between_calls_and_plots_come_back_as_images
     async with in_process(fp) as c:
         await call(c, "python_exec", code="x = 41\nimport math\ndef double(v):\n    return 2 * v", session="py")
         res = await call(c, "python_exec", code="print(x + 1)\ndouble(math.floor(2.5))", session="py")
-        assert res["stdout_tail"] == "42\n4\n" and res["acquisition"] == "warm"
+        assert res["stdout_tail"] == "42\n" and res["result"] == "4" and res["status"] == "ok"
         plot = await c.call_tool("python_exec", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])",
                                                  "session": "py"})
         assert not plot.is_error, plot.content
         images = [b for b in plot.content if b.type == "image"]
         assert len(images) == 1 and images[0].mime_type == "image/png"
         assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
-        artifacts = plot.structured_content["artifacts"]
-        assert artifacts[0]["path"].startswith("outputs/figure-") and artifacts[0]["mime_type"] == "image/png"
-        unpicklable = await call(c, "python_exec", code="gen = (i for i in range(3))", session="py")
-        assert "cannot be pickled" in unpicklable["stderr_tail"] and "gen" in unpicklable["stderr_tail"]
+        assert plot.structured_content["outputs"] == ["image/png"]
+        gen = await call(c, "python_exec", code="gen = (i for i in range(3))\nnext(gen)", session="py")
+        assert (await call(c, "python_exec", code="next(gen)", session="py"))["result"] == "1" and gen["result"] == "0"
 
 
 async def test_non_image_outputs_come_back_as_resource_links_readable_as_resources(fp: BrokerProcess) -> None:
@@ -239,7 +238,7 @@ async def test_installed_packages_stay_for_the_session_and_are_not_reinstalled(f
         first = await call(c, "install_packages", packages=[f"./{wheel}"], session="pkgs")
         assert first["installed"] == [f"./{wheel}"] and first["pip_exit_code"] == 0
         used = await call(c, "python_exec", code="import fptiny; fptiny.VERSION", session="pkgs")
-        assert used["stdout_tail"] == "'1.0'\n"
+        assert used["result"] == "'1.0'"
         again = await call(c, "install_packages", packages=["fptiny==1.0"], session="pkgs")
         assert again["installed"] == [] and again["already_present"] == [{"package": "fptiny==1.0", "version": "1.0"}]
 

@@ -1,0 +1,164 @@
+"""python_exec over a live kernel per MCP session, against a real broker on the local backend, driven by
+the official MCP client in process and over stdio."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp_types import TextContent
+
+from mcp_server.identity import StdioBroker
+from mcp_server.server import FirepoolMCP, build_server
+from tests.integration.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+LIVE = "import threading, socket\nlk = threading.Lock(); sk = socket.socket()\nlk.acquire()\nn = 41"
+USE = "print('LOCKED' if lk.locked() else 'UNLOCKED', sk.fileno() > 0)\nn + 1"
+
+
+@pytest.fixture(scope="module")
+def fp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("live") / "broker")
+    yield broker
+    broker.stop()
+
+
+@contextlib.asynccontextmanager
+async def in_process(fp: BrokerProcess, caller: str = "alice") -> AsyncIterator[tuple[Client, FirepoolMCP]]:
+    broker = StdioBroker(fp.url, fp.tokens[caller])
+    server = build_server(broker)
+    try:
+        async with Client(server) as client:
+            yield client, server
+    finally:
+        await server.kernels.close(save=False)
+        await broker.close()
+
+
+async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
+    res = await client.call_tool(tool, args)
+    assert not res.is_error, res.content
+    assert res.structured_content is not None
+    return dict(res.structured_content)
+
+
+def text_of(block: Any) -> str:
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+async def test_an_object_that_cannot_be_pickled_lives_from_one_call_to_the_next(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        first = await call(c, "python_exec", code=LIVE, session="live")
+        assert first["status"] == "ok" and first["kernel"]["restarted"] is False
+        second = await call(c, "python_exec", code=USE, session="live")
+        assert second["stdout_tail"] == "LOCKED True\n" and second["result"] == "42"
+        assert second["kernel"] is None and second["kernel_job_id"] == first["kernel_job_id"]
+
+
+async def test_images_dataframes_and_errors_come_back_as_rich_content(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        plot = await c.call_tool("python_exec", {"session": "rich", "code":
+                                                 "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"})
+        images = [b for b in plot.content if b.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png"
+        assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
+        frame = await c.call_tool("python_exec", {"session": "rich", "code":
+                                                  "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"})
+        assert frame.structured_content["outputs"] == ["text/markdown"]
+        table = text_of(frame.content[1])
+        assert table.splitlines()[:3] == ["|  | a | b |", "|---|---|---|", "| 0 | 1 | x |"]
+        bad = await call(c, "python_exec", session="rich",
+                         code="def f(v):\n    return 1 / v\ndef g():\n    return f(0)\ng()")
+        assert bad["status"] == "error" and bad["error"]["ename"] == "ZeroDivisionError"
+        assert "\x1b[" not in bad["error"]["traceback"] and "return 1 / v" in bad["error"]["traceback"]
+
+
+async def test_a_cancelled_call_interrupts_the_kernel_and_the_next_call_keeps_earlier_variables(
+        fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, server):
+        await call(c, "python_exec", code="kept = 'still here'", session="cancel")
+        task = asyncio.ensure_future(c.call_tool("python_exec", {"code": "import time\ntime.sleep(60)",
+                                                                 "session": "cancel"}))
+        await asyncio.sleep(1.5)
+        began = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = await call(c, "python_exec", code="kept", session="cancel")
+        assert after["result"] == "'still here'" and time.monotonic() - began < 15
+        assert after["kernel"] is None  # the same kernel: interrupted, not restarted
+
+
+async def test_a_timeout_interrupts_the_code_and_keeps_the_kernel(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        slow = await call(c, "python_exec", code="v = 7\nprint('before')\nimport time\ntime.sleep(30)",
+                          session="slow", timeout_s=1.5)
+        assert slow["status"] == "timed_out" and slow["stdout_tail"] == "before\n"
+        assert (await call(c, "python_exec", code="v * 6", session="slow"))["result"] == "42"
+
+
+async def test_run_in_sandbox_sees_what_python_exec_wrote_and_the_other_way_round(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        await call(c, "python_exec", code="open('from_py.txt', 'w').write('py')", session="files")
+        ran = await call(c, "run_in_sandbox", command="cat from_py.txt; echo sh > from_sh.txt", session="files")
+        assert ran["stdout_tail"] == "py" and ran["via"] == "kernel" and ran["exit_code"] == 0
+        read = await call(c, "python_exec", code="open('from_sh.txt').read()", session="files")
+        assert read["result"] == "'sh\\n'"
+        failed = await call(c, "run_in_sandbox", command="echo out; echo err >&2; exit 3", session="files")
+        assert (failed["exit_code"], failed["stdout_tail"], failed["stderr_tail"]) == (3, "out\n", "err\n")
+        late = await call(c, "run_in_sandbox", command="echo started; sleep 30", session="files", timeout_s=1)
+        assert late["timed_out"] is True and late["stdout_tail"] == "started\n"
+        listed = await call(c, "list_files", session="files")
+        assert {"from_py.txt", "from_sh.txt"} <= {e["path"] for e in listed["entries"]}
+
+
+async def test_a_live_object_survives_over_stdio(fp: BrokerProcess) -> None:
+    env = {**fp.env("alice"), "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    async with Client(StdioServerParameters(command="firepool", args=["mcp"], env=env)) as c:
+        assert c.server_info is not None and c.server_info.version == version("firepool")
+        await call(c, "python_exec", code=LIVE, session="stdio-live")
+        used = await call(c, "python_exec", code=USE, session="stdio-live")
+        assert used["stdout_tail"] == "LOCKED True\n"
+
+
+@pytest.fixture(scope="module")
+def short_hold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    pools = ("pools:\n  - name: cpu\n    gpus: 0\n    min_count: 0\n    max_idle_count: 4\n    max_count: 4\n"
+             "    idle_timeout: 60\n    caller_hold_seconds: 2\n")
+    broker = BrokerProcess(tmp_path_factory.mktemp("hold") / "broker", pools=pools)
+    yield broker
+    broker.stop()
+
+
+async def test_an_idle_kernel_ends_after_the_keep_alive_and_the_next_call_restores_what_was_saved(
+        short_hold: BrokerProcess) -> None:
+    async with in_process(short_hold) as (c, server):
+        first = await call(c, "python_exec", session="idle", code=(
+            "import math, threading\nx = [1, 2, 3]\ndef double(v):\n    return 2 * v\nlk = threading.Lock()"))
+        deadline = time.monotonic() + 20
+        while server.kernels.live("alice", "idle") is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        assert server.kernels.live("alice", "idle") is None, "the idle kernel was not ended"
+        http = short_hold.client()
+        job = (await asyncio.to_thread(http.get, f"/v1/jobs/{first['kernel_job_id']}", params={"wait_s": 20})).json()
+        assert job["state"] in ("CANCELLED", "SUCCEEDED")
+        back = await call(c, "python_exec", code="double(len(x)) + math.floor(1.5)", session="idle")
+        assert back["result"] == "7" and back["kernel_job_id"] != first["kernel_job_id"]
+        note = back["kernel"]
+        assert note["restarted"] is True and "keep-alive" in note["reason"]
+        assert set(note["restored"]) == {"double", "math", "threading", "x"} and note["lost"] == ["lk"]
+        text = text_of((await c.call_tool("python_exec", {"code": "1", "session": "idle"})).content[0])
+        assert "restarted" not in text  # said once, by the call that restarted it

@@ -80,13 +80,37 @@ def last_line(data: bytes) -> str:
     return lines[-1][:200] if lines else ""
 
 
+class PoolChoice:
+    """The pool of the sessions' sandboxes: the one configured, else (asked once) the broker's `cpu` pool,
+    its only pool, or its first pool without GPUs."""
+
+    def __init__(self, pool: str | None) -> None:
+        self.pool = pool
+
+    async def resolve(self, client: AsyncClient) -> str:
+        if self.pool is None:
+            self.pool = choose_pool(await client.pools())
+        return self.pool
+
+
+def choose_pool(views: list[dict[str, Any]]) -> str:
+    names = [str(v.get("name")) for v in views]
+    if "cpu" in names or not names:
+        return "cpu"  # no pools at all: the broker's UnknownPool says so on the first call
+    if len(names) == 1:
+        return names[0]
+    cpu_only = sorted(str(v.get("name")) for v in views if not v.get("gpus"))
+    return cpu_only[0] if cpu_only else sorted(names)[0]
+
+
 class Calls:
     """Runs jobs for one verified caller; `pool` and `queue` are where the session's sandbox lives."""
 
-    def __init__(self, client: AsyncClient, *, pool: str = "cpu", queue: str = "default", caller: str = "",
-                 kernels: Kernels | None = None) -> None:
+    def __init__(self, client: AsyncClient, *, pool: str | None = "cpu", queue: str = "default", caller: str = "",
+                 kernels: Kernels | None = None, choice: PoolChoice | None = None) -> None:
         self.client = client
         self.pool = pool
+        self.choice = choice or PoolChoice(pool)
         self.queue = queue
         self.caller = caller
         self.kernels = kernels
@@ -95,8 +119,11 @@ class Calls:
                      env: dict[str, str] | None = None, kernel: bool = False) -> JobInfo:
         # recycle=False: a conversation never runs on (and so retires) another live conversation's sandbox.
         extra: dict[str, Any] = {"kernel": True} if kernel else {}
-        return await self.client.submit(list(argv), pool=self.pool, lease_tag=session, queue=self.queue,
+        return await self.client.submit(list(argv), pool=await self.pool_name(), lease_tag=session, queue=self.queue,
                                         timeout_s=timeout_s, env=env or None, recycle=False, **extra)
+
+    async def pool_name(self) -> str:
+        return await self.choice.resolve(self.client)
 
     async def run(self, argv: Sequence[str], session: str, *, timeout_s: float,
                   env: dict[str, str] | None = None, progress: Progress | None = None) -> CallOutcome:

@@ -149,8 +149,10 @@ class Kernels:
     async def _start(self, calls: Calls, caller: str, session: str) -> LiveKernel:
         from jupyter_client.asynchronous.client import AsyncKernelClient
 
-        pressure = await self._pressure(calls.client, calls.pool)
+        pool = await calls.pool_name()
+        pressure = await self._pressure(calls.client, pool)
         job = await calls.submit(KERNEL_COMMAND, session, timeout_s=None, kernel=True)
+        kc: AsyncKernelClient | None = None
         try:
             info = await asyncio.wait_for(_read_connection(calls.client, job.id), START_TIMEOUT_S)
             kc = AsyncKernelClient()
@@ -160,9 +162,11 @@ class Kernels:
             job = await calls.client.get(job.id)
         except BaseException:
             with anyio.CancelScope(shield=True):
+                if kc is not None:
+                    _close_client(kc)
                 await _cancel_quietly(calls.client, job.id)
             raise
-        k = LiveKernel(caller=caller, session=session, pool=calls.pool, client=calls.client, job=job, kc=kc,
+        k = LiveKernel(caller=caller, session=session, pool=pool, client=calls.client, job=job, kc=kc,
                        last_used=self.clock())
         ended = self._ended.pop((caller, session), None)
         setup = kernel_code.setup_code("FIREPOOL_WORKSPACE", idle.watchdog_seconds(pressure))
@@ -308,8 +312,7 @@ class Kernels:
     async def stop(self, k: LiveKernel) -> None:
         k.dead = True
         self._live.pop((k.caller, k.session), None)
-        with contextlib.suppress(Exception):
-            k.kc.stop_channels()
+        _close_client(k.kc)
         await _cancel_quietly(k.client, k.job.id)
 
     def forget(self, caller: str, session: str) -> None:
@@ -386,6 +389,12 @@ async def _read_connection(client: AsyncClient, job_id: str) -> Any:
     job = await client.get(job_id)
     raise KernelStartError(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} {job.exit_code}) "
                            f"before its kernel started: {(await client.logs(job_id, 'stderr'))[-600:]}")
+
+
+def _close_client(kc: AsyncKernelClient) -> None:
+    with contextlib.suppress(Exception):
+        kc.stop_channels()
+        kc.context.destroy(linger=0)  # the client's own context: no socket left for the garbage collector
 
 
 async def _cancel_quietly(client: AsyncClient, job_id: str) -> None:

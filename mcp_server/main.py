@@ -16,7 +16,9 @@ from typing import Any
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="broker URL (default: $FIREPOOL_URL, else the local broker)")
     p.add_argument("--token", help="broker token for stdio (default: $FIREPOOL_TOKEN, else the local token)")
-    p.add_argument("--pool", default="cpu", help="pool the sessions' sandboxes come from (default: cpu)")
+    p.add_argument("--pool", default=None,
+                   help="pool the sessions' sandboxes come from (default: the broker's cpu pool, else its only "
+                        "pool, else its first pool without GPUs)")
     p.add_argument("--queue", default="default", help="broker queue of the sessions' jobs")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
     p.add_argument("--host", default="127.0.0.1")

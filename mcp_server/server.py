@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from broker.client import AsyncClient, JobInfo
 from broker.errors import FirepoolError
 from mcp_server import pyresult, sandbox_code
-from mcp_server.calls import CallOutcome, Calls, Progress
+from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
 from mcp_server.kernels import KernelDied, Kernels
 
@@ -198,13 +198,14 @@ def file_uri(session: str, path: str) -> str:
     return f"sandbox://{session}/files/{path}"
 
 
-def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", name: str = "firepool",
+def build_server(broker: Broker, *, pool: str | None = None, queue: str = "default", name: str = "firepool",
                  **server_kw: Any) -> FirepoolMCP:
     """The MCP server over `broker`; `server_kw` goes to MCPServer (auth settings for HTTP)."""
     server_kw.setdefault("log_level", "WARNING")
     server_kw.setdefault("version", package_version())
     mcp = FirepoolMCP(name, instructions=INSTRUCTIONS, **server_kw)
     kernels = mcp.kernels = Kernels()
+    choice = PoolChoice(pool)
     default_session = f"mcp-{secrets.token_hex(6)}" if broker.transport == "stdio" else None
 
     def calls() -> tuple[str, Calls]:
@@ -212,7 +213,7 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
             caller, client = broker.client()
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
-        return caller, Calls(client, pool=pool, queue=queue, caller=caller, kernels=kernels)
+        return caller, Calls(client, pool=pool, queue=queue, caller=caller, kernels=kernels, choice=choice)
 
     def session_of(explicit: str | None, ctx: Context | None) -> str:
         if explicit is not None:
@@ -486,8 +487,9 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         sid = session_of(session, ctx)
         _, c = calls()
         answer, outcome = await helper(c, "info", {}, sid, ctx)
-        spec = next((p for p in await _pools(c.client) if p.get("name") == c.pool), {})
-        return {"session": sid, "pool": c.pool, "accelerator": spec.get("accelerator"),
+        name = await c.pool_name()
+        spec = next((p for p in await _pools(c.client) if p.get("name") == name), {})
+        return {"session": sid, "pool": name, "accelerator": spec.get("accelerator"),
                 "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition, "pod": outcome.pod,
                 "live_kernel": outcome.via == "kernel", **answer}
 

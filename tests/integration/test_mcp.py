@@ -42,10 +42,12 @@ def fp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 async def in_process(fp: BrokerProcess, caller: str = "alice") -> AsyncIterator[Client]:
     """The server in this process (the official client's in-memory connection), acting as `caller`."""
     broker = StdioBroker(fp.url, fp.tokens[caller])
+    server = build_server(broker)
     try:
-        async with Client(build_server(broker)) as client:
+        async with Client(server) as client:
             yield client
     finally:
+        await server.kernels.close(save=False)
         await broker.close()
 
 

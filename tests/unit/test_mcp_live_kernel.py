@@ -13,6 +13,7 @@ from mcp_types import ImageContent, TextContent
 
 from broker.clock import VirtualClock
 from mcp_server import idle, pyresult
+from mcp_server.calls import choose_pool
 from mcp_server.kernels import Execution, Kernels, LiveKernel, Started
 from mcp_server.server import build_server
 from tests.unit.test_mcp_server import NoBroker
@@ -161,3 +162,11 @@ async def test_argument_errors_name_the_field_and_the_problem_only(tool: str, ar
 async def test_server_info_carries_the_package_version() -> None:
     async with Client(build_server(NoBroker())) as c:
         assert c.server_info is not None and c.server_info.version == version("firepool")
+
+
+def test_without_a_configured_pool_the_server_picks_cpu_else_the_only_pool_else_the_first_without_gpus() -> None:
+    assert choose_pool([{"name": "gpu", "gpus": 1}, {"name": "cpu", "gpus": 0}]) == "cpu"
+    assert choose_pool([{"name": "solo", "gpus": 0}]) == "solo"
+    assert choose_pool([{"name": "h200", "gpus": 8}, {"name": "small", "gpus": 0}, {"name": "a", "gpus": 0}]) == "a"
+    assert choose_pool([{"name": "h200", "gpus": 8}, {"name": "a100", "gpus": 8}]) == "a100"
+    assert choose_pool([]) == "cpu"

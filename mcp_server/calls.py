@@ -130,7 +130,12 @@ class Calls:
         """Run `argv` in the session's sandbox to its end (or its timeout) and collect its output."""
         live = self.kernels.live(self.caller, session) if self.kernels is not None else None
         if live is not None and self.kernels is not None:
-            return await self._in_kernel(live, argv, timeout_s, env)
+            from mcp_server.kernels import KernelGone
+
+            try:
+                return await self._in_kernel(live, argv, timeout_s, env)
+            except KernelGone:
+                pass  # it ended while this call waited for it: the pod is free for a job again
         began = time.monotonic()
         job = await self.submit(argv, session, timeout_s=timeout_s, env=env)
         try:

@@ -3,8 +3,8 @@
 `SETUP` installs a private module `_firepool_mcp` in the kernel (never in the user's namespace): it
 enters the workspace, puts install_packages' directory on the path, renders DataFrames as markdown,
 runs the other tools' commands as subprocesses of the kernel (the kernel job holds the session's pod, so
-a second job could not run there), and saves / restores the namespace the way the pickle fallback of
-`sandbox_code.PYEXEC` does. A watchdog thread saves and ends an idle kernel whose MCP server went away.
+a second job could not run there), and saves / restores the namespace the way the stateless runner it
+replaced did: modules by name, functions and classes by source, values by pickle. A watchdog thread saves and ends an idle kernel whose MCP server went away.
 """
 
 from __future__ import annotations

@@ -43,6 +43,10 @@ ALIVE_CHECK_S = 1.0
 MAX_STREAM_CHARS = 1 << 20
 
 
+class KernelGone(Exception):
+    """The kernel was ended (idle, background job, session end) before this request reached it."""
+
+
 class KernelDied(Exception):
     """The kernel job ended while a request was in flight."""
 
@@ -199,6 +203,8 @@ class Kernels:
                       user_expressions: dict[str, str] | None = None, timeout_s: float) -> Execution:
         """Run one cell; a timeout or a cancelled call interrupts the kernel and waits for it to settle."""
         async with k.lock:
+            if k.dead:
+                raise KernelGone(k.session)
             k.busy += 1
             began = time.monotonic()
             ex = Execution()
@@ -304,9 +310,9 @@ class Kernels:
                 ended.kept, ended.lost, ended.blob = saved["kept"], saved["lost"], saved["blob"]
             except (Exception, KernelDied) as exc:  # noqa: BLE001 - the kernel ends either way
                 ended.save_error = str(exc)
-        await self.stop(k)
-        if save:
+        if save:  # before the stop: a call waiting for the pod starts its kernel as soon as this one ends
             self._ended[(caller, session)] = ended
+        await self.stop(k)
         return ended
 
     async def stop(self, k: LiveKernel) -> None:

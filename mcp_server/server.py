@@ -27,7 +27,7 @@ from broker.errors import FirepoolError
 from mcp_server import pyresult, sandbox_code
 from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
-from mcp_server.kernels import KernelDied, Kernels
+from mcp_server.kernels import KernelDied, KernelGone, Kernels
 
 SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 MAX_IMAGES = 3
@@ -341,9 +341,15 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         sid = session_of(session, ctx)
         caller, c = calls()
         try:
-            k = await kernels.ensure(c, caller, sid)
-            started, k.started = k.started, None
-            ex = await kernels.execute(k, code, timeout_s=timeout_s)
+            for attempt in range(2):
+                k = await kernels.ensure(c, caller, sid)
+                started, k.started = k.started, None
+                try:
+                    ex = await kernels.execute(k, code, timeout_s=timeout_s)
+                    break
+                except KernelGone:
+                    if attempt:  # ended twice before the code reached it: say so rather than loop
+                        raise ToolError("KernelGone: the session's kernel kept ending; try again") from None
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
         except KernelDied as exc:

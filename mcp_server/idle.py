@@ -60,9 +60,9 @@ def end_reason(now: float, last_used: float, busy: bool, pressure: Pressure,
     return None
 
 
-def tick(pressure: Pressure) -> float:
-    """How often to look again: a quarter of the keep-alive, within [MIN_TICK_S, MAX_TICK_S]."""
-    return min(MAX_TICK_S, max(MIN_TICK_S, pressure.keep_alive / 4))
+def tick(pressure: Pressure, min_idle_at_ceiling: float = MIN_IDLE_AT_CEILING_S) -> float:
+    """How often to look again: a quarter of the shorter limit, within [MIN_TICK_S, MAX_TICK_S]."""
+    return min(MAX_TICK_S, max(MIN_TICK_S, min(pressure.keep_alive, min_idle_at_ceiling) / 4))
 
 
 def watchdog_seconds(pressure: Pressure, margin: float = 60.0) -> float | None:

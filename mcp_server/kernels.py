@@ -130,6 +130,10 @@ class Kernels:
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
+    def sessions(self) -> list[tuple[str, str]]:
+        """(caller, session) of every live kernel (caller is "" over stdio: one caller per process)."""
+        return [key for key, k in self._live.items() if not k.dead]
+
     def live(self, caller: str, session: str) -> LiveKernel | None:
         k = self._live.get((caller, session))
         return None if k is None or k.dead else k
@@ -336,7 +340,10 @@ class Kernels:
             busy = k.busy > 0 or k.lock.locked()
             reason = idle.end_reason(self.clock(), k.last_used, busy, pressures[key], self.min_idle_at_ceiling)
             if reason is not None:
-                await self.end(caller, session, reason)
+                idle_s = self.clock() - k.last_used
+                await self.end(caller, session, f"idle {idle_s:.0f} s, past the pool's keep-alive"
+                               if reason == idle.KEEP_ALIVE else
+                               f"idle {idle_s:.0f} s while the pool was blocked at its ceiling")
                 done.append((caller, session, reason))
         return done
 
@@ -344,7 +351,8 @@ class Kernels:
         while self._live:
             try:
                 await self.sweep()
-                ticks = [idle.tick(await self._pressure(k.client, k.pool)) for k in list(self._live.values())[:1]]
+                ticks = [idle.tick(await self._pressure(k.client, k.pool), self.min_idle_at_ceiling)
+                         for k in list(self._live.values())[:1]]
             except Exception:  # noqa: BLE001 - the sweeper must outlive a broker hiccup
                 log.exception("idle-kernel sweep failed")
                 ticks = []

@@ -54,6 +54,10 @@ async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
     return dict(res.structured_content)
 
 
+def has_kernel(server: FirepoolMCP, session: str) -> bool:
+    return any(s == session for _, s in server.kernels.sessions())
+
+
 def text_of(block: Any) -> str:
     assert isinstance(block, TextContent), block
     return block.text
@@ -149,9 +153,9 @@ async def test_an_idle_kernel_ends_after_the_keep_alive_and_the_next_call_restor
         first = await call(c, "python_exec", session="idle", code=(
             "import math, threading\nx = [1, 2, 3]\ndef double(v):\n    return 2 * v\nlk = threading.Lock()"))
         deadline = time.monotonic() + 20
-        while server.kernels.live("alice", "idle") is not None and time.monotonic() < deadline:
+        while has_kernel(server, "idle") and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
-        assert server.kernels.live("alice", "idle") is None, "the idle kernel was not ended"
+        assert not has_kernel(server, "idle"), "the idle kernel was not ended"
         http = short_hold.client()
         job = (await asyncio.to_thread(http.get, f"/v1/jobs/{first['kernel_job_id']}", params={"wait_s": 20})).json()
         assert job["state"] in ("CANCELLED", "SUCCEEDED")
@@ -162,3 +166,53 @@ async def test_an_idle_kernel_ends_after_the_keep_alive_and_the_next_call_restor
         assert set(note["restored"]) == {"double", "math", "threading", "x"} and note["lost"] == ["lk"]
         text = text_of((await c.call_tool("python_exec", {"code": "1", "session": "idle"})).content[0])
         assert "restarted" not in text  # said once, by the call that restarted it
+
+
+async def test_a_background_job_saves_and_ends_the_kernel_and_python_exec_comes_back_after_it(
+        fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, server):
+        await call(c, "python_exec", code="import threading\nsaved = {'k': 1}\nlk = threading.Lock()", session="bg")
+        started = await call(c, "run_in_sandbox", command="echo bg > bg.txt", session="bg", background=True)
+        assert not has_kernel(server, "bg") and started["via"] == "job"
+        back = await call(c, "python_exec", code="saved['k'] + len(open('bg.txt').read())", session="bg")
+        assert back["result"] == "4" and back["kernel"]["restored"] == ["saved", "threading"]
+        assert back["kernel"]["lost"] == ["lk"] and "background" in back["kernel"]["reason"]
+
+
+async def test_a_package_installed_while_the_kernel_lives_imports_in_it(fp: BrokerProcess) -> None:
+    from tests.integration.test_mcp import _wheel
+
+    async with in_process(fp) as (c, _):
+        await call(c, "python_exec", code="ready = True", session="pkg-live")
+        wheel = "fplive-2.0-py3-none-any.whl"
+        await call(c, "write_files", session="pkg-live",
+                   files=[{"path": wheel, "base64": base64.b64encode(_wheel("fplive", "2.0")).decode()}])
+        installed = await call(c, "install_packages", packages=[f"./{wheel}"], session="pkg-live")
+        assert installed["installed"] == [f"./{wheel}"]
+        assert (await call(c, "python_exec", code="import fplive; fplive.VERSION", session="pkg-live"))["result"] \
+            == "'2.0'"
+
+
+@pytest.fixture(scope="module")
+def one_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    pools = ("pools:\n  - name: cpu\n    gpus: 0\n    min_count: 0\n    max_idle_count: 1\n    max_count: 1\n"
+             "    idle_timeout: 300\n")
+    broker = BrokerProcess(tmp_path_factory.mktemp("ceiling") / "broker", pools=pools)
+    yield broker
+    broker.stop()
+
+
+async def test_an_idle_kernel_gives_way_when_the_pool_is_blocked_at_its_ceiling(one_pod: BrokerProcess) -> None:
+    async with in_process(one_pod) as (c, server):
+        server.kernels.min_idle_at_ceiling = 1.0
+        first = await call(c, "python_exec", code="v = 5", session="ceil")
+        bob = one_pod.client("bob")
+        queued = bob.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}).json()
+        deadline = time.monotonic() + 20
+        while has_kernel(server, "ceil") and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        assert not has_kernel(server, "ceil"), "the kernel kept its pod at a blocked ceiling"
+        await asyncio.to_thread(bob.post, f"/v1/jobs/{queued['id']}/cancel")
+        back = await call(c, "python_exec", code="v * 2", session="ceil")
+        assert back["result"] == "10" and back["kernel_job_id"] != first["kernel_job_id"]
+        assert "ceiling" in back["kernel"]["reason"]

@@ -61,6 +61,7 @@ def test_the_watchdog_outlasts_the_keep_alive_and_the_sweep_looks_often_enough()
     assert idle.watchdog_seconds(calm) == 180.0
     assert idle.watchdog_seconds(idle.pressure_of({**POOL, "caller_hold_seconds": None, "idle_timeout": None})) is None
     assert idle.tick(calm) == idle.MAX_TICK_S and idle.tick(idle.pressure_of({**POOL, "caller_hold_seconds": 1})) == 0.5
+    assert idle.tick(calm, min_idle_at_ceiling=8) == 2.0
 
 
 class PoolsOnly:

@@ -71,6 +71,8 @@ class Execution:
     timed_out: bool = False
     interrupted: bool = False
     duration_s: float = 0.0
+    reached: bool = False
+    """The kernel announced the request (busy): the code may have run."""
 
     def expression(self, name: str) -> Any:
         """A user expression's value, when a helper returned JSON through its repr."""
@@ -220,8 +222,13 @@ class Kernels:
                 except TimeoutError:
                     ex.timed_out = True
                     await self._interrupt(k, msg_id, ex)
-                except KernelDied:
-                    k.dead = True
+                except KernelDied as exc:
+                    # Its state is gone with it; the next call starts a new kernel and says why.
+                    self._ended[(k.caller, k.session)] = Ended(reason=str(exc), idle_s=0.0,
+                                                               save_error="the kernel died before it could save")
+                    await self.stop(k)
+                    if not ex.reached:
+                        raise KernelGone(k.session) from exc  # dead before the code ran: safe to run elsewhere
                     raise
                 except BaseException:
                     with anyio.CancelScope(shield=True):
@@ -370,6 +377,7 @@ def _absorb(ex: Execution, msg: dict[str, Any]) -> bool:
     """Fold one iopub message into `ex`; True at the request's idle status."""
     kind = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
     content = msg.get("content", {})
+    ex.reached = True
     if kind == "stream":
         text = content.get("text", "")
         if content.get("name") == "stderr":

@@ -6,9 +6,10 @@ This module imports the MCP SDK only when run, so the `firepool` CLI works witho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,19 @@ def http_app(args: argparse.Namespace) -> Any:
     here = f"http://{args.host}:{args.port}/mcp"
     auth = AuthSettings(issuer_url=here, resource_server_url=here, validate_token_resource=False)  # type: ignore[arg-type]
     server = build_server(broker, pool=args.pool, queue=args.queue, token_verifier=verifier, auth=auth)
-    return server.streamable_http_app(host=args.host)
+    app = server.streamable_http_app(host=args.host)
+    serve_sessions = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(the_app: Any) -> AsyncIterator[None]:
+        try:
+            async with serve_sessions(the_app):
+                yield
+        finally:
+            await server.kernels.close()  # live kernels must not outlive the server and pin their pods
+
+    app.router.lifespan_context = lifespan
+    return app
 
 
 def main(args: argparse.Namespace) -> int:

@@ -136,6 +136,16 @@ async def test_a_live_object_survives_over_stdio(fp: BrokerProcess) -> None:
         await call(c, "python_exec", code=LIVE, session="stdio-live")
         used = await call(c, "python_exec", code=USE, session="stdio-live")
         assert used["stdout_tail"] == "LOCKED True\n"
+        # notifications/cancelled over the wire interrupts the kernel; the next call still has the lock
+        task = asyncio.ensure_future(c.call_tool("python_exec", {"code": "import time\ntime.sleep(60)",
+                                                                 "session": "stdio-live"}))
+        await asyncio.sleep(1.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        began = time.monotonic()
+        after = await call(c, "python_exec", code=USE, session="stdio-live")
+        assert after["stdout_tail"] == "LOCKED True\n" and time.monotonic() - began < 15
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +226,30 @@ async def test_an_idle_kernel_gives_way_when_the_pool_is_blocked_at_its_ceiling(
         back = await call(c, "python_exec", code="v * 2", session="ceil")
         assert back["result"] == "10" and back["kernel_job_id"] != first["kernel_job_id"]
         assert "ceiling" in back["kernel"]["reason"]
+
+
+async def test_a_kernel_that_died_while_idle_is_replaced_and_the_call_says_so(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        first = await call(c, "python_exec", code="gone = 1", session="dies")
+        http = fp.client()
+        http.post(f"/v1/jobs/{first['kernel_job_id']}/cancel")
+        await asyncio.to_thread(http.get, f"/v1/jobs/{first['kernel_job_id']}", params={"wait_s": 20})
+        again = await call(c, "python_exec", code="'gone' in globals()", session="dies")
+        assert again["result"] == "False" and again["kernel_job_id"] != first["kernel_job_id"]
+        assert again["kernel"]["restarted"] is True and "ended" in again["kernel"]["reason"]
+        ran = await call(c, "run_in_sandbox", command="echo still", session="dies")
+        assert ran["stdout_tail"] == "still\n" and ran["via"] == "kernel"
+
+
+async def test_a_cancelled_command_beside_the_kernel_leaves_no_process_behind(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        await call(c, "python_exec", code="alive = 'yes'", session="cancel-cmd")
+        task = asyncio.ensure_future(c.call_tool("run_in_sandbox", {"command": "sleep 33", "session": "cancel-cmd"}))
+        await asyncio.sleep(1.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        check = await call(c, "run_in_sandbox", session="cancel-cmd",
+                           command="for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
+        assert [ln for ln in check["stdout_tail"].splitlines() if "sleep 33" in ln] == []
+        assert (await call(c, "python_exec", code="alive", session="cancel-cmd"))["result"] == "'yes'"

@@ -130,7 +130,7 @@ class Calls:
         """Run `argv` in the session's sandbox to its end (or its timeout) and collect its output."""
         live = self.kernels.live(self.caller, session) if self.kernels is not None else None
         if live is not None and self.kernels is not None:
-            from mcp_server.kernels import KernelGone
+            from mcp_server.kernel_io import KernelGone
 
             try:
                 return await self._in_kernel(live, argv, timeout_s, env)

@@ -10,8 +10,6 @@ call starts a new kernel, restores what was saved and says so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import queue
 import time
@@ -24,6 +22,18 @@ import anyio
 from broker.client import AsyncClient, JobInfo
 from broker.errors import FirepoolError
 from mcp_server import idle, kernel_code
+from mcp_server.kernel_io import (
+    Ended,
+    Execution,
+    KernelDied,
+    KernelGone,
+    KernelStartFailed,
+    Started,
+    absorb,
+    cancel_quietly,
+    close_client,
+    read_connection,
+)
 
 if TYPE_CHECKING:
     from jupyter_client.asynchronous.client import AsyncKernelClient
@@ -40,68 +50,6 @@ DRAIN_S = 10.0
 SAVE_TIMEOUT_S = 60.0
 ALIVE_CHECK_S = 1.0
 """Silence on the kernel's channels after which the server asks the broker whether the kernel job lives."""
-MAX_STREAM_CHARS = 1 << 20
-
-
-class KernelGone(Exception):
-    """The kernel was ended (idle, background job, session end) before this request reached it."""
-
-
-class KernelDied(Exception):
-    """The kernel job ended while a request was in flight."""
-
-    def __init__(self, job: JobInfo) -> None:
-        super().__init__(f"the kernel ({job.id}) ended: {job.state}"
-                         + (f" ({job.error_class})" if job.error_class else ""))
-        self.job = job
-
-
-@dataclass
-class Execution:
-    """What one execute request produced, in order."""
-
-    stdout: str = ""
-    stderr: str = ""
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    """display_data / execute_result bundles: {"kind", "data", "metadata"}."""
-    error: dict[str, Any] | None = None
-    status: str = "ok"
-    execution_count: int | None = None
-    user_expressions: dict[str, Any] = field(default_factory=dict)
-    timed_out: bool = False
-    interrupted: bool = False
-    duration_s: float = 0.0
-    reached: bool = False
-    """The kernel announced the request (busy): the code may have run."""
-
-    def expression(self, name: str) -> Any:
-        """A user expression's value, when a helper returned JSON through its repr."""
-        entry = self.user_expressions.get(name) or {}
-        if entry.get("status") != "ok":
-            raise RuntimeError(f"helper call failed: {entry.get('ename')}: {entry.get('evalue')}")
-        return json.loads(entry["data"]["text/plain"])
-
-
-@dataclass
-class Ended:
-    """A kernel the server ended, and what it saved: reported by the session's next call."""
-
-    reason: str
-    idle_s: float
-    kept: list[str] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    blob: str | None = None
-    save_error: str | None = None
-
-
-@dataclass
-class Started:
-    """How the kernel a call runs on came to be (reported by that call)."""
-
-    restarted: bool
-    reason: str | None
-    restored: list[str]
-    lost: list[str]
 
 
 @dataclass
@@ -164,17 +112,23 @@ class Kernels:
         job = await calls.submit(KERNEL_COMMAND, session, timeout_s=None, kernel=True)
         kc: AsyncKernelClient | None = None
         try:
-            info = await asyncio.wait_for(_read_connection(calls.client, job.id), START_TIMEOUT_S)
-            kc = AsyncKernelClient()
-            kc.load_connection_info(info)
-            kc.start_channels(hb=False)
-            await kc.wait_for_ready(timeout=START_TIMEOUT_S)
+            try:
+                info = await asyncio.wait_for(read_connection(calls.client, job.id), START_TIMEOUT_S)
+                kc = AsyncKernelClient()
+                kc.load_connection_info(info)
+                kc.start_channels(hb=False)
+                await kc.wait_for_ready(timeout=START_TIMEOUT_S)
+            except TimeoutError as exc:
+                raise KernelStartFailed(f"kernel job {job.id} was not reachable within {START_TIMEOUT_S:.0f} s "
+                                        "(queued behind another job of the session, or a slow start)") from exc
+            except RuntimeError as exc:  # jupyter_client: the kernel died while starting
+                raise KernelStartFailed(f"kernel job {job.id}: {exc}") from exc
             job = await calls.client.get(job.id)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if kc is not None:
-                    _close_client(kc)
-                await _cancel_quietly(calls.client, job.id)
+                    close_client(kc)
+                await cancel_quietly(calls.client, job.id)
             raise
         k = LiveKernel(caller=caller, session=session, pool=pool, client=calls.client, job=job, kc=kc,
                        last_used=self.clock())
@@ -184,7 +138,7 @@ class Kernels:
                                 silent=True, user_expressions={"r": kernel_code.LAST}, timeout_s=SAVE_TIMEOUT_S)
         if ex.error is not None:
             await self.stop(k)
-            raise RuntimeError(f"the kernel's setup failed: {ex.error.get('ename')}: {ex.error.get('evalue')}")
+            raise KernelStartFailed(f"the kernel's setup failed: {ex.error.get('ename')}: {ex.error.get('evalue')}")
         back = ex.expression("r")
         lost = sorted(set(back["lost"]) | (set(ended.lost) if ended else set()))
         if ended is not None:
@@ -271,7 +225,7 @@ class Kernels:
             silent_since = time.monotonic()
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
-            if _absorb(ex, msg):
+            if absorb(ex, msg):
                 break
         reply = reply or await self._reply(k, msg_id, max(0.0, deadline - time.monotonic()) or 1.0)
         if reply is None:
@@ -329,8 +283,8 @@ class Kernels:
     async def stop(self, k: LiveKernel) -> None:
         k.dead = True
         self._live.pop((k.caller, k.session), None)
-        _close_client(k.kc)
-        await _cancel_quietly(k.client, k.job.id)
+        close_client(k.kc)
+        await cancel_quietly(k.client, k.job.id)
 
     def forget(self, caller: str, session: str) -> None:
         """Drop a saved namespace (the session ended: its state is gone by definition)."""
@@ -371,56 +325,3 @@ class Kernels:
             self._sweeper.cancel()
         for caller, session in list(self._live):
             await self.end(caller, session, "the MCP server stopped", save=save)
-
-
-def _absorb(ex: Execution, msg: dict[str, Any]) -> bool:
-    """Fold one iopub message into `ex`; True at the request's idle status."""
-    kind = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
-    content = msg.get("content", {})
-    ex.reached = True
-    if kind == "stream":
-        text = content.get("text", "")
-        if content.get("name") == "stderr":
-            ex.stderr = (ex.stderr + text)[-MAX_STREAM_CHARS:]
-        else:
-            ex.stdout = (ex.stdout + text)[-MAX_STREAM_CHARS:]
-    elif kind in ("display_data", "execute_result"):
-        ex.outputs.append({"kind": kind, "data": content.get("data", {}), "metadata": content.get("metadata", {})})
-    elif kind == "error":
-        ex.error = {k: content.get(k) for k in ("ename", "evalue", "traceback")}
-    elif kind == "clear_output":
-        ex.outputs.clear()
-    elif kind == "status" and content.get("execution_state") == "idle":
-        return True
-    return False
-
-
-async def _read_connection(client: AsyncClient, job_id: str) -> Any:
-    from jupyter_ext.provisioner import KernelStartError, find_connection
-
-    buffer = b""
-    stream = client.stream_logs(job_id, "stdout", follow=True)
-    try:
-        async for chunk in stream:
-            buffer += chunk
-            info = find_connection(buffer)
-            if info is not None:
-                return info
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]
-    job = await client.get(job_id)
-    raise KernelStartError(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} {job.exit_code}) "
-                           f"before its kernel started: {(await client.logs(job_id, 'stderr'))[-600:]}")
-
-
-def _close_client(kc: AsyncKernelClient) -> None:
-    with contextlib.suppress(Exception):
-        kc.stop_channels()
-        kc.context.destroy(linger=0)  # the client's own context: no socket left for the garbage collector
-
-
-async def _cancel_quietly(client: AsyncClient, job_id: str) -> None:
-    try:
-        await client.cancel(job_id)
-    except Exception:  # noqa: BLE001 - best effort: the job may have ended, the broker may be gone
-        pass

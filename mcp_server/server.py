@@ -27,7 +27,8 @@ from broker.errors import FirepoolError
 from mcp_server import pyresult, sandbox_code
 from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
-from mcp_server.kernels import KernelDied, KernelGone, Kernels
+from mcp_server.kernel_io import KernelDied, KernelGone, KernelStartFailed
+from mcp_server.kernels import Kernels
 
 SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 MAX_IMAGES = 3
@@ -354,10 +355,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
         except KernelDied as exc:
             raise ToolError(f"KernelDied: {exc}; the next call starts a new kernel") from exc
-        except Exception as exc:
-            if type(exc).__name__ == "KernelStartError" or isinstance(exc, (TimeoutError, RuntimeError)):
-                raise ToolError(f"KernelStartFailed: {exc or 'no connection line in time'}") from exc
-            raise
+        except KernelStartFailed as exc:
+            raise ToolError(f"KernelStartFailed: {exc}") from exc
         return pyresult.render(sid, k.job.id, k.job.path, ex, started)
 
     @mcp.tool(annotations=ToolAnnotations(title="Status and output of a job", read_only_hint=True,

@@ -14,7 +14,8 @@ from mcp_types import ImageContent, TextContent
 from broker.clock import VirtualClock
 from mcp_server import idle, pyresult
 from mcp_server.calls import choose_pool
-from mcp_server.kernels import Execution, Kernels, LiveKernel, Started
+from mcp_server.kernel_io import Execution, Started
+from mcp_server.kernels import Kernels, LiveKernel
 from mcp_server.server import build_server
 from tests.unit.test_mcp_server import NoBroker
 

@@ -15,6 +15,8 @@ from typing import Any
 
 MIN_IDLE_AT_CEILING_S = 60.0
 """A kernel idle for less than this keeps its pod even when the pool is blocked (as a hold's tenure)."""
+WATCHDOG_MARGIN_S = 60.0
+"""How long past the keep-alive a kernel whose MCP server went away ends itself."""
 MIN_TICK_S = 0.5
 MAX_TICK_S = 15.0
 
@@ -65,6 +67,6 @@ def tick(pressure: Pressure, min_idle_at_ceiling: float = MIN_IDLE_AT_CEILING_S)
     return min(MAX_TICK_S, max(MIN_TICK_S, min(pressure.keep_alive, min_idle_at_ceiling) / 4))
 
 
-def watchdog_seconds(pressure: Pressure, margin: float = 60.0) -> float | None:
+def watchdog_seconds(pressure: Pressure, margin: float = WATCHDOG_MARGIN_S) -> float | None:
     """The in-kernel watchdog's limit: past the keep-alive, for a kernel whose MCP server went away."""
     return None if math.isinf(pressure.keep_alive) else pressure.keep_alive + margin

@@ -21,6 +21,7 @@ MAX_INLINE_STATE = 32 << 20
 HELPERS = r'''
 import base64, importlib, inspect, json, linecache, os, pickle, signal, subprocess, sys, textwrap, threading
 import time, types
+from IPython import get_ipython  # not the builtin: that exists only while a cell runs (the watchdog runs between)
 
 WS = "."
 BASE_ENV = {}

@@ -72,9 +72,11 @@ class Kernels:
     """The live kernels of one MCP server, by (caller, session)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 min_idle_at_ceiling: float = idle.MIN_IDLE_AT_CEILING_S) -> None:
+                 min_idle_at_ceiling: float = idle.MIN_IDLE_AT_CEILING_S,
+                 watchdog_margin: float = idle.WATCHDOG_MARGIN_S) -> None:
         self.clock = clock
         self.min_idle_at_ceiling = min_idle_at_ceiling
+        self.watchdog_margin = watchdog_margin
         self._live: dict[tuple[str, str], LiveKernel] = {}
         self._ended: dict[tuple[str, str], Ended] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
@@ -133,7 +135,7 @@ class Kernels:
         k = LiveKernel(caller=caller, session=session, pool=pool, client=calls.client, job=job, kc=kc,
                        last_used=self.clock())
         ended = self._ended.pop((caller, session), None)
-        setup = kernel_code.setup_code("FIREPOOL_WORKSPACE", idle.watchdog_seconds(pressure))
+        setup = kernel_code.setup_code("FIREPOOL_WORKSPACE", idle.watchdog_seconds(pressure, self.watchdog_margin))
         ex = await self.execute(k, setup + kernel_code.call("restore", ended.blob if ended else None),
                                 silent=True, user_expressions={"r": kernel_code.LAST}, timeout_s=SAVE_TIMEOUT_S)
         if ex.error is not None:

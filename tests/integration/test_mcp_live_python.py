@@ -253,3 +253,23 @@ async def test_a_cancelled_command_beside_the_kernel_leaves_no_process_behind(fp
                            command="for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
         assert [ln for ln in check["stdout_tail"].splitlines() if "sleep 33" in ln] == []
         assert (await call(c, "python_exec", code="alive", session="cancel-cmd"))["result"] == "'yes'"
+
+
+async def test_a_kernel_whose_server_went_away_saves_and_ends_itself_and_a_new_server_restores_it(
+        short_hold: BrokerProcess) -> None:
+    async with in_process(short_hold) as (c, server):
+        server.kernels.watchdog_margin = 1.0  # the kernel ends itself 3 s after its last request
+        first = await call(c, "python_exec", code="import threading\nkept = [7]\nlk = threading.Lock()",
+                           session="orphan")
+        sweeper = server.kernels._sweeper
+        assert sweeper is not None
+        sweeper.cancel()  # the server stops looking after its kernels, as if it had died
+        http = short_hold.client()
+        job = (await asyncio.to_thread(http.get, f"/v1/jobs/{first['kernel_job_id']}", params={"wait_s": 30})).json()
+        assert job["state"] == "SUCCEEDED", job["state"]
+        for k in list(server.kernels._live.values()):
+            await server.kernels.stop(k)  # forget it without saving: a new server would not know it either
+    async with in_process(short_hold) as (c, _):
+        back = await call(c, "python_exec", code="kept[0] * 6", session="orphan")
+        assert back["result"] == "42" and back["kernel"]["restarted"] is True, back
+        assert back["kernel"]["restored"] == ["kept", "threading"] and back["kernel"]["lost"] == ["lk"]

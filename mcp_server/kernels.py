@@ -13,7 +13,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+Progress = Callable[[float, float | None, str], Awaitable[None]]
+
 KERNEL_COMMAND = ["python3", "-m", "firepool_agent.kernel", "--ip", "127.0.0.1"]
 START_TIMEOUT_S = 120.0
 """Submit -> connection line; a kernel job queued behind a busy pod counts too."""
 DRAIN_S = 10.0
 """After an interrupt, how long the interrupted request may take to end before the kernel is stopped."""
 SAVE_TIMEOUT_S = 60.0
+PROGRESS_EVERY_S = 2.0
 ALIVE_CHECK_S = 1.0
 """Silence on the kernel's channels after which the server asks the broker whether the kernel job lives."""
 
@@ -162,7 +165,8 @@ class Kernels:
     # ---------------------------------------------------------------- requests
 
     async def execute(self, k: LiveKernel, code: str, *, silent: bool = False,
-                      user_expressions: dict[str, str] | None = None, timeout_s: float) -> Execution:
+                      user_expressions: dict[str, str] | None = None, timeout_s: float,
+                      progress: Progress | None = None) -> Execution:
         """Run one cell; a timeout or a cancelled call interrupts the kernel and waits for it to settle."""
         async with k.lock:
             if k.dead:
@@ -174,7 +178,7 @@ class Kernels:
                 msg_id = k.kc.execute(code, silent=silent, store_history=not silent,
                                       user_expressions=user_expressions or {}, allow_stdin=False)
                 try:
-                    await self._collect(k, msg_id, ex, began + timeout_s)
+                    await self._collect(k, msg_id, ex, began + timeout_s, progress, timeout_s)
                 except TimeoutError:
                     ex.timed_out = True
                     await self._interrupt(k, msg_id, ex)
@@ -205,13 +209,20 @@ class Kernels:
             log.warning("kernel %s did not settle after an interrupt (%s): stopping it", k.job.id, exc)
             await self.stop(k)
 
-    async def _collect(self, k: LiveKernel, msg_id: str, ex: Execution, deadline: float) -> None:
+    async def _collect(self, k: LiveKernel, msg_id: str, ex: Execution, deadline: float,
+                       progress: Progress | None = None, total: float | None = None) -> None:
         reply: dict[str, Any] | None = None
-        silent_since = time.monotonic()
+        began = silent_since = time.monotonic()
+        next_report = began + PROGRESS_EVERY_S
         while True:
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError
+            if progress is not None and now >= next_report:
+                # Long cells report like long commands: elapsed time and the last output line.
+                last = next((ln for ln in reversed(ex.stdout.splitlines()) if ln.strip()), "")[:200]
+                await progress(now - began, total, f"running {now - began:.0f}s" + (f": {last}" if last else ""))
+                next_report = now + PROGRESS_EVERY_S
             try:
                 msg = await k.kc.get_iopub_msg(timeout=min(ALIVE_CHECK_S, deadline - now))
             except queue.Empty:

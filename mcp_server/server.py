@@ -346,7 +346,7 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                 k = await kernels.ensure(c, caller, sid)
                 started, k.started = k.started, None
                 try:
-                    ex = await kernels.execute(k, code, timeout_s=timeout_s)
+                    ex = await kernels.execute(k, code, timeout_s=timeout_s, progress=progress_of(ctx))
                     break
                 except KernelGone:
                     if attempt:  # ended twice before the code reached it: say so rather than loop

@@ -273,3 +273,16 @@ async def test_a_kernel_whose_server_went_away_saves_and_ends_itself_and_a_new_s
         back = await call(c, "python_exec", code="kept[0] * 6", session="orphan")
         assert back["result"] == "42" and back["kernel"]["restarted"] is True, back
         assert back["kernel"]["restored"] == ["kept", "threading"] and back["kernel"]["lost"] == ["lk"]
+
+
+async def test_a_long_cell_reports_progress_with_its_last_output_line(fp: BrokerProcess) -> None:
+    seen: list[str] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    async with in_process(fp) as (c, _):
+        res = await c.call_tool("python_exec", {"code": "import time\nprint('epoch 1', flush=True)\ntime.sleep(5)",
+                                                "session": "prog"}, progress_callback=progress)
+        assert not res.is_error
+    assert any("epoch 1" in m for m in seen), seen

@@ -320,6 +320,18 @@ async def test_streamable_http_acts_as_the_verified_caller_and_refuses_unknown_t
         assert r.status_code == 401, (token, r.status_code)
 
 
+async def test_python_exec_over_streamable_http_keeps_live_objects_per_caller(
+        fp: BrokerProcess, mcp_http: tuple[str, dict[str, str]]) -> None:
+    url, tokens = mcp_http
+    async with _http_client(url, tokens["alice"]) as alice, _http_client(url, tokens["bob"]) as bob:
+        _text(await alice.call_tool("python_exec", {"code": "import threading\nlk = threading.Lock()\nlk.acquire()",
+                                                    "session": "hp"}))
+        used = _text(await alice.call_tool("python_exec", {"code": "lk.locked()", "session": "hp"}))
+        other = _text(await bob.call_tool("python_exec", {"code": "'lk' in globals()", "session": "hp"}))
+    assert used["result"] == "True" and other["result"] == "False"
+    assert used["kernel_job_id"] != other["kernel_job_id"]
+
+
 async def test_mcp_session_id_header_names_the_session_for_older_http_clients(
         mcp_http: tuple[str, dict[str, str]]) -> None:
     url, tokens = mcp_http

@@ -176,6 +176,8 @@ def argument_errors(tool: str, exc: ValidationError) -> str:
             message = "not an accepted field"
         elif err["type"] == "missing":
             message = "required"
+        elif err["type"] == "string_pattern_mismatch" and err["loc"][:1] == ("packages",):
+            message = "a requirement specifier or wheel path, not a pip option (no leading '-' or space)"
         problems.append(f"{where or 'arguments'}: {message[:200]}")
     return f"{tool}: invalid argument(s): " + "; ".join(dict.fromkeys(problems))
 

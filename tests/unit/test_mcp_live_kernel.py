@@ -150,6 +150,8 @@ def test_a_restart_says_what_came_back_and_what_was_lost() -> None:
     ("run_in_sandbox", {}, "command: required"),
     ("write_files", {"files": [{"path": "a", "body": "x"}]}, "files[0].body: not an accepted field"),
     ("write_files", {"files": [{"path": "a"}]}, "files[0]: give exactly one of `text` or `base64`"),
+    ("install_packages", {"packages": ["ok", "--index-url=x"]}, "packages[1]: a requirement specifier or wheel "
+                                                               "path, not a pip option"),
 ])
 async def test_argument_errors_name_the_field_and_the_problem_only(tool: str, args: dict[str, Any],
                                                                    needle: str) -> None:

@@ -29,6 +29,7 @@ STATE = ""
 ACTIVE = {"busy": 0, "last": time.monotonic()}
 HIDDEN = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 MAX_KEEP = 24 << 20
+INLINE_LIMIT = [0]
 last = None
 
 
@@ -67,9 +68,10 @@ def frame_markdown(df, max_rows=40):
     return "\n".join(out)
 
 
-def setup(ws, watchdog_s):
+def setup(ws, watchdog_s, inline_limit):
     global WS, STATE
     WS = ws
+    INLINE_LIMIT[0] = inline_limit
     STATE = os.path.join(ws, ".firepool", "kernel-namespace.pkl")
     BASE_ENV.update(os.environ)
     BASE_ENV.pop("MPLBACKEND", None)  # the commands' wrapper picks its own (Agg)
@@ -167,7 +169,7 @@ def save(inline=True):
     os.replace(STATE + ".tmp", STATE)
     kept = sorted([*keep["defs"], *keep["modules"], *keep["values"]])
     return _J({"kept": kept, "lost": sorted(keep["lost"]), "bytes": len(blob),
-               "blob": base64.b64encode(blob).decode() if inline and len(blob) <= INLINE else None})
+               "blob": base64.b64encode(blob).decode() if inline and len(blob) <= INLINE_LIMIT[0] else None})
 
 
 def restore(blob_b64):
@@ -212,13 +214,12 @@ def restore(blob_b64):
 
 def setup_code(workspace_env: str, watchdog_s: float | None) -> str:
     """The silent cell that installs the helper module; it leaves no name in the user's namespace."""
-    helpers = HELPERS.replace("INLINE", str(MAX_INLINE_STATE))
     return (f"import sys as _fp_sys, types as _fp_types, os as _fp_os\n"
             f"_fp_m = _fp_types.ModuleType({MODULE!r})\n"
-            f"exec(compile({helpers!r}, '<firepool-mcp>', 'exec'), _fp_m.__dict__)\n"
+            f"exec(compile({HELPERS!r}, '<firepool-mcp>', 'exec'), _fp_m.__dict__)\n"
             f"_fp_sys.modules[{MODULE!r}] = _fp_m\n"
             f"_fp_m.setup(_fp_os.environ.get({workspace_env!r}) or _fp_os.environ.get('HOME') or _fp_os.getcwd(), "
-            f"{watchdog_s!r})\n"
+            f"{watchdog_s!r}, {MAX_INLINE_STATE})\n"
             f"del _fp_sys, _fp_types, _fp_os, _fp_m\n")
 
 

@@ -3,6 +3,8 @@
 A throwaway broker on the local backend; `firepool mcp` as a subprocess over stdio, then over
 streamable HTTP. Each call runs `python3 -c 'print(1)'` in the same session; the first call makes the
 sandbox, every later one should find it warm. The round trip is what the client waits for a tool call.
+Over stdio, a second conversation measures `python_exec` of `x + 1` over the session's live kernel,
+and `run_in_sandbox` while that kernel lives (it then runs as a subprocess of the kernel).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from bench.common import Row, at_most, percentile, report
 
 COMMAND = "python3 -c 'print(1)'"
 TARGET_MS = 60.0
+PY_TARGET_MS = 20.0
 
 
 Outcome = tuple[list[float], dict[str, int], int, list[str]]
@@ -52,13 +55,42 @@ async def _conversation(client: Any, calls: int, session: str) -> Outcome:
     return times, paths, right, jobs
 
 
-async def _stdio(broker: BenchBroker, calls: int) -> Outcome:
+async def _live_python(client: Any, calls: int, session: str, live: dict[str, Any]) -> None:
+    """python_exec `x + 1` round trips over one live kernel (the first call starts it), then
+    run_in_sandbox round trips in the same session (beside the kernel)."""
+    t0 = time.perf_counter()
+    first = await client.call_tool("python_exec", {"code": "x = 41", "session": session})
+    if first.is_error:
+        raise RuntimeError(f"python_exec failed: {first.content}")
+    live["first_call_ms"] = (time.perf_counter() - t0) * 1000
+    times, right = [], 0
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        res = await client.call_tool("python_exec", {"code": "x + 1", "session": session})
+        times.append((time.perf_counter() - t0) * 1000)
+        right += (res.structured_content or {}).get("result") == "42"
+    beside = []
+    for _ in range(max(10, calls // 5)):
+        t0 = time.perf_counter()
+        res = await client.call_tool("run_in_sandbox", {"command": COMMAND, "session": session})
+        beside.append((time.perf_counter() - t0) * 1000)
+        right += (res.structured_content or {}).get("stdout_tail") == "1\n"
+    live.update(python_ms=times, beside_ms=beside, right=right, expected=calls + len(beside))
+
+
+async def _stdio(broker: BenchBroker, calls: int, live: dict[str, Any]) -> Outcome:
     from mcp import Client, StdioServerParameters
 
     env = {**os.environ, "FIREPOOL_URL": broker.url, "FIREPOOL_TOKEN": broker.tokens["bench"]}
     params = StdioServerParameters(command=sys.executable, args=["-m", "broker.cli", "mcp"], env=env)
     async with Client(params) as client:
-        return await _conversation(client, calls, "b11-stdio")
+        outcome = await _conversation(client, calls, "b11-stdio")
+        await _live_python(client, calls, "b11-py", live)
+        return outcome
+
+
+async def _http_run(broker: BenchBroker, calls: int, live: dict[str, Any]) -> Outcome:
+    return await _http(broker, calls)
 
 
 async def _http(broker: BenchBroker, calls: int) -> Outcome:
@@ -135,8 +167,9 @@ def main(argv: list[str], json_out: bool = False) -> int:
         rows.append(Row("B11", f"baseline: the same job over REST (SDK run + logs) p50 ({len(rest)} jobs)",
                         percentile(rest, 50), "ms", "-"))
         raw["rest_baseline_ms"] = rest
-        for transport, run in (("stdio", _stdio), ("streamable HTTP", _http)):
-            times, paths, right, jobs = asyncio.run(run(broker, args.calls))
+        live: dict[str, Any] = {}
+        for transport, run in (("stdio", _stdio), ("streamable HTTP", _http_run)):
+            times, paths, right, jobs = asyncio.run(run(broker, args.calls, live))
             ms = [t * 1000 for t in times]
             in_job, broker_side = _job_phases(broker, jobs)
             p50, p90 = percentile(ms, 50), percentile(ms, 90)
@@ -154,6 +187,20 @@ def main(argv: list[str], json_out: bool = False) -> int:
                     f"= {args.calls}", warm == args.calls and right == args.calls),
             ]
             raw[transport] = {"round_trips_ms": ms, "paths": paths, "printed_1": right}
+            if transport == "stdio":
+                py50 = percentile(live["python_ms"], 50)
+                rows += [
+                    Row("B11", f"python_exec x + 1 p50 over a live kernel, stdio ({args.calls} calls)", py50, "ms",
+                        "-", f"<= {PY_TARGET_MS:.0f} ms", at_most(py50, PY_TARGET_MS)),
+                    Row("B11", "python_exec x + 1 p90 over a live kernel, stdio",
+                        percentile(live["python_ms"], 90), "ms", "-"),
+                    Row("B11", "python_exec first call (starts the kernel), stdio", live["first_call_ms"], "ms", "-"),
+                    Row("B11", f"run_in_sandbox print(1) p50 beside the live kernel, stdio "
+                               f"({len(live['beside_ms'])} calls)", percentile(live["beside_ms"], 50), "ms", "-"),
+                    Row("B11", "live-kernel calls that answered right", live["right"], "calls", "-",
+                        f"= {live['expected']}", live["right"] == live["expected"]),
+                ]
+                raw["python_exec"] = live
     return report("mcp", rows, json_out=json_out, extra={"raw": raw, "command": COMMAND})
 
 

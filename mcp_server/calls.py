@@ -2,6 +2,8 @@
 
 A timeout is a result (`timed_out: true` with the partial output), not an exception; a cancelled tool
 call cancels its job before the cancellation propagates, so nothing keeps running in the sandbox.
+While the session has a live Python kernel (see `mcp_server.kernels`) the kernel job holds the
+session's pod, so the call runs as a subprocess of the kernel instead, with the same result.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from broker.client import AsyncClient, JobInfo
 from mcp_server import sandbox_code
+
+if TYPE_CHECKING:
+    from mcp_server.kernels import Kernels
 
 TAIL_BYTES = 8 * 1024
 """Inline output per stream; the full log stays readable as a resource and through job_status."""
@@ -41,16 +46,29 @@ class Tail:
 
 @dataclass
 class CallOutcome:
-    job: JobInfo
+    job_id: str
+    state: str
+    exit_code: int | None
+    error_class: str | None
+    acquisition: str | None
+    pod: str | None
     stdout: Tail
     stderr: Tail
     duration_s: float
     timed_out: bool
     artifacts: list[tuple[int, str]] = field(default_factory=list)
+    via: str = "job"
+    """`job`: a broker job of its own; `kernel`: a subprocess of the session's live kernel (job_id is the
+    kernel job's, and there is no job log of this call to read back)."""
+    full_stdout: str | None = None
+    """The kernel path keeps all of stdout here (the file helper's answer line may be long)."""
 
-    @property
-    def acquisition(self) -> str | None:
-        return self.job.path
+    @classmethod
+    def of_job(cls, job: JobInfo, stdout: Tail, stderr: Tail, duration_s: float, timed_out: bool,
+               artifacts: list[tuple[int, str]]) -> CallOutcome:
+        return cls(job_id=job.id, state=job.state, exit_code=job.exit_code, error_class=job.error_class,
+                   acquisition=job.path, pod=job.acquisition[0].get("pod") if job.acquisition else None,
+                   stdout=stdout, stderr=stderr, duration_s=duration_s, timed_out=timed_out, artifacts=artifacts)
 
 
 def tail_of(data: bytes) -> Tail:
@@ -62,23 +80,62 @@ def last_line(data: bytes) -> str:
     return lines[-1][:200] if lines else ""
 
 
+class PoolChoice:
+    """The pool of the sessions' sandboxes: the one configured, else (asked once) the broker's `cpu` pool,
+    its only pool, or its first pool without GPUs."""
+
+    def __init__(self, pool: str | None) -> None:
+        self.pool = pool
+
+    async def resolve(self, client: AsyncClient) -> str:
+        if self.pool is None:
+            self.pool = choose_pool(await client.pools())
+        return self.pool
+
+
+def choose_pool(views: list[dict[str, Any]]) -> str:
+    names = [str(v.get("name")) for v in views]
+    if "cpu" in names or not names:
+        return "cpu"  # no pools at all: the broker's UnknownPool says so on the first call
+    if len(names) == 1:
+        return names[0]
+    cpu_only = sorted(str(v.get("name")) for v in views if not v.get("gpus"))
+    return cpu_only[0] if cpu_only else sorted(names)[0]
+
+
 class Calls:
     """Runs jobs for one verified caller; `pool` and `queue` are where the session's sandbox lives."""
 
-    def __init__(self, client: AsyncClient, *, pool: str = "cpu", queue: str = "default") -> None:
+    def __init__(self, client: AsyncClient, *, pool: str | None = "cpu", queue: str = "default", caller: str = "",
+                 kernels: Kernels | None = None, choice: PoolChoice | None = None) -> None:
         self.client = client
         self.pool = pool
+        self.choice = choice or PoolChoice(pool)
         self.queue = queue
+        self.caller = caller
+        self.kernels = kernels
 
     async def submit(self, argv: Sequence[str], session: str, *, timeout_s: float | None,
-                     env: dict[str, str] | None = None) -> JobInfo:
+                     env: dict[str, str] | None = None, kernel: bool = False) -> JobInfo:
         # recycle=False: a conversation never runs on (and so retires) another live conversation's sandbox.
-        return await self.client.submit(list(argv), pool=self.pool, lease_tag=session, queue=self.queue,
-                                        timeout_s=timeout_s, env=env or None, recycle=False)
+        extra: dict[str, Any] = {"kernel": True} if kernel else {}
+        return await self.client.submit(list(argv), pool=await self.pool_name(), lease_tag=session, queue=self.queue,
+                                        timeout_s=timeout_s, env=env or None, recycle=False, **extra)
+
+    async def pool_name(self) -> str:
+        return await self.choice.resolve(self.client)
 
     async def run(self, argv: Sequence[str], session: str, *, timeout_s: float,
                   env: dict[str, str] | None = None, progress: Progress | None = None) -> CallOutcome:
         """Run `argv` in the session's sandbox to its end (or its timeout) and collect its output."""
+        live = self.kernels.live(self.caller, session) if self.kernels is not None else None
+        if live is not None and self.kernels is not None:
+            from mcp_server.kernel_io import KernelGone
+
+            try:
+                return await self._in_kernel(live, argv, timeout_s, env)
+            except KernelGone:
+                pass  # it ended while this call waited for it: the pod is free for a job again
         began = time.monotonic()
         job = await self.submit(argv, session, timeout_s=timeout_s, env=env)
         try:
@@ -116,8 +173,29 @@ class Calls:
         out, err = await asyncio.gather(self.client.read_log(job.id, "stdout"), self.client.read_log(job.id, "stderr"))
         text, artifacts = sandbox_code.split_artifacts(err.decode(errors="replace"))
         stderr = text.encode()
-        return CallOutcome(job=job, stdout=tail_of(out), stderr=tail_of(stderr), duration_s=time.monotonic() - began,
-                           timed_out=timed_out, artifacts=artifacts)
+        return CallOutcome.of_job(job, tail_of(out), tail_of(stderr), time.monotonic() - began, timed_out, artifacts)
+
+    async def _in_kernel(self, live: Any, argv: Sequence[str], timeout_s: float,
+                         env: dict[str, str] | None) -> CallOutcome:
+        assert self.kernels is not None
+        ex, res = await self.kernels.run_argv(live, list(argv), env, timeout_s, GRACE_S)
+        if res is None:
+            why = (f"{ex.error.get('ename')}: {ex.error.get('evalue')}" if ex.error else "no answer from the kernel")
+            return CallOutcome(job_id=live.job.id, state="FAILED", exit_code=None,
+                               error_class="Timeout" if ex.timed_out else "KernelError", acquisition="warm",
+                               pod=_pod(live.job), stdout=tail_of(b""), stderr=tail_of(why.encode()),
+                               duration_s=ex.duration_s, timed_out=ex.timed_out, via="kernel")
+        text, artifacts = sandbox_code.split_artifacts(res["stderr"])
+        rc = res["exit_code"]
+        timed_out = bool(res["timed_out"])
+        state = "SUCCEEDED" if rc == 0 and not timed_out else "FAILED"
+        error_class = "Timeout" if timed_out else None if rc == 0 else "NonZeroExit"
+        stdout = Tail(res["stdout"][-TAIL_BYTES:], res["stdout_bytes"])
+        stderr = Tail(text[-TAIL_BYTES:], len(text.encode()))
+        return CallOutcome(job_id=live.job.id, state=state, exit_code=None if timed_out else rc, error_class=error_class,
+                           acquisition="warm", pod=_pod(live.job), stdout=stdout, stderr=stderr,
+                           duration_s=res["duration_s"], timed_out=timed_out, artifacts=artifacts[:sandbox_code.MAX_ARTIFACTS],
+                           via="kernel", full_stdout=res["stdout"])
 
     async def _cancel_quietly(self, job_id: str) -> None:
         try:
@@ -129,11 +207,19 @@ class Calls:
                      progress: Progress | None = None) -> tuple[dict[str, Any], CallOutcome]:
         """Run one file-helper operation; its JSON answer and the call's outcome."""
         outcome = await self.run(sandbox_code.files_op(op, args), session, timeout_s=timeout_s, progress=progress)
-        stdout = (await self.client.read_log(outcome.job.id, "stdout")).decode(errors="replace") \
-            if outcome.stdout.truncated else outcome.stdout.text
+        if outcome.full_stdout is not None:
+            stdout = outcome.full_stdout
+        elif outcome.stdout.truncated:
+            stdout = (await self.client.read_log(outcome.job_id, "stdout")).decode(errors="replace")
+        else:
+            stdout = outcome.stdout.text
         answer = sandbox_code.parse_result(stdout)
         if answer is None:
             answer = {"error": "HelperFailed",
-                      "message": f"the sandbox helper ended {outcome.job.state} ({outcome.job.error_class}) without "
+                      "message": f"the sandbox helper ended {outcome.state} ({outcome.error_class}) without "
                                  f"an answer: {outcome.stderr.text[-500:]}"}
         return answer, outcome
+
+
+def _pod(job: JobInfo) -> str | None:
+    return job.acquisition[0].get("pod") if job.acquisition else None

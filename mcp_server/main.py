@@ -6,9 +6,10 @@ This module imports the MCP SDK only when run, so the `firepool` CLI works witho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from typing import Any
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="broker URL (default: $FIREPOOL_URL, else the local broker)")
     p.add_argument("--token", help="broker token for stdio (default: $FIREPOOL_TOKEN, else the local token)")
-    p.add_argument("--pool", default="cpu", help="pool the sessions' sandboxes come from (default: cpu)")
+    p.add_argument("--pool", default=None,
+                   help="pool the sessions' sandboxes come from (default: the broker's cpu pool, else its only "
+                        "pool, else its first pool without GPUs)")
     p.add_argument("--queue", default="default", help="broker queue of the sessions' jobs")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
     p.add_argument("--host", default="127.0.0.1")
@@ -43,7 +46,19 @@ def http_app(args: argparse.Namespace) -> Any:
     here = f"http://{args.host}:{args.port}/mcp"
     auth = AuthSettings(issuer_url=here, resource_server_url=here, validate_token_resource=False)  # type: ignore[arg-type]
     server = build_server(broker, pool=args.pool, queue=args.queue, token_verifier=verifier, auth=auth)
-    return server.streamable_http_app(host=args.host)
+    app = server.streamable_http_app(host=args.host)
+    serve_sessions = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(the_app: Any) -> AsyncIterator[None]:
+        try:
+            async with serve_sessions(the_app):
+                yield
+        finally:
+            await server.kernels.close()  # live kernels must not outlive the server and pin their pods
+
+    app.router.lifespan_context = lifespan
+    return app
 
 
 def main(args: argparse.Namespace) -> int:
@@ -63,10 +78,13 @@ def main(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         broker = StdioBroker(args.url, args.token)
+        server = build_server(broker, pool=args.pool, queue=args.queue)
         try:
-            await build_server(broker, pool=args.pool, queue=args.queue).run_stdio_async()
+            await server.run_stdio_async()
         finally:
-            await broker.close()
+            with anyio.CancelScope(shield=True):
+                await server.kernels.close()  # the client is gone: its kernels must not pin their pods
+                await broker.close()
 
     anyio.run(serve)
     return 0

@@ -21,7 +21,7 @@ PREFIX = "/mcp"
 
 
 def mount(app: Any, *, broker_url: str, tokens: Mapping[str, str], host: str = "127.0.0.1",
-          pool: str = "cpu") -> Callable[[], AbstractAsyncContextManager[None]]:
+          pool: str | None = None) -> Callable[[], AbstractAsyncContextManager[None]]:
     """Mount the MCP server on `app` (a Starlette/FastAPI app) at /mcp/; returns its lifespan, which the
     host app must enter (Starlette does not run a mounted app's lifespan)."""
     broker = HttpBroker(broker_url, tokens)
@@ -36,6 +36,7 @@ def mount(app: Any, *, broker_url: str, tokens: Mapping[str, str], host: str = "
             async with server.session_manager.run():
                 yield
         finally:
+            await server.kernels.close()  # live kernels must not outlive the server and pin their pods
             await broker.close()
 
     return lifespan

@@ -1,6 +1,6 @@
-"""What the MCP tools run inside a session's sandbox: a command wrapper, a stateful Python runner and a
-file helper. They are plain job commands (`sh -c`, `python3 -c`): the MCP server needs nothing from the
-broker but its REST API, and the pod agent's workspace rules (kept within a session, wiped at its
+"""What the MCP tools run inside a session's sandbox: a command wrapper and a file helper (Python runs in
+the session's live kernel: `mcp_server.kernels`). They are plain job commands (`sh -c`, `python3 -c`):
+the MCP server needs nothing from the broker but its REST API, and the pod agent's workspace rules (kept within a session, wiped at its
 boundary) give the session its files, packages and Python state.
 """
 
@@ -19,7 +19,7 @@ MAX_ARTIFACTS = 50
 """New files of one call listed at most (the wrapper lists all: a pipe to `head` costs a process per call)."""
 """The workspace directory whose new files come back from a call (images inline, the rest as links)."""
 STATE_DIR = ".firepool"
-"""Workspace directory of the MCP layer's own state: installed packages, pickled Python namespace."""
+"""Workspace directory of the MCP layer's own state: installed packages, a saved Python namespace."""
 
 # Runs the call inside the workspace (or `cwd` below it), with packages installed by install_packages
 # on the path and a headless matplotlib, then lists the files it left in outputs/. Mode `shell` evals a
@@ -51,108 +51,6 @@ __fp_new=$(find "$__fp_ws/outputs" -type f -newermt "@$__fp_since" -printf '%s %
 if [ -n "$__fp_new" ]; then printf '\036firepool-artifacts\n%s\n' "$__fp_new" >&2; fi
 exit $__fp_rc
 """
-
-# Stateful Python: the namespace of earlier calls of the session is restored from a pickle in the
-# workspace (imports re-imported by name, top-level def/class statements replayed, values unpickled);
-# the last expression's value is printed like a REPL; open matplotlib figures are saved to outputs/;
-# what cannot be pickled is skipped with a note on stderr.
-PYEXEC = r'''
-def _firepool_exec():
-    import ast, os, pickle, sys, time, traceback, types, importlib
-    import __main__
-    ws = os.environ.get("FIREPOOL_WORKSPACE") or os.environ.get("HOME") or "."
-    state_path = os.path.join(ws, ".firepool", "pyexec.pkl")
-    ns = __main__.__dict__
-    own = set(ns)
-    notes = []
-    saved = {"defs": {}, "modules": {}, "values": {}}
-    try:
-        with open(state_path, "rb") as f:
-            saved = pickle.load(f)
-    except FileNotFoundError:
-        pass
-    except Exception as exc:
-        notes.append(f"the previous state could not be read ({exc!r}); starting fresh")
-    for name, mod in saved["modules"].items():
-        try:
-            ns[name] = importlib.import_module(mod)
-        except Exception as exc:
-            notes.append(f"{name}: re-import of {mod} failed ({exc!r})")
-    for name, src in saved["defs"].items():
-        try:
-            exec(compile(src, "<python_exec:" + name + ">", "exec"), ns)
-        except Exception as exc:
-            notes.append(f"{name}: definition could not be replayed ({exc!r})")
-    for name, blob in saved["values"].items():
-        try:
-            ns[name] = pickle.loads(blob)
-        except Exception as exc:
-            notes.append(f"{name}: could not be restored ({exc!r})")
-    code = sys.argv[1]
-    defs = dict(saved["defs"])
-    rc = 0
-    try:
-        tree = ast.parse(code, "<python_exec>", "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defs[node.name] = ast.get_source_segment(code, node) or ast.unparse(node)
-        exec(compile(tree, "<python_exec>", "exec"), ns)
-        if last is not None:
-            value = eval(compile(last, "<python_exec>", "eval"), ns)
-            if value is not None:
-                print(repr(value))
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        rc = 1
-    sys.stdout.flush()
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is not None:
-        try:
-            out = os.path.join(ws, "outputs")
-            os.makedirs(out, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            for i, num in enumerate(plt.get_fignums()):
-                plt.figure(num).savefig(os.path.join(out, f"figure-{stamp}-{os.getpid()}-{i + 1}.png"))
-            plt.close("all")
-        except Exception as exc:
-            notes.append(f"figures could not be saved ({exc!r})")
-    keep = {"defs": {}, "modules": {}, "values": {}}
-    skipped = []
-    for name, value in list(ns.items()):
-        if name in own and name not in saved["values"] and name not in saved["modules"] and name not in defs:
-            continue
-        if name.startswith("__"):
-            continue
-        if isinstance(value, types.ModuleType):
-            keep["modules"][name] = value.__name__
-        elif getattr(value, "__module__", None) == "__main__" and isinstance(value, (types.FunctionType, type)):
-            if name in defs:
-                keep["defs"][name] = defs[name]
-            else:
-                skipped.append(name)
-        else:
-            try:
-                keep["values"][name] = pickle.dumps(value)
-            except Exception:
-                skipped.append(name)
-    if skipped:
-        notes.append("not kept for the next call (cannot be pickled): " + ", ".join(sorted(skipped)))
-    os.makedirs(os.path.dirname(state_path), exist_ok=True)
-    with open(state_path + ".tmp", "wb") as f:
-        pickle.dump(keep, f)
-    os.replace(state_path + ".tmp", state_path)
-    for note in notes:
-        print("[python_exec] " + note, file=sys.stderr)
-    return rc
-
-
-raise SystemExit(_firepool_exec())
-'''
 
 # One operation on the session's workspace; the answer is one JSON line after RESULT_MARK on stdout.
 FILES = r'''
@@ -293,10 +191,6 @@ def wrap(argv: Sequence[str], cwd: str = "") -> list[str]:
 def shell(command: str, cwd: str = "") -> list[str]:
     """A job command that runs a bash command string through the wrapper."""
     return ["bash", "-c", WRAPPER, "firepool-call", cwd, "shell", command]
-
-
-def python_exec(code: str) -> list[str]:
-    return wrap(["python3", "-c", PYEXEC, code])
 
 
 def files_op(op: str, args: dict[str, Any]) -> list[str]:

@@ -14,18 +14,21 @@ import hashlib
 import mimetypes
 import re
 import secrets
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from broker.client import AsyncClient, JobInfo
 from broker.errors import FirepoolError
-from mcp_server import sandbox_code
-from mcp_server.calls import CallOutcome, Calls, Progress
+from mcp_server import pyresult, sandbox_code
+from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
+from mcp_server.kernel_io import KernelDied, KernelGone, KernelStartFailed
+from mcp_server.kernels import Kernels
 
 SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 MAX_IMAGES = 3
@@ -67,7 +70,9 @@ class RunResult(BaseModel):
     stderr_tail: str = ""
     truncated: bool = Field(default=False, description="Output was longer than the tails: read log_uri or "
                                                       "job_status for all of it.")
-    log_uri: str
+    via: str = Field(default="job", description="job: a job of its own; kernel: run beside the session's live "
+                                                "Python kernel (job_id is the kernel's; no separate log).")
+    log_uri: str | None = None
     artifacts: list[Artifact] = []
 
 
@@ -138,7 +143,10 @@ class EndResult(BaseModel):
 
 
 class FirepoolMCP(MCPServer[Any]):
-    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently)."""
+    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently)
+    and words argument errors for the model: field and problem, no class names or documentation URLs."""
+
+    kernels: Kernels
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         tool = self._tool_manager.get_tool(name)
@@ -148,7 +156,37 @@ class FirepoolMCP(MCPServer[Any]):
             if unknown:
                 raise ToolError(f"{name}: unknown argument(s) {', '.join(map(repr, unknown))}; "
                                 f"accepted: {', '.join(sorted(known))}")
-        return await super().call_tool(name, arguments, context)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(argument_errors(name, exc.__cause__)) from None
+            raise
+
+
+def argument_errors(tool: str, exc: ValidationError) -> str:
+    """`tool: invalid argument(s): files[0].body: not an accepted field; timeout_s: must be > 0`."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        where = ""
+        for part in err["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+        message = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if err["type"] == "extra_forbidden":
+            message = "not an accepted field"
+        elif err["type"] == "missing":
+            message = "required"
+        elif err["type"] == "string_pattern_mismatch" and err["loc"][:1] == ("packages",):
+            message = "a requirement specifier or wheel path, not a pip option (no leading '-' or space)"
+        problems.append(f"{where or 'arguments'}: {message[:200]}")
+    return f"{tool}: invalid argument(s): " + "; ".join(dict.fromkeys(problems))
+
+
+def package_version() -> str:
+    try:
+        return version("firepool")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _mime(path: str) -> str:
@@ -163,11 +201,14 @@ def file_uri(session: str, path: str) -> str:
     return f"sandbox://{session}/files/{path}"
 
 
-def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", name: str = "firepool",
+def build_server(broker: Broker, *, pool: str | None = None, queue: str = "default", name: str = "firepool",
                  **server_kw: Any) -> FirepoolMCP:
     """The MCP server over `broker`; `server_kw` goes to MCPServer (auth settings for HTTP)."""
     server_kw.setdefault("log_level", "WARNING")
+    server_kw.setdefault("version", package_version())
     mcp = FirepoolMCP(name, instructions=INSTRUCTIONS, **server_kw)
+    kernels = mcp.kernels = Kernels()
+    choice = PoolChoice(pool)
     default_session = f"mcp-{secrets.token_hex(6)}" if broker.transport == "stdio" else None
 
     def calls() -> tuple[str, Calls]:
@@ -175,7 +216,7 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
             caller, client = broker.client()
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
-        return caller, Calls(client, pool=pool, queue=queue)
+        return caller, Calls(client, pool=pool, queue=queue, caller=caller, kernels=kernels, choice=choice)
 
     def session_of(explicit: str | None, ctx: Context | None) -> str:
         if explicit is not None:
@@ -219,16 +260,17 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         return artifacts, blocks
 
     async def run_result(c: Calls, session: str, outcome: CallOutcome) -> CallToolResult:
-        job = outcome.job
         artifacts, blocks = await images_for(c, session, outcome)
-        result = RunResult(session=session, job_id=job.id, state=job.state, exit_code=job.exit_code,
-                           error_class=job.error_class, timed_out=outcome.timed_out,
+        in_kernel = outcome.via == "kernel"
+        result = RunResult(session=session, job_id=outcome.job_id, state=outcome.state, exit_code=outcome.exit_code,
+                           error_class=outcome.error_class, timed_out=outcome.timed_out,
                            duration_s=round(outcome.duration_s, 4), acquisition=outcome.acquisition,
                            stdout_tail=outcome.stdout.text, stderr_tail=outcome.stderr.text,
-                           truncated=outcome.stdout.truncated or outcome.stderr.truncated,
-                           log_uri=log_uri(session, job.id), artifacts=artifacts)
-        head = (f"session {session} · job {job.id} · {job.state}"
-                + (f" · exit {job.exit_code}" if job.exit_code is not None else "")
+                           truncated=outcome.stdout.truncated or outcome.stderr.truncated, via=outcome.via,
+                           log_uri=None if in_kernel else log_uri(session, outcome.job_id), artifacts=artifacts)
+        head = (f"session {session} · " + ("beside the live kernel" if in_kernel else f"job {outcome.job_id}")
+                + f" · {outcome.state}"
+                + (f" · exit {outcome.exit_code}" if outcome.exit_code is not None else "")
                 + (" · TIMED OUT" if outcome.timed_out else "")
                 + f" · {outcome.acquisition or '-'} sandbox · {outcome.duration_s:.2f}s")
         text = head
@@ -237,7 +279,8 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         if result.stderr_tail:
             text += "\n--- stderr ---\n" + result.stderr_tail
         if result.truncated:
-            text += f"\n(output truncated; full log: {result.log_uri})"
+            text += (f"\n(output truncated; full log: {result.log_uri})" if result.log_uri
+                     else "\n(output truncated to its tails)")
         return CallToolResult(content=[TextContent(type="text", text=text), *blocks],
                               structured_content=result.model_dump(mode="json"))
 
@@ -274,6 +317,8 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         argv = sandbox_code.shell(command, cwd or "")
         try:
             if background:
+                # A background job needs the pod the live kernel holds: the kernel saves and ends first.
+                await kernels.end(c.caller, sid, "a background job needed the sandbox")
                 job = await c.submit(argv, sid, timeout_s=timeout_s, env=env)
                 return _background(sid, job)
             outcome = await c.run(argv, sid, timeout_s=timeout_s, env=env, progress=progress_of(ctx))
@@ -281,24 +326,40 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
 
-    @mcp.tool(annotations=ToolAnnotations(title="Run Python (state kept across calls)", read_only_hint=False,
-                                          destructive_hint=True, idempotent_hint=False, open_world_hint=True))
+    @mcp.tool(annotations=ToolAnnotations(title="Run Python in a live kernel (state kept across calls)",
+                                          read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                                          open_world_hint=True))
     async def python_exec(
         code: Annotated[str, Field(min_length=1, max_length=100_000, description="Python source.")],
         session: SessionArg = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600)] = 600,
+        timeout_s: Annotated[float, Field(gt=0, le=3600, description="Interrupt the code after this many "
+                                                                     "seconds (the kernel and its state stay).")] = 600,
         ctx: Context | None = None,
-    ) -> Annotated[CallToolResult, RunResult]:
-        """Run Python in the session's sandbox. Variables, imports, functions and classes persist across
-        calls of the session; the value of a final expression is printed; matplotlib figures come back
-        as images."""
+    ) -> Annotated[CallToolResult, pyresult.PythonResult]:
+        """Run Python in the session's live kernel (an IPython kernel in the sandbox): every object stays in
+        memory between calls, models on the GPU and open files included. The final expression's value,
+        images (matplotlib), DataFrames (as markdown) and other rich output come back as content. An idle
+        kernel ends after the pool's keep-alive; the next call restores what could be pickled and says
+        which names were lost."""
         sid = session_of(session, ctx)
-        _, c = calls()
+        caller, c = calls()
         try:
-            outcome = await c.run(sandbox_code.python_exec(code), sid, timeout_s=timeout_s, progress=progress_of(ctx))
-            return await run_result(c, sid, outcome)
+            for attempt in range(2):
+                k = await kernels.ensure(c, caller, sid)
+                started, k.started = k.started, None
+                try:
+                    ex = await kernels.execute(k, code, timeout_s=timeout_s, progress=progress_of(ctx))
+                    break
+                except KernelGone:
+                    if attempt:  # ended twice before the code reached it: say so rather than loop
+                        raise ToolError("KernelGone: the session's kernel kept ending; try again") from None
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        except KernelDied as exc:
+            raise ToolError(f"KernelDied: {exc}; the next call starts a new kernel") from exc
+        except KernelStartFailed as exc:
+            raise ToolError(f"KernelStartFailed: {exc}") from exc
+        return pyresult.render(sid, k.job.id, k.job.path, ex, started)
 
     @mcp.tool(annotations=ToolAnnotations(title="Status and output of a job", read_only_hint=True,
                                           open_world_hint=False))
@@ -433,10 +494,11 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         sid = session_of(session, ctx)
         _, c = calls()
         answer, outcome = await helper(c, "info", {}, sid, ctx)
-        spec = next((p for p in await _pools(c.client) if p.get("name") == c.pool), {})
-        return {"session": sid, "pool": c.pool, "accelerator": spec.get("accelerator"),
-                "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition,
-                "pod": (outcome.job.acquisition[0].get("pod") if outcome.job.acquisition else None), **answer}
+        name = await c.pool_name()
+        spec = next((p for p in await _pools(c.client) if p.get("name") == name), {})
+        return {"session": sid, "pool": name, "accelerator": spec.get("accelerator"),
+                "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition, "pod": outcome.pod,
+                "live_kernel": outcome.via == "kernel", **answer}
 
     @mcp.tool(annotations=ToolAnnotations(title="End the session and retire its sandbox", read_only_hint=False,
                                           destructive_hint=True, idempotent_hint=True, open_world_hint=False))
@@ -445,6 +507,8 @@ def build_server(broker: Broker, *, pool: str = "cpu", queue: str = "default", n
         are gone. A later call with the same session starts a fresh sandbox."""
         sid = session_of(session, ctx)
         _, c = calls()
+        await kernels.end(c.caller, sid, "the session ended", save=False)
+        kernels.forget(c.caller, sid)
         try:
             ended = await c.client.end_session(sid, queue=c.queue)
         except FirepoolError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -17,7 +18,7 @@ class NoBroker:
 
     transport = "stdio"
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self) -> tuple[str, Any]:
         raise AssertionError("the broker was called")
 
     async def close(self) -> None:
@@ -38,8 +39,9 @@ class NoBroker:
     ("job_status", {"job_id": "j", "wait_s": 301}, "wait_s"),
     ("end_session", {"session": "x", "force": True}, "unknown argument(s) 'force'"),
 ])
-async def test_bad_arguments_are_tool_errors_before_anything_runs(tool: str, args: dict, needle: str) -> None:
-    async with Client(build_server(NoBroker())) as c:  # type: ignore[arg-type]
+async def test_bad_arguments_are_tool_errors_before_anything_runs(tool: str, args: dict[str, Any],
+                                                                   needle: str) -> None:
+    async with Client(build_server(NoBroker())) as c:
         res = await c.call_tool(tool, args)
     assert res.is_error
     text = " ".join(b.text for b in res.content if b.type == "text")
@@ -47,16 +49,18 @@ async def test_bad_arguments_are_tool_errors_before_anything_runs(tool: str, arg
 
 
 async def test_every_tool_is_listed_with_truthful_annotations() -> None:
-    async with Client(build_server(NoBroker())) as c:  # type: ignore[arg-type]
+    async with Client(build_server(NoBroker())) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
     assert set(tools) == {"run_in_sandbox", "python_exec", "job_status", "job_cancel", "write_files", "read_file",
                           "list_files", "install_packages", "sandbox_info", "end_session"}
+    notes = {name: t.annotations for name, t in tools.items() if t.annotations is not None}
     for name in ("job_status", "read_file", "list_files", "sandbox_info"):
-        assert tools[name].annotations.read_only_hint is True, name
-    for name in ("end_session", "run_in_sandbox", "job_cancel"):
-        assert tools[name].annotations.read_only_hint is False and tools[name].annotations.destructive_hint is True
-    assert "session" in tools["run_in_sandbox"].description.lower()
-    assert tools["run_in_sandbox"].output_schema["properties"]["acquisition"]
+        assert notes[name].read_only_hint is True, name
+    for name in ("end_session", "run_in_sandbox", "job_cancel", "python_exec"):
+        assert notes[name].read_only_hint is False and notes[name].destructive_hint is True
+    assert "session" in (tools["run_in_sandbox"].description or "").lower()
+    assert (tools["run_in_sandbox"].output_schema or {})["properties"]["acquisition"]
+    assert (tools["python_exec"].output_schema or {})["properties"]["kernel"]
 
 
 def test_the_helper_answer_line_survives_output_around_it() -> None:

@@ -1,7 +1,8 @@
 """The pool's kept and wiped paths on the local backend, as bind mounts of host directories.
 
-A `keep_paths` entry (a uv/pip cache, a model or compile cache) is one host directory under
-`state_dir/caches/<pool>/` shared by every pod of the pool: it outlives resets and pods. A
+A `keep_paths` entry (a uv/pip cache, a model or compile cache) is a host directory private to the pod
+(`pods/<name>/kept/`) that resets leave alone; its content outlives the pod in the pod's caller's own
+store (`broker.backends.kept`), never in a directory another caller's pod binds. A
 `wipe_paths` entry is a directory private to the pod (`pods/<name>/volumes/`), which every reset
 empties. Both are writable by the sandbox uid; reset leaves mount points and kept paths alone. A path
 the pool's template already binds is the operator's own volume and gets nothing more.
@@ -13,6 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from broker.backends.kept import KEPT_DIR
 from broker.backends.sandboxing import (
     SANDBOX_DEPS,
     SANDBOX_PKG,
@@ -27,6 +29,11 @@ _RESERVED = ("/", "/proc", "/dev", "/usr", "/etc", "/tmp", "/dev/shm", SANDBOX_W
              SANDBOX_RUN, SANDBOX_DEPS)
 
 
+def kept_slugs(pool: PoolSpec) -> list[str]:
+    """The host directory names of the pool's kept paths (under a pod's and a caller's cache root)."""
+    return [_slug(os.path.normpath(p)) for p in pool.keep_paths]
+
+
 def _slug(path: str) -> str:
     readable = path.strip("/").replace("/", "_")[:40] or "root"
     return f"{readable}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
@@ -36,7 +43,7 @@ def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs, template: tuple
     """Writable binds for the pool's keep and wipe paths; ValueError for a path a pod cannot own."""
     binds = []
     bound = [b.dst for b in template]
-    for paths, root in ((pool.keep_paths, state_dir / "caches" / pool.name), (pool.wipe_paths, dirs.volumes)):
+    for paths, root in ((pool.keep_paths, dirs.root / KEPT_DIR), (pool.wipe_paths, dirs.volumes)):
         for raw in paths:
             path = os.path.normpath(raw)
             if path in _RESERVED:

@@ -39,6 +39,17 @@ def caller_store(state_dir: Path, pool: str, caller: str) -> Path:
     return state_dir / "caches" / pool / "callers" / digest
 
 
+def _same_owner(dst: Path, st: os.stat_result) -> None:
+    """A created entry keeps its source's owner and mode: a broker running as root merges files of the
+    sandbox uid, which must stay usable by that uid in the caller's next pod."""
+    try:
+        os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
+    except PermissionError:
+        pass  # an unprivileged broker: it and the sandbox share one uid already
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(dst, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+
+
 def _place(src: Path, dst: Path, mode: int) -> None:
     if stat.S_ISLNK(mode):
         os.symlink(os.readlink(src), dst)
@@ -49,6 +60,7 @@ def _place(src: Path, dst: Path, mode: int) -> None:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
         shutil.copy2(src, dst, follow_symlinks=False)  # another filesystem, or protected hard links
+        _same_owner(dst, os.lstat(src))
 
 
 def merge_tree(src: Path, dst: Path) -> int:
@@ -70,10 +82,12 @@ def merge_tree(src: Path, dst: Path) -> int:
         for entry in entries:
             target = d / entry.name
             try:
-                mode = entry.stat(follow_symlinks=False).st_mode
+                st = entry.stat(follow_symlinks=False)
+                mode = st.st_mode
                 if stat.S_ISDIR(mode):
                     if not target.is_symlink() and not target.exists():
                         target.mkdir(mode=0o700)
+                        _same_owner(target, st)
                         added += 1
                     if target.is_dir() and not target.is_symlink():
                         stack.append((Path(entry.path), target))

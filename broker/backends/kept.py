@@ -66,7 +66,9 @@ def _place(src: Path, dst: Path, mode: int) -> None:
 def merge_tree(src: Path, dst: Path) -> int:
     """Add to `dst` every file, symlink and directory of `src` that `dst` lacks; returns the entries added.
 
-    Walks without following symlinks and without recursion (a hostile tree may be deep)."""
+    Walks without following symlinks and without recursion (a hostile tree may be deep); entry types come
+    from the directory listing and each target directory is listed once, so a merge with nothing to add
+    costs two listings per directory, not a stat per file."""
     added = 0
     if not src.is_dir() or src.is_symlink():
         return 0
@@ -76,25 +78,27 @@ def merge_tree(src: Path, dst: Path) -> int:
         s, d = stack.pop()
         try:
             entries = list(os.scandir(s))
+            present = {e.name: e.is_dir(follow_symlinks=False) for e in os.scandir(d)}
         except OSError as exc:
             log.warning("kept cache: cannot read %s: %s", s, exc)
             continue
         for entry in entries:
             target = d / entry.name
             try:
-                st = entry.stat(follow_symlinks=False)
-                mode = st.st_mode
-                if stat.S_ISDIR(mode):
-                    if not target.is_symlink() and not target.exists():
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in present:
                         target.mkdir(mode=0o700)
-                        _same_owner(target, st)
+                        _same_owner(target, entry.stat(follow_symlinks=False))
                         added += 1
-                    if target.is_dir() and not target.is_symlink():
-                        stack.append((Path(entry.path), target))
-                elif (stat.S_ISREG(mode) or stat.S_ISLNK(mode)) and not os.path.lexists(target):
-                    _place(Path(entry.path), target, mode)
+                    elif not present[entry.name]:
+                        continue  # a file or a link stands there: never descend through it
+                    stack.append((Path(entry.path), target))
+                elif entry.name not in present and (entry.is_symlink() or entry.is_file(follow_symlinks=False)):
+                    _place(Path(entry.path), target, entry.stat(follow_symlinks=False).st_mode)
                     added += 1
-            except OSError as exc:  # one bad entry (a race with nothing, a full disk) skips that entry
+            except FileExistsError:
+                pass  # another pod of the same caller merged the same entry first
+            except OSError as exc:  # one bad entry (a full disk, an unreadable file) skips that entry
                 log.warning("kept cache: skipped %s: %s", entry.path, exc)
     return added
 

@@ -173,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
     t.set_defaults(fn=cmds.cmd_token_add)
 
+    p = _subparser(sub, "cache", "operator's shared read-only caches (a pool's shared_paths)")
+    p.set_defaults(fn=None)
+    csub = p.add_subparsers(dest="cache_command", metavar="COMMAND")
+    c = _subparser(csub, "dir", "print (and create) the host directory an operator fills for a pool's shared path")
+    c.add_argument("pool", help="the pool")
+    c.add_argument("path", help="the shared path as the pool's shared_paths lists it (absolute)")
+    c.add_argument("--state-dir", help="the broker's state dir (default: $FIREPOOL_STATE_DIR, else "
+                                       "$XDG_DATA_HOME/firepool)")
+    c.set_defaults(fn=cmds.cmd_cache_dir)
+
     p = _subparser(sub, "bench", "run a benchmark and print ours beside the paper's figures")
     p.add_argument("name", choices=BENCHMARKS, help="the benchmark")
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")

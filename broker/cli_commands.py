@@ -84,6 +84,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings)
 
 
+def cmd_cache_dir(args: argparse.Namespace) -> int:
+    """The host side of a shared cache: every pod of the pool binds it read-only; only the operator writes it."""
+    from broker.backends.volumes import shared_dir
+
+    if not args.path.startswith("/"):
+        raise UsageError(f"{args.path}: a shared path is absolute, as in the pool's shared_paths")
+    if not args.pool or "/" in args.pool or args.pool in (".", ".."):
+        raise UsageError(f"{args.pool!r} is not a pool name")
+    path = shared_dir(state_dir_for(args.state_dir), args.pool, args.path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    print(path)
+    return 0
+
+
 def cmd_token_add(args: argparse.Namespace) -> int:
     """Print a new token once; the tokens file keeps only its sha256 digest."""
     from broker.api.auth import add_token

@@ -39,10 +39,19 @@ def _slug(path: str) -> str:
     return f"{readable}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
+def shared_dir(state_dir: Path, pool: str, path: str) -> Path:
+    """The host directory of a pool's `shared_paths` entry: filled by the operator, read-only in every pod."""
+    return state_dir / "caches" / pool / "shared" / _slug(os.path.normpath(path))
+
+
 def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs, template: tuple[Bind, ...] = ()) -> tuple[Bind, ...]:
-    """Writable binds for the pool's keep and wipe paths; ValueError for a path a pod cannot own."""
+    """Binds for the pool's keep, wipe (writable) and shared (read-only) paths; ValueError for a path a pod
+    cannot own or one listed twice."""
     binds = []
     bound = [b.dst for b in template]
+    listed = [os.path.normpath(p) for p in (*pool.keep_paths, *pool.wipe_paths, *pool.shared_paths)]
+    if len(set(listed)) < len(listed):
+        raise ValueError("a path is listed twice among keep_paths, wipe_paths and shared_paths")
     for paths, root in ((pool.keep_paths, dirs.root / KEPT_DIR), (pool.wipe_paths, dirs.volumes)):
         for raw in paths:
             path = os.path.normpath(raw)
@@ -51,6 +60,12 @@ def volume_binds(state_dir: Path, pool: PoolSpec, dirs: PodDirs, template: tuple
             if any(path == dst or path.startswith(dst.rstrip("/") + "/") for dst in bound):
                 continue
             binds.append(Bind(str(root / _slug(path)), path, ro=False))
+    for raw in pool.shared_paths:
+        path = os.path.normpath(raw)
+        if path in _RESERVED:
+            raise ValueError(f"{raw} is reserved and cannot be a shared cache")
+        if not any(path == dst or path.startswith(dst.rstrip("/") + "/") for dst in bound):
+            binds.append(Bind(str(shared_dir(state_dir, pool.name, path)), path, ro=True))
     return tuple(binds)
 
 
@@ -59,7 +74,9 @@ def make_volume_dirs(binds: tuple[Bind, ...], uid: int | None) -> None:
     for bind in binds:
         src = Path(bind.src)
         src.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not src.exists():
+        if not src.exists() and bind.ro:
+            src.mkdir(mode=0o755)  # a shared cache: the broker's, filled by the operator, read by every pod
+        elif not src.exists():
             src.mkdir(mode=0o700)
             if uid is not None:
                 os.chown(src, uid, uid)

@@ -3,6 +3,10 @@ never another caller's (real broker, bubblewrap sandboxes)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.integration.conftest import run_job
@@ -44,3 +48,18 @@ def test_a_kept_path_reaches_the_callers_later_pods_and_never_another_caller(bro
     # On the host: one store per caller, none bound into any sandbox of the other.
     stores = sorted(p.name for p in (b.state_dir / "caches" / "cpu" / "callers").iterdir())
     assert len(stores) == 2
+
+
+def test_a_shared_cache_is_filled_by_the_operator_and_read_only_to_every_job(broker_factory) -> None:
+    b = broker_factory(pools=POOLS + "    shared_paths: [/cache/shared]\n")
+    made = subprocess.run([sys.executable, "-m", "broker.cli", "cache", "dir", "cpu", "/cache/shared",
+                           "--state-dir", str(b.state_dir)], capture_output=True, text=True, check=True)
+    host = Path(made.stdout.strip())
+    (host / "model.bin").write_text("weights")  # the operator's warm step, on the host
+    (host / "model.bin").chmod(0o644)
+    for caller in ("alice", "bob"):
+        c = b.client(caller)
+        job = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "cat /cache/shared/model.bin; "
+                                                     "touch /cache/shared/planted 2>/dev/null || echo ' refused'"]})
+        assert output(c, job) == "weights refused\n"
+    assert sorted(p.name for p in host.iterdir()) == ["model.bin"]

@@ -62,8 +62,16 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--backend", default="local", choices=["local"], help="where pods run")
     p.add_argument("--pools", metavar="FILE", help="pool catalog YAML (default: the embedded catalog: `cpu`, "
                                                    "and `gpu` when the machine has GPUs)")
-    p.add_argument("--tokens", metavar="FILE", help="JSON object mapping bearer tokens to callers "
-                                                    "(default: one token for the local user, in the state dir)")
+    p.add_argument("--tokens", metavar="FILE", help="JSON object mapping bearer tokens (or their sha256: digests, "
+                                                    "`firepool token add`) to callers (default: one token for the "
+                                                    "local user, in the state dir); docs/security.md")
+    p.add_argument("--jwks", metavar="FILE|URL", help="also accept JWTs (OIDC, Kubernetes service-account tokens) "
+                                                      "signed by a key of this JWKS")
+    p.add_argument("--jwt-audience", help="the audience a JWT must carry (required with --jwks)")
+    p.add_argument("--jwt-issuer", help="the issuer a JWT must carry (default: not checked)")
+    p.add_argument("--jwt-claim", default="sub", help="the JWT claim that names the caller")
+    p.add_argument("--metrics-caller-labels", action="store_true",
+                   help="publish per-caller series (holds by owner) on /metrics (off: no caller names there)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
     p.add_argument("--virtual-gpus", type=int, default=None, help="pretend this many GPUs exist (no NVML)")
@@ -153,6 +161,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subparser(sub, "mcp", "MCP server (stdio, or streamable HTTP with --http): a warm sandbox per conversation")
     mcp_arguments(p)
     p.set_defaults(fn=cmds.cmd_mcp)
+
+    p = _subparser(sub, "token", "manage the broker's tokens file")
+    p.set_defaults(fn=None)
+    tsub = p.add_subparsers(dest="token_command", metavar="COMMAND")
+    t = _subparser(tsub, "add", "create a token for a caller: print it once, store only its hash")
+    t.add_argument("name", help="the caller the token authenticates")
+    t.add_argument("--admin", action="store_true", help="the caller sees every caller's pods, jobs and /metrics")
+    t.add_argument("--tokens", metavar="FILE", help="tokens file to add to, created if missing (default: "
+                                                    "tokens.json in the state dir)")
+    t.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
+    t.set_defaults(fn=cmds.cmd_token_add)
+
+    p = _subparser(sub, "cache", "operator's shared read-only caches (a pool's shared_paths)")
+    p.set_defaults(fn=None)
+    csub = p.add_subparsers(dest="cache_command", metavar="COMMAND")
+    c = _subparser(csub, "dir", "print (and create) the host directory an operator fills for a pool's shared path")
+    c.add_argument("pool", help="the pool")
+    c.add_argument("path", help="the shared path as the pool's shared_paths lists it (absolute)")
+    c.add_argument("--state-dir", help="the broker's state dir (default: $FIREPOOL_STATE_DIR, else "
+                                       "$XDG_DATA_HOME/firepool)")
+    c.set_defaults(fn=cmds.cmd_cache_dir)
 
     p = _subparser(sub, "bench", "run a benchmark and print ours beside the paper's figures")
     p.add_argument("name", choices=BENCHMARKS, help="the benchmark")

@@ -52,6 +52,7 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.api.jwt_auth import JwtSettings
     from broker.pools import load_catalog
     from broker.running.packages import PackageLimits
     from broker.server import ServeSettings, serve
@@ -60,6 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         load_catalog(read_file("--pools", args.pools), source=args.pools)  # a CatalogError here is reported before anything starts
     if args.tokens:
         read_file("--tokens", args.tokens)
+    if args.jwks and not args.jwt_audience:
+        raise UsageError("--jwks needs --jwt-audience (the audience every accepted JWT must carry)")
     state_dir = state_dir_for(args.state_dir)
     running, _ = read_broker_file(state_dir)
     if running:
@@ -75,8 +78,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
         virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
-                               push_timeout_s=args.package_push_timeout), mcp=args.mcp)
+                               push_timeout_s=args.package_push_timeout), mcp=args.mcp,
+        jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
+        metrics_caller_labels=args.metrics_caller_labels)
     return serve(settings)
+
+
+def cmd_cache_dir(args: argparse.Namespace) -> int:
+    """The host side of a shared cache: every pod of the pool binds it read-only; only the operator writes it."""
+    from broker.backends.volumes import shared_dir
+
+    if not args.path.startswith("/"):
+        raise UsageError(f"{args.path}: a shared path is absolute, as in the pool's shared_paths")
+    if not args.pool or "/" in args.pool or args.pool in (".", ".."):
+        raise UsageError(f"{args.pool!r} is not a pool name")
+    path = shared_dir(state_dir_for(args.state_dir), args.pool, args.path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    print(path)
+    return 0
+
+
+def cmd_token_add(args: argparse.Namespace) -> int:
+    """Print a new token once; the tokens file keeps only its sha256 digest."""
+    from broker.api.auth import add_token
+
+    path = Path(args.tokens) if args.tokens else state_dir_for(args.state_dir) / "tokens.json"
+    if path.is_dir():
+        raise UsageError(f"--tokens {path}: is a directory, not a file")
+    try:
+        token = add_token(path, args.name, admin=args.admin)
+    except ValueError as exc:
+        raise UsageError(f"--tokens {path}: {exc}") from None
+    print(token)
+    print(f"stored a hash of this token for caller {args.name!r}{' (admin)' if args.admin else ''} in {path}; "
+          "it is shown only now. Serve with `firepool serve --tokens " f"{path}`; a running broker reads the "
+          "file at start.", file=sys.stderr)
+    return 0
 
 
 def _check_port(host: str, port: int) -> None:

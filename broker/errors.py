@@ -66,6 +66,12 @@ class Unauthorized(FirepoolError):
     status = 401
 
 
+class Forbidden(FirepoolError):
+    """A verified caller asked for what only an admin caller may see."""
+
+    status = 403
+
+
 class NotFound(FirepoolError):
     status = 404
 

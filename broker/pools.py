@@ -97,7 +97,10 @@ class PoolSpec:
     """`boundary`: a new tag empties the caller's pod, which then serves the new session; `hint`: the tag
     only routes (the workspace survives it); `retire`: the paper's rule, one job on the old pod, then it retires."""
     keep_paths: Paths = ()
-    """Paths inside the sandbox that reset never wipes (caches)."""
+    """Paths inside the sandbox that reset never wipes (caches), kept per caller (docs/security.md)."""
+    shared_paths: Paths = ()
+    """Read-only caches shared by every caller of the pool, filled only by the operator on the host
+    (`firepool cache dir POOL PATH` names the directory); no job can write them."""
     wipe_paths: Paths = ()
     """Paths inside the sandbox that reset always empties."""
     env: Annotated[Mapping[str, str], AfterValidator(_variable_names)] = field(default_factory=dict)
@@ -128,6 +131,8 @@ class PoolSpec:
         """Changes when anything that shapes a pod changes; older pods are stale."""
         shape = {"gpus": self.gpus, "accelerator": self.accelerator, "cpus": self.cpus,
                  "template": self.template, "keep": self.keep_paths, "wipe": self.wipe_paths}
+        if self.shared_paths:  # only when set: adding the knob leaves existing pods current
+            shape["shared"] = self.shared_paths
         return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from broker.api.auth import TokenAuth, local_caller, local_token
+from broker.api.jwt_auth import JwtSettings, JwtVerifier
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import BROKER_FILE, DEFAULT_PORT
@@ -55,6 +56,10 @@ class ServeSettings:
     """Limits of code packages (compressed, extracted, push timeout)."""
     mcp: bool = False
     """Also serve the MCP server (streamable HTTP) at /mcp/ on the broker's port (needs the [mcp] extra)."""
+    jwt: JwtSettings | None = None
+    """Also accept JWTs (OIDC, Kubernetes service accounts) verified against this JWKS."""
+    metrics_caller_labels: bool = False
+    """Publish per-caller series (holds by owner) on /metrics; off by default so names stay private."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -86,9 +91,11 @@ def build_catalog(settings: ServeSettings, gpu_count: int, gpu_model: str) -> Ca
 
 
 def build_auth(settings: ServeSettings) -> TokenAuth:
+    jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
     if settings.tokens_file is not None:
-        return TokenAuth.from_file(settings.tokens_file)
-    return TokenAuth({local_token(settings.state_dir): local_caller()})
+        return TokenAuth.from_file(settings.tokens_file, jwt)
+    # The embedded broker's one local user is its operator: it sees its own broker's metrics.
+    return TokenAuth({local_token(settings.state_dir): {"caller": local_caller(), "admin": True}}, jwt)
 
 
 def build_control_plane(settings: ServeSettings) -> ControlPlane:
@@ -161,8 +168,8 @@ def serve(settings: ServeSettings) -> int:
 
     auth = build_auth(settings)
     cp = build_control_plane(settings)
-    app = create_app(cp, auth)
-    mcp_lifespan = _mount_mcp(app, settings) if settings.mcp else None
+    app = create_app(cp, auth, metrics_caller_labels=settings.metrics_caller_labels)
+    mcp_lifespan = _mount_mcp(app, auth, settings) if settings.mcp else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
@@ -195,14 +202,15 @@ def serve(settings: ServeSettings) -> int:
     return 1 if cp.tasks.failure is not None else 0
 
 
-def _mount_mcp(app: object, settings: ServeSettings) -> Any:
-    """Mount the MCP server at /mcp/; its clients use the broker's own tokens."""
+def _mount_mcp(app: object, auth: TokenAuth, settings: ServeSettings) -> Any:
+    """Mount the MCP server at /mcp/; its clients use the broker's own tokens. It forwards a caller's token
+    to the broker, so only plain-text entries serve there (a hashed token cannot be forwarded)."""
     from mcp_server.mounting import mount
 
-    if settings.tokens_file is not None:
-        tokens = json.loads(settings.tokens_file.read_text())
-    else:
-        tokens = {local_token(settings.state_dir): local_caller()}
+    tokens = auth.plain_tokens
+    if len(tokens) < len(auth):
+        log.warning("/mcp/ serves only the callers whose tokens are stored in plain text; hashed ones get a 401 "
+                    "there (run `firepool mcp --http` with a token per caller instead)")
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     return mount(app, broker_url=f"http://{host}:{settings.port}", tokens=tokens, host=settings.host)
 

@@ -12,17 +12,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker import __version__
-from broker.api.auth import TokenAuth
+from broker.api.auth import Identity, TokenAuth
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
 from broker.control import ControlPlane
-from broker.errors import FirepoolError, InvalidRequest, NotFound, UnknownField
+from broker.errors import FirepoolError, Forbidden, InvalidRequest, NotFound, UnknownField
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
+from broker.warmth.poolview import caller_pool_view
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView}, 400: {"model": ErrorView},
+    401: {"model": ErrorView}, 403: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView}, 400: {"model": ErrorView},
 }
 
 
@@ -50,13 +51,20 @@ def current_caller(request: Request, authorization: Annotated[str | None, Header
     return auth.caller(authorization)
 
 
+def current_identity(request: Request, authorization: Annotated[str | None, Header()] = None) -> Identity:
+    """The verified caller of the request's bearer token, with its admin mark."""
+    auth: TokenAuth = request.app.state.auth
+    return auth.identify(authorization)
+
+
 Caller = Annotated[str, Depends(current_caller)]
+Who = Annotated[Identity, Depends(current_identity)]
 
 
-def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
+def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool = False) -> FastAPI:
     app = FastAPI(title="Firepool", version=__version__,
                   description="A broker of warm, isolated GPU sandboxes for agentic and RL workloads.")
-    registry = registry_for(cp)
+    registry = registry_for(cp, caller_labels=metrics_caller_labels)
     app.state.auth = auth
 
     @app.exception_handler(FirepoolError)
@@ -80,8 +88,10 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
                 "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    @app.get("/metrics", responses={401: {"model": ErrorView}, 403: {"model": ErrorView}})
+    async def metrics(who: Who) -> Response:
+        if not who.admin:  # pool-wide figures: an operator's view (docs/security.md)
+            raise Forbidden("/metrics is for callers marked admin in the tokens file")
         return Response(render(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/whoami")
@@ -94,10 +104,17 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
         return JSONResponse(job_view(job, cp.waiting_reason(job.id)), status_code=201 if created else 200)
 
     @app.get("/v1/jobs", responses=ERRORS)
-    async def list_jobs(who: Caller, state: Annotated[list[JobState] | None, Query()] = None,
+    async def list_jobs(who: Who, state: Annotated[list[JobState] | None, Query()] = None,
                         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                        before: str | None = None) -> dict[str, Any]:
-        jobs = await cp.list_jobs(who, states=state, limit=limit, before=before)
+                        before: str | None = None, caller: str | None = None) -> dict[str, Any]:
+        if who.admin:  # an operator lists every caller's jobs, or one caller's with ?caller=
+            states = list(state) if state is not None else None
+            jobs = await cp.book.io(lambda: cp.store.list_jobs(caller=caller, states=states, limit=limit,
+                                                               before=before))
+        elif caller is not None and caller != who.caller:
+            raise Forbidden("only admin callers list another caller's jobs", {"field": "caller"})
+        else:
+            jobs = await cp.list_jobs(who.caller, states=state, limit=limit, before=before)
         return {"jobs": [job_view(j, cp.waiting_reason(j.id)) for j in jobs],
                 "next": jobs[-1].id if len(jobs) == limit else None}
 
@@ -151,12 +168,16 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
         return await cp.end_session(who, tag, queue)
 
     @app.get("/v1/pools", responses=ERRORS)
-    async def pools(who: Caller) -> dict[str, Any]:
-        return {"pools": cp.pools_view()}
+    async def pools(who: Who) -> dict[str, Any]:
+        views = cp.pools_view()
+        return {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views]}
 
     @app.get("/v1/pods", responses=ERRORS)
-    async def pods(who: Caller, pool: str | None = None) -> dict[str, Any]:
-        return {"pods": cp.pods_view(pool), "isolated": cp.backend_isolated}
+    async def pods(who: Who, pool: str | None = None) -> dict[str, Any]:
+        views = cp.pods_view(pool)
+        # A caller sees its own pods only: another's names, sessions (tags) and jobs are not its business.
+        return {"pods": views if who.admin else [v for v in views if v["caller"] == who.caller],
+                "isolated": cp.backend_isolated}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

@@ -15,8 +15,9 @@ from broker.warmth.poolview import GAUGE_FIELDS
 
 
 class _Collector:
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, caller_labels: bool) -> None:
         self.cp = cp
+        self.caller_labels = caller_labels
 
     def collect(self) -> Iterator[Metric]:
         stats = self.cp.stats
@@ -45,7 +46,7 @@ class _Collector:
         for pool in self.cp.catalog.pools:
             queued.add_metric([pool], q.get(pool, 0))
         yield queued
-        yield from _pool_gauges(self.cp)
+        yield from _pool_gauges(self.cp, self.caller_labels)
         done = CounterMetricFamily("firepool_jobs_finished", "Jobs that reached a terminal state",
                                    labels=["pool", "state"])
         for (pool, state), n in sorted(stats.jobs_finished.items()):
@@ -61,8 +62,9 @@ class _Collector:
         yield created
 
 
-def _pool_gauges(cp: ControlPlane) -> Iterator[Metric]:
-    """The `/v1/pools` view as gauges: one family per field, labelled by pool."""
+def _pool_gauges(cp: ControlPlane, caller_labels: bool) -> Iterator[Metric]:
+    """The `/v1/pools` view as gauges: one family per field, labelled by pool. Holds by owner name their
+    callers, so that family is published only when the operator asks (`--metrics-caller-labels`)."""
     views = cp.pools_view()
     for name in GAUGE_FIELDS:
         g = GaugeMetricFamily(f"firepool_pool_{name}", f"Pool {name.replace('_', ' ')} (see GET /v1/pools)",
@@ -88,12 +90,12 @@ def _pool_gauges(cp: ControlPlane) -> Iterator[Metric]:
         budget.add_metric([accelerator], ledger.used(accelerator))
         cap = ledger.limit(accelerator)
         limit.add_metric([accelerator], math.inf if cap is None else cap)
-    yield from (held, plan, budget, limit)
+    yield from (held, plan, budget, limit) if caller_labels else (plan, budget, limit)
 
 
-def registry_for(cp: ControlPlane) -> CollectorRegistry:
+def registry_for(cp: ControlPlane, *, caller_labels: bool = False) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(cp))
+    registry.register(_Collector(cp, caller_labels))
     return registry
 
 

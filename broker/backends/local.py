@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends import gpus as gpu_discovery
+from broker.backends.kept import KEPT_DIR, caller_store, check_in, check_out
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
@@ -45,6 +46,7 @@ from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
+from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest, ResetResult
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
@@ -64,6 +66,25 @@ def agent_kernels(pool: PoolSpec) -> str:
     if pool.kernels != "auto":
         return pool.kernels
     return "cold" if pool.standbys_per_active > 0 else "learned"
+
+
+class _KeptCacheAgent(HttpAgentClient):
+    """A local pod's agent: its caller's kept caches go in at the pod's first launch, out after each clean
+    reset (`broker.backends.kept`), both while none of the pod's job processes run."""
+
+    def __init__(self, backend: LocalBackend, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._backend = backend
+
+    async def launch(self, request: LaunchRequest) -> AttemptStatus:
+        await self._backend.kept_in(self.pod, request.env.get("FIREPOOL_CALLER", ""))
+        return await super().launch(request)
+
+    async def reset(self, request: ResetRequest) -> ResetResult:
+        result = await super().reset(request)
+        if result.clean:
+            await self._backend.kept_out(self.pod)
+        return result
 
 
 class LocalBackend:
@@ -309,6 +330,8 @@ class LocalBackend:
             os.close(fd)
         if not await self.procs.kill(record, KILL_TIMEOUT_S):
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
+        else:
+            await self.kept_out(name, record)  # nothing of the pod runs: its kept content goes to its caller
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
 
@@ -376,9 +399,44 @@ class LocalBackend:
             if fd is None:
                 fd = self._dir_fds[name] = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             dial = f"/proc/self/fd/{fd}/agent.sock"
-        client = HttpAgentClient(f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
+        client = _KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
         self._clients[name] = client
         return client
+
+    # -- kept caches (per caller) ---------------------------------------------------------------
+
+    async def kept_in(self, name: str, caller: str) -> None:
+        """At a launch: a pod without a caller takes this one for life and gets its kept caches."""
+        record = self._records.get(name)
+        if record is None:
+            raise BackendError(f"pod {name} is gone")
+        owner = record.get("kept_caller")
+        if owner is not None:
+            if owner != caller:  # pods never change callers; a kept cache must not either
+                raise BackendError(f"pod {name} belongs to another caller; refusing the launch")
+            return
+        if not caller:
+            return  # a launch outside the claim path (a benchmark, a test of the agent): no caller's cache
+        record["kept_caller"] = caller
+        self._write(record)  # before any content moves: a restarted broker knows whose it is
+        kept = self._dirs(name).root / KEPT_DIR
+        slugs = sorted(p.name for p in kept.iterdir() if p.is_dir() and not p.is_symlink()) if kept.is_dir() else []
+        if slugs:
+            added = await asyncio.to_thread(check_in, caller_store(self.state_dir, record["pool"], caller), kept,
+                                            slugs)
+            log.debug("pod %s: %d kept entries of its caller checked in", name, added)
+
+    async def kept_out(self, name: str, record: Mapping[str, Any] | None = None) -> None:
+        """After a clean reset or at deletion: the pod's kept content back into its caller's store."""
+        record = record if record is not None else self._records.get(name)
+        caller = record.get("kept_caller") if record is not None else None
+        if record is None or not caller:
+            return
+        try:
+            await asyncio.to_thread(check_out, self._dirs(name).root / KEPT_DIR,
+                                    caller_store(self.state_dir, record["pool"], caller))
+        except OSError as exc:
+            log.warning("pod %s: kept caches not saved for its caller: %s", name, exc)
 
     def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
         """Local pods share the host's network (template `network: host`, the default): rank 0 listens on

@@ -37,3 +37,9 @@ def pool_view(spec: PoolSpec, c: Counts, queued_demand: int, plan: Plan | None, 
                    "limit": ledger.limit(spec.accelerator), "used": ledger.used(spec.accelerator)},
         "last_plan": {"create": plan.create, "retire": len(plan.retire), "reason": plan.reason} if plan else None,
     }
+
+
+def caller_pool_view(view: dict[str, Any], caller: str) -> dict[str, Any]:
+    """A pool as a non-admin caller sees it: pool-wide totals stay, holds by owner shrink to the caller's own."""
+    mine = view["held_by"].get(caller)
+    return {**view, "held_by": {caller: mine} if mine else {}}

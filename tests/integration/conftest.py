@@ -28,15 +28,17 @@ def free_port() -> int:
 
 
 class BrokerProcess:
-    """`firepool serve` as a subprocess; callers alice and bob have tokens."""
+    """`firepool serve` as a subprocess; callers alice, bob and carol have tokens, and `ops` an admin one
+    (an operator's view: every caller's pods, /metrics)."""
 
     def __init__(self, state_dir: Path, *, pools: str | None = None, extra: tuple[str, ...] = (),
                  callers: tuple[str, ...] = ("alice", "bob", "carol")) -> None:
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.tokens = {c: secrets.token_hex(16) for c in callers}
+        self.tokens = {c: secrets.token_hex(16) for c in (*callers, "ops")}
         tokens = state_dir.parent / f"{state_dir.name}-tokens.json"
-        tokens.write_text(json.dumps({t: c for c, t in self.tokens.items()}))
+        tokens.write_text(json.dumps({t: {"caller": c, "admin": True} if c == "ops" else c
+                                      for c, t in self.tokens.items()}))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "broker.cli", "serve", "--port", str(self.port), "--state-dir", str(state_dir),

@@ -115,7 +115,7 @@ def test_an_unclean_reset_deletes_the_pod_and_the_next_job_gets_a_new_one(broker
     second = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "t"})
     assert second["state"] == "SUCCEEDED" and second["acquisition"][0]["pod"] != pod
     assert paths(second) == ["new"]
-    metrics = httpx.get(b.url + "/metrics").text  # every pod of this pool carries the residue
+    metrics = b.client("ops").get("/metrics").text  # every pod of this pool carries the residue
     assert 'firepool_resets_total{clean="false",pool="cpu"}' in metrics, metrics
     assert 'firepool_resets_total{clean="true",pool="cpu"}' not in metrics, metrics
 
@@ -274,4 +274,4 @@ def test_a_bind_under_tmp_survives_the_wipes_of_a_new_session(broker_factory, tm
     text = c.get(f"/v1/jobs/{crossing['id']}/logs").text  # /tmp/mine is gone, the bind is not
     assert text == "".join(sorted([_tmp_baseline(), "models\n"])) + "weights"
     assert first["state"] == crossing["state"] == "SUCCEEDED"
-    assert 'clean="false"' not in httpx.get(b.url + "/metrics").text
+    assert 'clean="false"' not in b.client("ops").get("/metrics").text

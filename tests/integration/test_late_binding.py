@@ -172,18 +172,21 @@ def test_a_failed_install_is_a_dependency_error_and_leaves_no_marker(broker_fact
     assert again["attempts"][-1]["timings"]["deps_marker_hit"] == 0  # every marker went before the failed install
 
 
-def test_kept_paths_outlive_resets_and_are_shared_by_the_pool_while_wiped_paths_are_emptied(broker_factory, wheels):
+def test_kept_paths_outlive_resets_and_pods_per_caller_while_wiped_paths_are_emptied(broker_factory, wheels):
     b = broker_factory(pools=pools_yaml(wheels))
     alice, bob = b.client("alice"), b.client("bob")
     write = ("import pathlib; pathlib.Path('/cache/uv/note').write_text('kept'); "
              "pathlib.Path('/scratch/tmp').write_text('wiped')")
     first = run_job(alice, {"command": ["python3", "-c", write], "lease_tag": "k"})
     assert first["state"] == "SUCCEEDED", first
-    read = ("import os, pathlib; print('kept', pathlib.Path('/cache/uv/note').read_text(), "
-            "'scratch', sorted(os.listdir('/scratch')))")
+    read = ("import os, pathlib; note = pathlib.Path('/cache/uv/note'); "
+            "print('kept', note.read_text() if note.exists() else None, 'scratch', sorted(os.listdir('/scratch')))")
     again = run_job(alice, {"command": ["python3", "-c", read], "lease_tag": "k"})
     assert again["bound_pods"] == first["bound_pods"]
     assert "kept kept scratch []" in alice.get(f"/v1/jobs/{again['id']}/logs").text
     other = run_job(bob, {"command": ["python3", "-c", read]})
-    assert other["bound_pods"] != first["bound_pods"]  # another pod of the pool sees the same cache
-    assert "kept kept scratch []" in bob.get(f"/v1/jobs/{other['id']}/logs").text
+    assert other["bound_pods"] != first["bound_pods"]  # another caller's pod: its own, empty cache
+    assert "kept None scratch []" in bob.get(f"/v1/jobs/{other['id']}/logs").text
+    later = run_job(alice, {"command": ["python3", "-c", read], "single_use": True})
+    assert later["bound_pods"] != first["bound_pods"]  # alice's cache follows her to a new pod
+    assert "kept kept scratch []" in alice.get(f"/v1/jobs/{later['id']}/logs").text

@@ -54,7 +54,7 @@ def _bob_never_gets_the_pod(broker: BrokerProcess, pod: str) -> None:
         assert pod not in (seen.raw.get("bound_pods") or []), seen.raw
         if not seen.terminal:
             bob.cancel(job.id)
-    assert all(p["caller"] in (None, "alice") for p in broker.client().get("/v1/pods").json()["pods"]
+    assert all(p["caller"] in (None, "alice") for p in broker.client("ops").get("/v1/pods").json()["pods"]
                if p["name"] == pod)
 
 

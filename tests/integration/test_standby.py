@@ -74,10 +74,11 @@ def test_the_mapping_check_sees_a_loaded_cuda_library(tmp_path: Path) -> None:
 def test_a_standby_runs_only_the_agent_and_never_maps_a_cuda_library(broker_factory) -> None:
     b = broker_factory(pools=gpu_pool())
     c = b.client()
+    ops = b.client("ops")  # standby pods have no caller yet: the operator's view
     job = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "a"})
     assert job["state"] == "SUCCEEDED"
-    standby = wait_for(lambda: next((p for p in pods(c) if p["standby"] and p["state"] == "idle"), None))
-    active = next(p for p in pods(c) if p["name"] == job["bound_pods"][0])
+    standby = wait_for(lambda: next((p for p in pods(ops) if p["standby"] and p["state"] == "idle"), None))
+    active = next(p for p in pods(ops) if p["name"] == job["bound_pods"][0])
     assert standby["gpus"] == active["gpus"]  # pinned to the active pod's card
     pid = agent_pid(b, standby["name"])
     maps = Path(f"/proc/{pid}/maps").read_text()
@@ -96,8 +97,9 @@ def test_a_standby_is_promoted_only_after_the_previous_jobs_tree_is_gone(broker_
     # reuse_tag: retire, the paper's rule: the boundary-crossing pod retires and the standby takes over.
     b = broker_factory(pools=gpu_pool(f", reuse_tag: retire, template: {{binds: [{{src: {shared}, dst: /shared, ro: false}}]}}"))
     c = b.client()
+    ops = b.client("ops")  # standby pods have no caller yet: the operator's view
     first = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "a"})
-    wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(c)))
+    wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(ops)))
     # Job 2 (a new tag: it runs once on the old pod) leaves a child holding a lock after rank 0 exits.
     holder = ("import fcntl, os, time\n"
               "f = open('/shared/lock', 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
@@ -123,8 +125,8 @@ def test_a_standby_is_promoted_only_after_the_previous_jobs_tree_is_gone(broker_
     assert second["state"] == "SUCCEEDED" and paths(second) == ["recycled"]
     assert third["bound_pods"] != first["bound_pods"]
     # The old pod retired off the critical path and a fresh standby was staged into the open slot.
-    wait_for(lambda: first["bound_pods"][0] not in {p["name"] for p in pods(c)})
-    wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(c)))
+    wait_for(lambda: first["bound_pods"][0] not in {p["name"] for p in pods(ops)})
+    wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(ops)))
 
 
 def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt(broker_factory) -> None:
@@ -148,12 +150,13 @@ def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt
 def test_a_restarted_broker_restores_its_standbys_and_promotes_them_after_the_sweep(broker_factory) -> None:
     b = broker_factory(pools=gpu_pool())
     c = b.client()
+    ops = b.client("ops")  # standby pods have no caller yet: the operator's view
     first = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "a"})
-    standby = wait_for(lambda: next((p for p in pods(c) if p["standby"] and p["state"] == "idle"), None))
+    standby = wait_for(lambda: next((p for p in pods(ops) if p["standby"] and p["state"] == "idle"), None))
     b.kill()
     b.start()
     c = b.client("bob")
-    restored = {p["name"]: p for p in pods(c)}
+    restored = {p["name"]: p for p in pods(ops)}
     assert restored[standby["name"]]["standby"] and not restored[first["bound_pods"][0]]["standby"]
     job = run_job(c, {"pool": "gpu", "command": ["true"], "lease_tag": "b"})
     assert job["state"] == "SUCCEEDED" and paths(job) == ["standby"]  # alice's pod stays held for her

@@ -51,10 +51,10 @@ def test_a_pod_past_the_budget_is_borrowed_and_given_back_when_the_owner_reclaim
     _until(lambda: alice.get(f"/v1/jobs/{first['id']}").json()["state"] == "SUCCEEDED", 30, "first job done")
     pool = _pool(alice)
     assert {second["acquisition"][0]["pod"], alice.get(f"/v1/jobs/{first['id']}").json()["acquisition"][0]["pod"]} \
-        == {p["name"] for p in alice.get("/v1/pods").json()["pods"]}, pool
+        == {p["name"] for p in b.client("ops").get("/v1/pods").json()["pods"]}, pool
     assert pool["physical"] == 2 and pool["borrowed"] == 1
     assert pool["budget"]["limit"] == 1.0 and pool["budget"]["used"] == 1.0
-    metrics = alice.get("/metrics").text
+    metrics = b.client("ops").get("/metrics").text
     assert 'firepool_pool_borrowed{pool="gpu"} 1.0' in metrics
     capacity.write_text(json.dumps({"virtual": 0}))  # the owner reclaims its GPU
     _until(lambda: _pool(alice)["borrowed"] == 0 and _pool(alice)["physical"] == 1, 25, "borrowed pod released")
@@ -64,13 +64,14 @@ def test_sighup_with_a_changed_template_drains_old_pods_and_jobs_still_succeed(b
     b = broker_factory(pools=POOLS.format(delay=0).replace("budgets: {virtual: 1}", "budgets: {virtual: 2}"))
     alice = b.client("alice")
     assert run_job(alice, {"pool": "gpu", "command": ["true"]})["state"] == "SUCCEEDED"
-    old = {p["name"] for p in alice.get("/v1/pods").json()["pods"]}
+    ops = b.client("ops")  # the operator's view: pods of every caller and none
+    old = {p["name"] for p in ops.get("/v1/pods").json()["pods"]}
     assert len(old) == 1
     pools_file = b.state_dir.parent / f"{b.state_dir.name}-pools.yaml"
     pools_file.write_text(POOLS.format(delay=0.2).replace("budgets: {virtual: 1}", "budgets: {virtual: 2}"))
     assert b.proc is not None
     b.proc.send_signal(signal.SIGHUP)
-    _until(lambda: not old & {p["name"] for p in alice.get("/v1/pods").json()["pods"]}, 20, "old pod drained")
+    _until(lambda: not old & {p["name"] for p in ops.get("/v1/pods").json()["pods"]}, 20, "old pod drained")
     job = run_job(alice, {"pool": "gpu", "command": ["true"]})
     assert job["state"] == "SUCCEEDED" and job["acquisition"][0]["pod"] not in old
     assert _pool(alice)["stale"] == 0 and "catalog reloaded" in b.log()

@@ -9,13 +9,13 @@ from broker.api.app import create_app
 from broker.api.auth import TokenAuth
 from tests.unit.harness import Harness, cpu_pool
 
-ALICE, BOB = "alice-token", "bob-token"
+ALICE, BOB, OPS = "alice-token", "bob-token", "ops-token"
 
 
 @pytest.fixture
 async def api():
     h = await Harness([cpu_pool()]).start()
-    app = create_app(h.cp, TokenAuth({ALICE: "alice", BOB: "bob"}))
+    app = create_app(h.cp, TokenAuth({ALICE: "alice", BOB: "bob", OPS: {"caller": "ops", "admin": True}}))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fp") as http:
         http.h = h  # type: ignore[attr-defined]
         yield http
@@ -137,7 +137,7 @@ async def test_pools_pods_healthz_and_metrics(api) -> None:
     pods = (await api.get("/v1/pods", headers=auth())).json()["pods"]
     assert pods[0]["caller"] == "alice" and pods[0]["held"] is True
     assert (await api.get("/healthz")).json()["ok"] is True
-    metrics = (await api.get("/metrics")).text
+    metrics = (await api.get("/metrics", headers=auth(OPS))).text
     assert 'firepool_acquisitions_total{path="new",pool="cpu"} 1.0' in metrics
     assert "firepool_start_latency_seconds_bucket" in metrics
     assert 'firepool_pods{pool="cpu",state="held"} 1.0' in metrics

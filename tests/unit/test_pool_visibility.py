@@ -23,7 +23,7 @@ async def test_pools_view_and_gauges_show_knobs_counts_demand_and_the_last_plan(
     capacity = StaticCapacitySource({"fake-gpu": 1})
     h = await Harness([cpu_pool(), gpu_pool(max_count=3, borrow=True, caller_hold_seconds=600.0)], gpus=3,
                       budgets={"fake-gpu": 1}, capacity=capacity).start()
-    app = create_app(h.cp, TokenAuth({"t": "alice"}))
+    app = create_app(h.cp, TokenAuth({"t": {"caller": "ops", "admin": True}}), metrics_caller_labels=True)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fp") as http:
             for caller in ("alice", "bob", "carol"):
@@ -38,7 +38,7 @@ async def test_pools_view_and_gauges_show_knobs_counts_demand_and_the_last_plan(
             assert gpu["queued_demand"] == 1 and sorted(gpu["held_by"]) == ["alice", "bob"]
             assert gpu["budget"] == {"accelerator": "fake-gpu", "units_per_pod": 1.0, "limit": 1.0, "used": 1.0}
             assert "budget" in gpu["last_plan"]["reason"]
-            metrics = (await http.get("/metrics")).text
+            metrics = (await http.get("/metrics", headers={"Authorization": "Bearer t"})).text
             assert 'firepool_pool_physical{pool="gpu"} 2.0' in metrics
             assert 'firepool_pool_borrowed{pool="gpu"} 1.0' in metrics
             assert 'firepool_pool_queued_demand{pool="gpu"} 1.0' in metrics

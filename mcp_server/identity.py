@@ -30,15 +30,24 @@ def _digest(token: str) -> str:
 
 
 def read_token_file(path: Path) -> dict[str, str]:
-    """A JSON object token -> caller (the broker's `--tokens` format)."""
+    """Plain token -> caller, from the broker's `--tokens` format: a value is a caller name or
+    `{"caller": NAME, "admin": BOOL}`. Hashed keys (`sha256:...`) cannot be sent on, so they are refused."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read token file {path}: {exc}") from exc
-    if not isinstance(data, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
-                                             for k, v in data.items()):
-        raise ValueError(f"token file {path} must hold a JSON object mapping non-empty tokens to caller names")
-    return data
+    shape = f"token file {path} must hold a JSON object mapping non-empty plain tokens to caller names"
+    if not isinstance(data, dict):
+        raise ValueError(shape)
+    tokens: dict[str, str] = {}
+    for key, value in data.items():
+        caller = value.get("caller") if isinstance(value, dict) else value
+        if not (isinstance(key, str) and key and isinstance(caller, str) and caller):
+            raise ValueError(shape)
+        if key.startswith("sha256:"):
+            raise ValueError(f"token file {path}: {caller!r} is stored hashed; the MCP server needs its plain token")
+        tokens[key] = caller
+    return tokens
 
 
 class FileTokenVerifier:

@@ -91,3 +91,14 @@ async def test_http_tokens_verify_only_callers_the_server_can_act_for() -> None:
     assert await verifier.verify_token("mcp-b") is None  # bob has no broker credential here
     assert await verifier.verify_token("broker-secret") is None
     assert await FileTokenVerifier({"t": "carol"}).verify_token("t") is not None
+
+
+def test_token_files_in_the_brokers_object_form_are_read_and_hashed_ones_refused(tmp_path: Path) -> None:
+    from mcp_server.identity import read_token_file
+
+    f = tmp_path / "tokens.json"
+    f.write_text('{"t1": "alice", "t2": {"caller": "ops", "admin": true}}')
+    assert read_token_file(f) == {"t1": "alice", "t2": "ops"}
+    f.write_text('{"sha256:' + "0" * 64 + '": "alice"}')
+    with pytest.raises(ValueError, match="stored hashed"):
+        read_token_file(f)

@@ -75,7 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
         virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
-                               push_timeout_s=args.package_push_timeout), mcp=args.mcp)
+                               push_timeout_s=args.package_push_timeout), mcp=args.mcp,
+        max_request_bytes=args.max_request_bytes)
     return serve(settings)
 
 

@@ -55,6 +55,8 @@ class ServeSettings:
     """Limits of code packages (compressed, extracted, push timeout)."""
     mcp: bool = False
     """Also serve the MCP server (streamable HTTP) at /mcp/ on the broker's port (needs the [mcp] extra)."""
+    max_request_bytes: int = 2 << 20
+    """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -161,7 +163,7 @@ def serve(settings: ServeSettings) -> int:
 
     auth = build_auth(settings)
     cp = build_control_plane(settings)
-    app = create_app(cp, auth)
+    app = create_app(cp, auth, max_request_bytes=settings.max_request_bytes)
     mcp_lifespan = _mount_mcp(app, settings) if settings.mcp else None
 
     @contextlib.asynccontextmanager

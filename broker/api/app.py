@@ -28,6 +28,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
                 "in the same error shape"},
 }
 TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorView"}}}
+TEXT_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"content": _ERROR_JSON, "description": spec.get("description", "Error")} for code, spec in ERRORS.items()}
+"""ERRORS for a route whose success is text: its errors are still JSON (a `model` would say text/plain)."""
 
 
 def _error_response(exc: FirepoolError) -> JSONResponse:
@@ -78,7 +82,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *,
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
                 "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
 
-    @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **ERRORS})
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics() -> Response:
         return Response(render(registry), media_type="text/plain; version=0.0.4")
 
@@ -115,7 +119,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *,
         job = await cp.signal(who, job_id, body.signal)
         return JSONResponse(job_view(job))
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses={200: TEXT, **ERRORS})
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def logs(job_id: str, who: Caller, stream: str = "combined", follow: bool = True,
                    attempt: Annotated[int | None, Query(ge=0, le=1 << 31)] = None,
                    offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> StreamingResponse:

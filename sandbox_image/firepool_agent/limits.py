@@ -73,10 +73,13 @@ def exec_bytes(argv: Iterable[str], env: Mapping[str, str]) -> int:
 
 
 def check_argv(argv: Iterable[str], field: str = "command") -> None:
-    """Each argument: no NUL, no lone surrogate, at most MAX_ARG_BYTES; at most MAX_ARGV_ITEMS of them."""
+    """A program name, then arguments: no NUL, no lone surrogate, each at most MAX_ARG_BYTES; at most
+    MAX_ARGV_ITEMS of them."""
     items = list(argv)
     if len(items) > MAX_ARGV_ITEMS:
         raise LimitError(field, f"{field} has {len(items)} arguments; at most {MAX_ARGV_ITEMS}", MAX_ARGV_ITEMS)
+    if items and not items[0]:
+        raise LimitError(f"{field}.0", f"{field}[0], the program to run, is empty")
     for i, arg in enumerate(items):
         problem = text_problem(arg)
         if problem is not None:

@@ -73,6 +73,12 @@ async def test_nul_is_refused_the_same_way_in_argv_env_tags_and_keys(api, body, 
     assert api.h.store.list_jobs() == []
 
 
+async def test_an_empty_program_name_is_a_422_not_a_launch_failure(api) -> None:
+    err = shaped(await api.post("/v1/jobs", json={"pool": "cpu", "command": ["", "x"]}, headers=AUTH),
+                 422, "InvalidRequest")
+    assert err["details"]["field"] == "command.0"
+
+
 @pytest.mark.parametrize("tag", ["line\nbreak", "bell\x07", "del\x7f", "c1\x85", "x" * 256])
 async def test_a_lease_tag_is_printable_and_at_most_255_characters(api, tag) -> None:
     r = await api.post("/v1/jobs", json={"pool": "cpu", "command": ["echo"], "lease_tag": tag}, headers=AUTH)

@@ -66,6 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"a broker is already running for state dir {state_dir} at {running}: use it, stop it, "
                          "or give this one another --state-dir")
     _check_port(args.host, args.port)
+    if args.max_request_bytes < 4096:
+        raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else

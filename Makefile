@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test unit integration lint bench clean
+.PHONY: demo test unit integration lint bench clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest tests/integration -q -m integration
+
+# The long API fuzzing run (the short one is part of `make integration`): more examples, stateful sequences.
+fuzz: $(STAMP)
+	FIREPOOL_FUZZ_EXAMPLES=$${FIREPOOL_FUZZ_EXAMPLES:-200} FIREPOOL_FUZZ_PHASES=coverage,fuzzing,stateful \
+	  $(BIN)/pytest tests/integration/test_fuzz.py -q -m integration -s
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker mcp_server jupyter_ext sandbox_image bench examples tests

@@ -84,6 +84,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--mcp", action="store_true", help="also serve the MCP server at /mcp/ (docs/mcp.md)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="broker log level")
+    p.add_argument("--max-request-bytes", type=int, default=2 << 20,
+                   help="largest JSON request body; larger ones get 413 RequestTooLarge (packages have their own)")
     p.add_argument("--package-max-bytes", type=int, default=512 << 20, help="compressed size limit of a package")
     p.add_argument("--package-max-extracted", type=int, default=2_000_000_000,
                    help="bytes a package may write when unpacked (zip-bomb guard)")

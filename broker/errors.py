@@ -6,7 +6,9 @@
     ├── PackageError (4xx)        └── QuotaExceeded (429)
     │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
     │   └── PayloadTooLarge (413: compressed or extracted limit)
-    └── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
+    ├── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
+    └── at the API's door: MethodNotAllowed (405), RequestTooLarge (413), UnsupportedMediaType (415),
+        InternalError (500: an unhandled exception, logged with its traceback)
 
 Adapters translate library errors (SQLAlchemy, httpx, kubernetes) into these with `raise ... from`.
 The SDK maps the wire `class` back to the same names, so callers switch on one vocabulary.
@@ -122,6 +124,28 @@ class BackendError(FirepoolError):
 
 class AgentError(BackendError):
     """A pod agent could not be reached or refused a request."""
+
+
+class MethodNotAllowed(FirepoolError):
+    """The route exists but not for this method; the response's `Allow` header lists those it serves."""
+
+    status = 405
+
+
+class RequestTooLarge(FirepoolError):
+    """A JSON request body over the broker's `--max-request-bytes`."""
+
+    status = 413
+
+
+class UnsupportedMediaType(FirepoolError):
+    status = 415
+
+
+class InternalError(FirepoolError):
+    """A bug: an exception no handler expected (the broker log has the traceback)."""
+
+    status = 500
 
 
 def all_error_classes() -> dict[str, type[FirepoolError]]:

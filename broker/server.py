@@ -60,6 +60,8 @@ class ServeSettings:
     """Also accept JWTs (OIDC, Kubernetes service accounts) verified against this JWKS."""
     metrics_caller_labels: bool = False
     """Publish per-caller series (holds by owner) on /metrics; off by default so names stay private."""
+    max_request_bytes: int = 2 << 20
+    """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -168,7 +170,8 @@ def serve(settings: ServeSettings) -> int:
 
     auth = build_auth(settings)
     cp = build_control_plane(settings)
-    app = create_app(cp, auth, metrics_caller_labels=settings.metrics_caller_labels)
+    app = create_app(cp, auth, metrics_caller_labels=settings.metrics_caller_labels,
+                     max_request_bytes=settings.max_request_bytes)
     mcp_lifespan = _mount_mcp(app, auth, settings) if settings.mcp else None
 
     @contextlib.asynccontextmanager

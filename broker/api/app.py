@@ -8,28 +8,36 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from broker import __version__
+from broker.api import door
 from broker.api.auth import Identity, TokenAuth
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
 from broker.control import ControlPlane
-from broker.errors import FirepoolError, Forbidden, InvalidRequest, NotFound, UnknownField
+from broker.errors import FirepoolError, Forbidden, InvalidRequest, UnknownField
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
 from broker.warmth.poolview import caller_pool_view
+from firepool_agent.limits import MAX_LOG_OFFSET
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorView}, 403: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView}, 400: {"model": ErrorView},
+    401: {"model": ErrorView}, 403: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView},
+    400: {"model": ErrorView},
+    "default": {"model": ErrorView, "description": "Any other failure (405, 409, 413, 415, 429, 5xx), "
+                "in the same error shape"},
 }
+TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorView"}}}
+TEXT_ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"content": _ERROR_JSON, "description": spec.get("description", "Error")} for code, spec in ERRORS.items()}
+"""ERRORS for a route whose success is text: its errors are still JSON (a `model` would say text/plain)."""
 
 
 def _error_response(exc: FirepoolError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
+    return door.error_response(exc)
 
 
 def _validation_error(exc: RequestValidationError) -> FirepoolError:
@@ -42,7 +50,8 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
     details = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg", "")}
                for e in errors]
     first = details[0] if details else {"field": "", "problem": "invalid request"}
-    return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}", {"errors": details})
+    return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}",
+                          {"field": first["field"] or "body", "errors": details})
 
 
 def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
@@ -61,9 +70,11 @@ Caller = Annotated[str, Depends(current_caller)]
 Who = Annotated[Identity, Depends(current_identity)]
 
 
-def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool = False) -> FastAPI:
+def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool = False,
+               max_request_bytes: int = door.DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     app = FastAPI(title="Firepool", version=__version__,
                   description="A broker of warm, isolated GPU sandboxes for agentic and RL workloads.")
+    door.install(app, max_request_bytes)
     registry = registry_for(cp, caller_labels=metrics_caller_labels)
     app.state.auth = auth
 
@@ -75,26 +86,18 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _error_response(_validation_error(exc))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            return _error_response(NotFound(str(exc.detail)))
-        err = InvalidRequest(str(exc.detail))
-        err.status = exc.status_code
-        return _error_response(err)
-
-    @app.get("/healthz")
+    @app.get("/healthz", responses=ERRORS)
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
                 "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
 
-    @app.get("/metrics", responses={401: {"model": ErrorView}, 403: {"model": ErrorView}})
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics(who: Who) -> Response:
         if not who.admin:  # pool-wide figures: an operator's view (docs/security.md)
             raise Forbidden("/metrics is for callers marked admin in the tokens file")
         return Response(render(registry), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/whoami")
+    @app.get("/v1/whoami", responses=ERRORS)
     async def whoami(who: Caller) -> dict[str, str]:
         return {"caller": who}
 
@@ -134,10 +137,10 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         job = await cp.signal(who, job_id, body.signal)
         return JSONResponse(job_view(job))
 
-    @app.get("/v1/jobs/{job_id}/logs", responses=ERRORS)
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def logs(job_id: str, who: Caller, stream: str = "combined", follow: bool = True,
-                   attempt: Annotated[int | None, Query(ge=0)] = None,
-                   offset: Annotated[int, Query(ge=0)] = 0) -> StreamingResponse:
+                   attempt: Annotated[int | None, Query(ge=0, le=1 << 31)] = None,
+                   offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> StreamingResponse:
         if stream not in STREAMS:
             raise InvalidRequest(f"stream must be one of {', '.join(STREAMS)}", {"field": "stream"})
         first = await cp.read_log(who, job_id, stream=stream, offset=offset, attempt=attempt,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from broker.control import ControlPlane
@@ -35,11 +36,14 @@ async def _stage(request: Request, store: PackageStore) -> Path:
     return upload.path
 
 
+Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the zip, lower-case hex.")]
+
+
 def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict[int | str, dict[str, Any]]) -> None:
     """Mount the package routes; `caller` is the dependency that yields the verified caller."""
 
     @app.put("/v1/packages/{digest}", status_code=201, responses=errors)
-    async def put_package(digest: str, request: Request, who: str = Depends(caller)) -> JSONResponse:
+    async def put_package(digest: Digest, request: Request, who: str = Depends(caller)) -> JSONResponse:
         check_digest(digest)
         store = _store(cp)
         if request.headers.get("content-type", "application/zip").split(";")[0].strip() not in (
@@ -51,7 +55,7 @@ def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict
                             status_code=201 if stored.created else 200)
 
     @app.head("/v1/packages/{digest}", responses=errors)
-    async def head_package(digest: str, who: str = Depends(caller)) -> Response:
+    async def head_package(digest: Digest, who: str = Depends(caller)) -> Response:
         path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
         if path is None:
             raise NotFound(f"no package {digest}", {"digest": digest})
@@ -59,7 +63,7 @@ def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict
                                                   "Content-Type": "application/zip"})
 
     @app.get("/v1/packages/{digest}", responses=errors)
-    async def get_package(digest: str, who: str = Depends(caller)) -> FileResponse:
+    async def get_package(digest: Digest, who: str = Depends(caller)) -> FileResponse:
         path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
         if path is None:
             raise NotFound(f"no package {digest}", {"digest": digest})

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.jobs import TIMING_FIELDS, Attempt, Job, JobSpec
+from firepool_agent.limits import MAX_ARGV_ITEMS, MAX_ENV_ENTRIES, MAX_NAME_CHARS
 
 
 class Strict(BaseModel):
@@ -17,9 +18,14 @@ class JobRequest(Strict):
     """POST /v1/jobs."""
 
     pool: str = Field(default="cpu", min_length=1, max_length=63, description="Hardware pool (SKU) to run on.")
-    command: list[str] = Field(min_length=1, max_length=4096, description="argv of rank 0's process.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment; steering variables are dropped.")
-    lease_tag: str = Field(default="", max_length=255, description="Session (reuse) tag; same caller+queue+tag reuses a warm pod.")
+    command: list[str] = Field(min_length=1, max_length=MAX_ARGV_ITEMS,
+                               description="argv of rank 0's process: no NUL, at most 131071 bytes an argument, "
+                               "1 MiB with env as execve counts it (docs/limits.md).")
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_ENTRIES,
+                                description="Extra environment; steering variables are dropped (`dropped_env`).")
+    lease_tag: str = Field(default="", max_length=MAX_NAME_CHARS,
+                           description="Session (reuse) tag; same caller+queue+tag reuses a warm pod. Printable "
+                           "text: no control characters.")
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
     recycle: bool = Field(default=True, description="A new session may take the caller's idle pod of another "
@@ -51,10 +57,14 @@ def late_binding_extra(package: str | None, requirements: str | None) -> dict[st
     return {k: v for k, v in (("package", package), ("requirements", requirements)) if v is not None}
 
 
+SignalName = Literal["INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL",
+                     "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGKILL"]
+
+
 class SignalRequest(Strict):
     """POST /v1/jobs/{id}/signal."""
 
-    signal: str = Field(description="INT, TERM, HUP, USR1, USR2, QUIT to rank 0's process group; KILL takes "
+    signal: SignalName = Field(description="INT, TERM, HUP, USR1, USR2, QUIT to rank 0's process group; KILL takes "
                         "every process of the attempt.")
 
 

@@ -1,21 +1,23 @@
 """Admission: turn a verified caller's request into a QUEUED job, or a typed error that stores nothing.
 
-The environment filter lives here: variables that could steer the pod agent, the dynamic loader, the
-GPU binding or a gang's topology are dropped, and the job records which and why.
+Every size and character limit is checked here, against the one set the agent checks too
+(firepool_agent.limits), so a stored job can always be sent to an agent and exec'd. Malformed input
+(NUL, lone surrogates, an invalid variable name, an over-long value) is refused with InvalidRequest.
+Well-formed variables that could steer the pod agent, the dynamic loader, the GPU binding or a gang's
+topology are dropped instead (not refused), and the job records which and why in `dropped_env`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
 from broker.running.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+from firepool_agent import limits
 
 _DROPPED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("LD_", "dynamic-loader variable: could inject code into the job or agent before it starts"),
@@ -42,25 +44,48 @@ def filter_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[dict[str, s
     """Split `env` into what the job may set and what is dropped (with a reason each)."""
     kept: dict[str, str] = {}
     dropped: list[dict[str, str]] = []
-    for name, value in env.items():
-        if not _NAME.match(name):
-            raise InvalidRequest(f"env name {name!r} is not a valid variable name", {"field": "env"})
-        if "\x00" in value:
-            raise InvalidRequest(f"env value of {name} contains a NUL byte", {"field": f"env.{name}"})
+    _checked(limits.check_env, env)
+    for name in env:
         reason = _DROPPED_NAMES.get(name)
         if reason is None:
             reason = next((why for prefix, why in _DROPPED_PREFIXES if name.startswith(prefix)), None)
         if reason is None and (name in TOPOLOGY_NAMES or name.startswith(TOPOLOGY_PREFIXES)):
             reason = "topology is injected by the executor"
         if reason is None:
-            kept[name] = value
+            kept[name] = env[name]
         else:
             dropped.append({"name": name, "reason": reason})
     return kept, dropped
 
 
+def _checked(check: Callable[..., None], *args: Any) -> None:
+    try:
+        check(*args)
+    except limits.LimitError as exc:
+        details: dict[str, Any] = {"field": exc.field}
+        if exc.limit is not None:
+            details["limit"] = exc.limit
+        raise InvalidRequest(exc.message, details) from None
+
+
+def check_spec(spec: JobSpec) -> None:
+    """Sizes and characters of every caller-given string, as the store, the agent and execve take them."""
+    _checked(limits.check_argv, spec.command)
+    _checked(limits.check_env, spec.env)
+    _checked(limits.check_exec, spec.command, spec.env, limits.MAX_CALLER_EXEC_BYTES)
+    for field, value in (("lease_tag", spec.lease_tag), ("queue", spec.queue), ("pool", spec.pool),
+                         ("idempotency_key", spec.idempotency_key or "")):
+        _checked(limits.check_name, field, value)
+    for key, value in spec.extra.items():
+        if isinstance(value, str):
+            problem = limits.text_problem(value)
+            if problem is not None:
+                raise InvalidRequest(f"{key} {problem}", {"field": key})
+
+
 def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float) -> Job:
     """Check `spec` against the catalog and return the job as it will be inserted (QUEUED)."""
+    check_spec(spec)
     pool = pools.get(spec.pool)
     if pool is None:
         known = sorted(pools)

@@ -29,6 +29,8 @@ class FileLogStore:
     def read(self, attempt_id: str, stream: str, offset: int = 0, max_bytes: int = 1 << 20) -> bytes:
         try:
             with open(self._path(attempt_id, stream), "rb") as f:
+                if offset >= os.fstat(f.fileno()).st_size:
+                    return b""  # past the end; seeking there can fail (EINVAL beyond the filesystem's largest file)
                 f.seek(offset)
                 return f.read(max_bytes)
         except FileNotFoundError:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from firepool_agent import limits
 from firepool_agent.attempts import SIGNALS, LaunchSpec
 from firepool_agent.output import STREAMS
 from firepool_agent.resetting import ResetSpec
@@ -75,15 +76,17 @@ def parse_launch(raw: bytes) -> LaunchSpec:
     if len(attempt_id) > 256:
         raise HttpError(400, "attempt_id is longer than 256 characters")
     argv = body["argv"]
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) \
-            or not argv[0]:
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
         raise HttpError(400, "argv must be a non-empty list of strings without NUL")
     env = body.get("env") or {}
-    if not isinstance(env, dict):
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise HttpError(400, "env must be an object of strings")
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or not isinstance(value, str) or "\0" in value:
-            raise HttpError(400, f"env entry {key!r} is not a valid variable")
+    try:  # the broker checked the caller's part against the same limits; this covers what it added
+        limits.check_argv(argv, "argv")
+        limits.check_env(env, names=limits.ANY_ENV_NAME)
+        limits.check_exec(argv, env, limits.exec_limit())
+    except limits.LimitError as exc:
+        raise HttpError(400, exc.message) from None
     extra = body.get("extra") or {}
     if not isinstance(extra, dict):
         raise HttpError(400, "extra must be an object")

@@ -54,6 +54,11 @@ class Dispatcher:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self.passes = 0
+        controller.waiting = self.waiting
+
+    def waiting(self, job_id: str) -> bool:
+        """The job is queued or being bound: pods made for it are not orphans."""
+        return job_id in self.queued or job_id in self.binding
 
     def enqueue(self, job: Job) -> None:
         """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
@@ -65,7 +70,8 @@ class Dispatcher:
         if job is not None and job.spec.pods > 1:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
-        self.controller.forget_single_use(job_id)
+        if job is None or job.spec.single_use:
+            self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
     def dispatch_once(self) -> int:
         """One pass over the queue; returns how many jobs were claimed."""

@@ -115,6 +115,21 @@ async def test_a_single_use_gangs_ready_pod_retires_when_the_gang_is_cancelled_b
         await h.stop()
 
 
+async def test_a_cancelled_single_use_jobs_pod_is_deleted_at_once_without_a_reset() -> None:
+    h = await Harness([cpu_pool(max_count=1)]).start()
+    try:
+        job = await h.submit("alice", single_use=True, command=("sleep", "30"))
+        await h.run_for(0.5)
+        pod = (h.store.get(job.id) or job).pods[0]
+        agent = h.backend.agents[pod]
+        await h.cp.cancel("alice", job.id)
+        await h.spin()
+        assert (h.store.get(job.id) or job).state is JobState.CANCELLED
+        assert pod in h.backend.deleted and agent.resets == []  # deleting it is the proof
+    finally:
+        await h.stop()
+
+
 async def test_a_failed_single_use_jobs_pod_retires_at_once() -> None:
     h = await Harness([cpu_pool(max_count=1)]).start()
     try:

@@ -80,6 +80,7 @@ class Dispatcher:
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
+        over_quota: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
@@ -93,7 +94,8 @@ class Dispatcher:
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
                 if spec.single_use:
-                    single_use[job.id] = (spec.pool, spec.pods)
+                    if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
+                        single_use[job.id] = (spec.pool, spec.pods)
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -102,6 +104,9 @@ class Dispatcher:
                     if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
                         by = queued_by[spec.pool]
                         by[job.caller] = by.get(job.caller, 0) + spec.pods
+                        if got.reason == REASON_QUOTA:  # takes no held pod until its caller's own jobs end
+                            by = over_quota[spec.pool]
+                            by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -110,7 +115,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota)
         return claimed
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:

@@ -57,6 +57,9 @@ class PoolController:
         self.demand: dict[str, int] = {}
         self.queued_by: dict[str, dict[str, int]] = {}
         """pool -> caller -> pods of that caller's queued jobs (owners with queued jobs keep their holds)."""
+        self.over_quota: dict[str, dict[str, int]] = {}
+        """pool -> caller -> of those, pods waiting on the caller's quota: they spare no hold (they could not
+        take a held pod now, and the caller's own finishing jobs bring theirs back)."""
         self.single_use: dict[str, tuple[str, int]] = {}
         """job id -> (pool, pods) of unplaced single-use jobs."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
@@ -74,14 +77,18 @@ class PoolController:
         self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
-                      queued_by: Mapping[str, Mapping[str, int]] | None = None) -> None:
-        """The dispatcher's view after a pass: pods missing per pool (and per caller), unplaced single-use jobs."""
+                      queued_by: Mapping[str, Mapping[str, int]] | None = None,
+                      over_quota: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
+        on their caller's quota), unplaced single-use jobs."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
+        quota = {pool: dict(callers) for pool, callers in (over_quota or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
-                   or by != self.queued_by)
+                   or by != self.queued_by or quota != self.over_quota)
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         self.queued_by = by
+        self.over_quota = quota
         if changed:
             self.wake()
 
@@ -139,8 +146,10 @@ class PoolController:
             # Pods already retiring free their room soon: break holds only for what they will not cover.
             blocked = (blocked_at_ceiling(spec, counts, demand, headroom) + blocked_singles
                        - counts.retiring - len(orphaned))
-            broken = holds_to_break(pods, blocked, queued_by, now, self.hold_tenure,
-                                    warm_demand=demand) if not created else []
+            quota = self.over_quota.get(name, {})
+            spare = {owner: n - quota.get(owner, 0) for owner, n in queued_by.items()}
+            broken = holds_to_break(pods, blocked, spare, now, self.hold_tenure,
+                                    warm_demand=demand - sum(quota.values())) if not created else []
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]
             rollout = drain(spec, pods, now)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import random
 
-from broker.claiming.tracker import REASON_SESSION_RESETTING
+from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING
 from broker.jobs import Job, JobState
 from broker.pods import Origin, Pod, PodState
+from broker.pools import CallerLimits
 from tests.unit.harness import Harness, cpu_pool
 
 
@@ -58,6 +59,26 @@ async def test_a_single_use_job_retires_an_unused_idle_pod_at_a_static_ceiling()
         assert done.state is JobState.SUCCEEDED
         await h.run_for(1.0)  # the floor comes back once the single-use pod is gone
         assert sum(1 for p in h.cp.tracker.snapshot() if p.state is PodState.IDLE) == 2
+    finally:
+        await h.stop()
+
+
+async def test_an_owners_jobs_waiting_on_its_quota_do_not_spare_its_holds() -> None:
+    """A job over its caller's quota cannot take the caller's held pod; another caller blocked at the
+    ceiling breaks that hold instead of waiting for the quota to free."""
+    h = Harness([cpu_pool(max_count=2, caller_hold_seconds=600.0, idle_timeout=600.0)],
+                limits={"alice": CallerLimits(max_pods=1)})
+    await h.start()
+    try:
+        await h.finish(await h.submit("alice", lease_tag="a"))
+        long = await h.submit("alice", lease_tag="b", recycle=False, command=("sleep", "600"))  # a new pod: 2 of 2
+        await h.run_for(61.0)
+        assert (h.store.get(long.id) or long).state is JobState.RUNNING
+        over = await h.submit("alice", lease_tag="c")
+        await h.run_for(0.5)
+        assert h.cp.dispatcher.waiting_reason[over.id] == REASON_QUOTA
+        carol = await h.finish(await h.submit("carol"), timeout=10.0)
+        assert carol.state is JobState.SUCCEEDED and h.cp.controller.holds_broken == {"cpu": 1}
     finally:
         await h.stop()
 
@@ -161,16 +182,19 @@ def can_use(job: Job, pod: Pod) -> bool:
 def stalled_pools(h: Harness) -> list[str]:
     """Pools where a job is queued, and the pool is below its ceiling or keeps an idle pod no queued job
     can use, yet nothing moves: no pod starts that a queued job can use, no pod retires."""
-    queued = [j for j in h.cp.dispatcher.queued.values()
-              if h.cp.dispatcher.waiting_reason.get(j.id) != REASON_SESSION_RESETTING]
+    queued = list(h.cp.dispatcher.queued.values())
+    # A job waiting on its session's resetting pod or on its caller's quota waits for its own pods.
+    needy = [j for j in queued
+             if h.cp.dispatcher.waiting_reason.get(j.id) not in (REASON_SESSION_RESETTING, REASON_QUOTA)]
     out = []
     for name, spec in h.catalog.pools.items():
-        jobs = [j for j in queued if j.spec.pool == name]
+        jobs = [j for j in needy if j.spec.pool == name]
         pods = [p for p in h.cp.tracker.snapshot() if p.pool == name and p.state is not PodState.GONE]
         if not jobs:
             continue
         room = spec.max_count - sum(1 for p in pods if not p.standby)
-        useless = [p for p in pods if p.state is PodState.IDLE and not any(can_use(j, p) for j in jobs)]
+        useless = [p for p in pods if p.state is PodState.IDLE
+                   and not any(can_use(j, p) for j in queued if j.spec.pool == name)]
         # A single-use job's pods are made as a whole set (a part would hold room no other job can use).
         fits = any(room >= (j.spec.pods - sum(1 for p in pods if p.origin is Origin.SINGLE_USE and p.reserved_for == j.id)
                             if j.spec.single_use else 1) for j in jobs)
@@ -220,7 +244,9 @@ async def run_workload(seed: int, strict: bool = True) -> None:
                     max_idle_count=rng.randint(0, 3), idle_timeout=rng.choice([3.0, 15.0, 60.0, None]),
                     caller_hold_seconds=rng.choice([2.0, 15.0, 90.0]), step=rng.randint(1, 4),
                     reserve_gangs_after=rng.choice([None, 5.0]), reuse_tag=rng.choice(["boundary", "hint"]))
-    h = Harness([pool], start_delay=rng.choice([0.0, 0.5, 3.0]))
+    quota = rng.randint(1, ceiling) if rng.random() < 0.3 else ceiling
+    limits = {"alice": CallerLimits(max_pods=quota)} if quota < ceiling else {}
+    h = Harness([pool], start_delay=rng.choice([0.0, 0.5, 3.0]), limits=limits)
     if strict:
         h.cp.controller.hold_tenure = 0.0  # any hold nobody queued can use is breakable now
 
@@ -234,15 +260,16 @@ async def run_workload(seed: int, strict: bool = True) -> None:
         for _ in range(rng.randint(10, 30)):
             kind = rng.random()
             caller = rng.choice(CALLERS)
+            most = quota if caller == "alice" else ceiling  # larger jobs of a caller over quota never run
             duration = str(rng.choice([0.5, 2.0, 10.0, 30.0]))
             if kind < 0.45:
                 jobs.append(await h.submit(caller, lease_tag=rng.choice(["", "a", "b"]),
                                            recycle=rng.random() < 0.7, command=("sleep", duration)))
             elif kind < 0.75:
-                pods = rng.randint(1, min(2, ceiling))
+                pods = rng.randint(1, min(2, most))
                 jobs.append(await h.submit(caller, single_use=True, pods=pods, command=("sleep", duration)))
-            elif kind < 0.85 and ceiling > 1:
-                jobs.append(await h.submit(caller, pods=rng.randint(2, ceiling), command=("sleep", duration)))
+            elif kind < 0.85 and most > 1:
+                jobs.append(await h.submit(caller, pods=rng.randint(2, most), command=("sleep", duration)))
             elif jobs:
                 victim = rng.choice(jobs)
                 await step(h, rng.choice([0.0, 0.02, 0.5]))

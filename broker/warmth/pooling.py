@@ -5,9 +5,11 @@ through the backend, retire pods whose keep-alive or owner hold expired. The pla
 function of the counts, the pool spec, the demand and the clock (`plan`), so tests run it one tick at a
 time. The dispatcher reports demand after every pass and wakes the controller; the loop also wakes at the
 next keep-alive or hold expiry, and every 30 s at the latest. Each create first reserves its GPUs in the
-budget ledger (or borrowed capacity). Holds are broken when the ceiling blocks queued jobs, stale pods
-drain after a template change, and borrowed pods go back when their owner reclaims. Creation and
-deletion run as supervised tasks, off the claim path.
+budget ledger (or borrowed capacity). Idle pods no queued job can take give way when the ceiling blocks
+queued jobs (broker.warmth.holds), single-use jobs get whole sets of pods made for them and pods made for
+a job that left retire at once (broker.warmth.singleuse), stale pods drain after a template change, and
+borrowed pods go back when their owner reclaims. Creation and deletion run as supervised tasks, off the
+claim path.
 """
 
 from __future__ import annotations

@@ -54,6 +54,11 @@ class Dispatcher:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self.passes = 0
+        controller.waiting = self.waiting
+
+    def waiting(self, job_id: str) -> bool:
+        """The job is queued or being bound: pods made for it are not orphans."""
+        return job_id in self.queued or job_id in self.binding
 
     def enqueue(self, job: Job) -> None:
         """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
@@ -65,7 +70,8 @@ class Dispatcher:
         if job is not None and job.spec.pods > 1:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
-        self.controller.forget_single_use(job_id)
+        if job is None or job.spec.single_use:
+            self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
     def dispatch_once(self) -> int:
         """One pass over the queue; returns how many jobs were claimed."""
@@ -74,6 +80,7 @@ class Dispatcher:
         demand: dict[str, int] = defaultdict(int)
         single_use: dict[str, tuple[str, int]] = {}
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
+        over_quota: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
@@ -87,7 +94,8 @@ class Dispatcher:
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
                 if spec.single_use:
-                    single_use[job.id] = (spec.pool, spec.pods)
+                    if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
+                        single_use[job.id] = (spec.pool, spec.pods)
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -96,6 +104,9 @@ class Dispatcher:
                     if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
                         by = queued_by[spec.pool]
                         by[job.caller] = by.get(job.caller, 0) + spec.pods
+                        if got.reason == REASON_QUOTA:  # takes no held pod until its caller's own jobs end
+                            by = over_quota[spec.pool]
+                            by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -104,7 +115,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota)
         return claimed
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:

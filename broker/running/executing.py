@@ -3,8 +3,8 @@
 Steps (4) and (5) of the claim path live here: pods go RUNNING through the per-GPU gate, then each
 rank's agent starts the attempt. When the attempt ends the executor copies its logs, commits the result
 (or a retry) version-checked, and — in parallel — has every pod reset with proof: a clean pod goes back
-to the pool held for its owner, anything else is deleted. A pod whose agent stays unreachable is lost:
-the attempt ends `PodLost` and the pod is deleted.
+to the pool held for its owner, anything else is deleted (a single-use pod at once, with no reset). A pod
+whose agent stays unreachable is lost: the attempt ends `PodLost` and the pod is deleted.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
-from broker.pods import Pod, owner_annotations
+from broker.pods import Origin, Pod, owner_annotations
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
@@ -386,6 +386,12 @@ class Executor:
         request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
 
         async def reset_one(pod: Pod) -> None:
+            if pod.origin is Origin.SINGLE_USE:
+                # Never reused: deleting it is the proof, so it retires at once (cancelled, failed or done),
+                # and its card's gate stays closed until the deletion.
+                self.tracker.finish_reset(pod.name, False, self.clock.now(), spec.hold_seconds)
+                self.controller.delete_retiring(pod.name)
+                return
             clean = False
             if pod.name not in lost:
                 try:

@@ -1,34 +1,52 @@
-"""Owner holds and when to break them.
+"""Owner holds, and which idle pods give way when queued jobs are blocked at a pool's ceiling.
 
 After a job a pod is held for its caller for `caller_hold_seconds` (inheriting `idle_timeout`); the hold
 lives in the pod record (and the pod's annotations, so a restarted broker restores it). When queued jobs
-are blocked at a pool's ceiling, holds are broken so the ceiling can serve them: only on pods older than a
-minimum tenure, oldest first, never an owner's whose own jobs are queued. A broken hold retires the pod
-(its state belongs to its owner); the room it frees is what the blocked jobs get, never the pod itself.
+are blocked at a pool's ceiling, idle pods that no queued job can take retire so the ceiling can serve
+them: a hold is spared only for as many pods as its owner's queued jobs could take (a single-use job takes
+no held pod, so it spares none), and only on pods older than a minimum tenure, oldest first. Never-used
+idle pods beyond the queued warm demand give way too (a single-use job cannot take them either). A
+retired pod's state belongs to its owner: the room it frees is what the blocked jobs get, never the pod.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.pods import Pod, PodState
+from broker.pods import Origin, Pod, PodState
 
 MIN_TENURE_S = 60.0
 """A pod younger than this keeps its hold even when the pool is blocked (paper App. A.5 default)."""
 
 
 def holds_to_break(pods: list[Pod], blocked: int, queued_by: Mapping[str, int], now: float,
-                   min_tenure: float = MIN_TENURE_S) -> list[Pod]:
-    """The held pods to retire so `blocked` queued pods fit under the ceiling, oldest pod first.
+                   min_tenure: float = MIN_TENURE_S, warm_demand: int | None = None) -> list[Pod]:
+    """The idle pods to retire so `blocked` queued pods fit under the ceiling, oldest first.
 
-    A candidate is an idle used pod whose hold expired, or a live hold of an owner with nothing queued
-    in this pool (an excess hold), on a pod created at least `min_tenure` seconds ago.
+    `queued_by` is owner -> pods of its queued jobs that could take its held pods (warm jobs, not
+    single-use). A candidate is an idle used pod whose hold expired, or a live hold beyond what its
+    owner's queued jobs could take, on a pod created at least `min_tenure` seconds ago; then, when
+    `warm_demand` (pods of queued warm jobs, which could take a never-used pod) is given, never-used
+    idle pods beyond it, longest idle first.
     """
     if blocked <= 0:
         return []
-    candidates = [p for p in pods
-                  if p.state is PodState.IDLE and p.used and p.caller is not None
-                  and now - p.created_at >= min_tenure
-                  and (p.hold_until <= now or queued_by.get(p.caller, 0) <= 0)]
+    held: dict[str, list[Pod]] = {}
+    fresh: list[Pod] = []
+    for p in pods:
+        if p.state is not PodState.IDLE or p.standby or p.reserved_for is not None or p.origin is Origin.SINGLE_USE:
+            continue  # a reserved pod is its job's; a standby holds no capacity of its own
+        if p.used and p.caller is not None:
+            if now - p.created_at >= min_tenure:
+                held.setdefault(p.caller if p.hold_until > now else "", []).append(p)
+        elif not p.used:
+            fresh.append(p)
+    candidates = held.pop("", [])  # expired holds: nobody's any more
+    for owner, mine in held.items():
+        mine.sort(key=lambda p: (p.created_at, p.name))
+        candidates += mine[: max(0, len(mine) - queued_by.get(owner, 0))]
     candidates.sort(key=lambda p: (p.created_at, p.name))
+    if warm_demand is not None:
+        fresh.sort(key=lambda p: (p.idle_since, p.name))
+        candidates += fresh[: max(0, len(fresh) - warm_demand)]
     return candidates[:blocked]

@@ -5,9 +5,11 @@ through the backend, retire pods whose keep-alive or owner hold expired. The pla
 function of the counts, the pool spec, the demand and the clock (`plan`), so tests run it one tick at a
 time. The dispatcher reports demand after every pass and wakes the controller; the loop also wakes at the
 next keep-alive or hold expiry, and every 30 s at the latest. Each create first reserves its GPUs in the
-budget ledger (or borrowed capacity). Holds are broken when the ceiling blocks queued jobs, stale pods
-drain after a template change, and borrowed pods go back when their owner reclaims. Creation and
-deletion run as supervised tasks, off the claim path.
+budget ledger (or borrowed capacity). Idle pods no queued job can take give way when the ceiling blocks
+queued jobs (broker.warmth.holds), single-use jobs get whole sets of pods made for them and pods made for
+a job that left retire at once (broker.warmth.singleuse), stale pods drain after a template change, and
+borrowed pods go back when their owner reclaims. Creation and deletion run as supervised tasks, off the
+claim path.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from broker.warmth.budgets import Ledger, units_of
 from broker.warmth.holds import MIN_TENURE_S, holds_to_break
 from broker.warmth.rollout import drain
 from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
+from broker.warmth.singleuse import orphans, wanted
 from broker.warmth.standby import exclusive_cards, group_key, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
@@ -56,9 +59,13 @@ class PoolController:
         self.demand: dict[str, int] = {}
         self.queued_by: dict[str, dict[str, int]] = {}
         """pool -> caller -> pods of that caller's queued jobs (owners with queued jobs keep their holds)."""
+        self.over_quota: dict[str, dict[str, int]] = {}
+        """pool -> caller -> of those, pods waiting on the caller's quota: they spare no hold (they could not
+        take a held pod now, and the caller's own finishing jobs bring theirs back)."""
         self.single_use: dict[str, tuple[str, int]] = {}
         """job id -> (pool, pods) of unplaced single-use jobs."""
-        self._reserved_started: dict[str, int] = {}
+        self.waiting: Callable[[str], bool] = lambda job_id: False
+        """Whether a job is queued or being bound (the dispatcher sets it): its single-use pods are no orphans."""
         self.last_plan: dict[str, Plan] = {}
         self.ledger = Ledger(budgets)
         """GPUs (CPU cores) reserved per accelerator across all pools, before every create."""
@@ -72,14 +79,18 @@ class PoolController:
         self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
-                      queued_by: Mapping[str, Mapping[str, int]] | None = None) -> None:
-        """The dispatcher's view after a pass: pods missing per pool (and per caller), unplaced single-use jobs."""
+                      queued_by: Mapping[str, Mapping[str, int]] | None = None,
+                      over_quota: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
+        on their caller's quota), unplaced single-use jobs."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
+        quota = {pool: dict(callers) for pool, callers in (over_quota or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
-                   or by != self.queued_by)
+                   or by != self.queued_by or quota != self.over_quota)
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         self.queued_by = by
+        self.over_quota = quota
         if changed:
             self.wake()
 
@@ -103,12 +114,16 @@ class PoolController:
             pods = by_pool.get(name, [])
             queued_by = self.queued_by.get(name, {})
             counts = count(pods, spec, now, queued_by)
+            orphaned = orphans(pods, self._single_use_waiting)
+            for pod in orphaned:  # whatever else this pass decides: no job may ever take them
+                self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
             if self._backoff_until.get(name, 0.0) > now:
                 plans[name] = Plan(reason="backing off after a failed create")
                 continue
             demand = self.demand.get(name, 0)
             headroom = self.headroom(spec)
-            p = plan(spec, pods, counts, demand, now, headroom)
+            singles = wanted(self.single_use, name, pods)
+            p = plan(spec, pods, counts, demand, now, headroom, single_use=sum(n for _, n in singles))
             created = 0
             for _ in range(p.create):
                 if not self._create(spec, Origin.DEMAND if demand else Origin.WARM):
@@ -116,15 +131,34 @@ class PoolController:
                 created += 1
             if created < p.create:
                 p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
+            room = spec.max_count - counts.physical - created
+            blocked_singles = 0
+            for job_id, n in singles:
+                # In dispatch order, each job's whole set or nothing: pods made for one job serve no other, so
+                # a part of a set would hold room another job could run in (two half-made sets deadlock).
+                fits = self.headroom(spec)
+                if room < n or (fits is not None and fits < n):
+                    blocked_singles += n
+                    continue
+                room -= n
+                for _ in range(n):
+                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
+                created += n
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
-            blocked = blocked_at_ceiling(spec, counts, demand, headroom) - counts.retiring
-            broken = holds_to_break(pods, blocked, queued_by, now, self.hold_tenure) if not created else []
+            blocked = (blocked_at_ceiling(spec, counts, demand, headroom) + blocked_singles
+                       - counts.retiring - len(orphaned))
+            quota = self.over_quota.get(name, {})
+            spare = {owner: n - quota.get(owner, 0) for owner, n in queued_by.items()}
+            broken = holds_to_break(pods, blocked, spare, now, self.hold_tenure,
+                                    warm_demand=demand - sum(quota.values())) if not created else []
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]
             rollout = drain(spec, pods, now)
             retire += [n for n in rollout.retire if n not in retire]
             notes = []
+            if orphaned:
+                notes.append(f"retired {len(orphaned)} single-use pods whose job left")
             if broken:
                 self.holds_broken[name] = self.holds_broken.get(name, 0) + len(broken)
                 notes.append(f"broke {len(broken)} holds at the ceiling")
@@ -144,17 +178,6 @@ class PoolController:
             for pod_name in rollout.mark:
                 self.tracker.retire_at_release(pod_name)
             self._stage_standbys(spec, pods, now)
-            room = spec.max_count - counts.physical - created
-            for job_id, (pool, n) in self.single_use.items():
-                if pool != name or job_id in self._reserved_started:
-                    continue
-                fits = self.headroom(spec)
-                if room < n or (fits is not None and fits < n):
-                    break
-                room -= n
-                self._reserved_started[job_id] = n
-                for _ in range(n):
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
@@ -305,8 +328,6 @@ class PoolController:
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
-            if pod.reserved_for is not None:
-                self._reserved_started.pop(pod.reserved_for, None)
             self.tracker.retire(pod.name)
             self.tracker.remove(pod.name)
             self._release(pod)
@@ -320,9 +341,18 @@ class PoolController:
         self.wake()  # a rollout's next drain waits for this replacement
 
     def forget_single_use(self, job_id: str) -> None:
-        """A single-use job was placed or ended: stop tracking its reservation."""
-        self._reserved_started.pop(job_id, None)
+        """A single-use job was placed: its pods are leased, nothing more to make for it."""
         self.single_use.pop(job_id, None)
+
+    def abandon_single_use(self, job_id: str) -> None:
+        """A single-use job left the queue (cancelled, failed): the pods made for it retire at once,
+        starting or idle, since no other job may ever take them."""
+        self.single_use.pop(job_id, None)
+        for pod in orphans(self.tracker.snapshot(), lambda waiting: waiting != job_id):
+            self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
+
+    def _single_use_waiting(self, job_id: str) -> bool:
+        return job_id in self.single_use or self.waiting(job_id)
 
     def retire(self, name: str, *, only_if_idle_since: float | None = None) -> bool:
         """Retire a pod now (it must not be busy); its deletion runs in the background."""

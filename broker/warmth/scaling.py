@@ -150,21 +150,23 @@ class Plan:
 
 
 def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: float,
-         headroom: int | None = None) -> Plan:
+         headroom: int | None = None, single_use: int = 0) -> Plan:
     """Pods to create for demand and the floor, or idle pods to retire (App. A.5).
 
     `demand` is the pods of queued warm jobs (jobs waiting on their caller's quota included); assigned
     and running pods appear on both sides of `demand − eligible` and cancel. A busy pod that retires at
     release is demand as well, so a new session's next job finds its replacement warm. `headroom` is
-    how many more pods the global budget (plus borrowed capacity) allows; None is unlimited.
+    how many more pods the global budget (plus borrowed capacity) allows; None is unlimited. `single_use`
+    is the pods queued single-use jobs still need: the floor never takes the room they are made in.
     Scale-down: a used pod whose hold expired always retires (its state belongs to one caller); of the
     never-used idle pods past keep-alive, `remove = min(idle − retain, expiredIdle, physical − floor)`.
     """
     busy = counts.assigned + counts.running
-    floor_deficit = max(0, spec.min_count - (counts.physical - counts.retiring - counts.single_use))
+    room = spec.max_count - counts.physical
+    floor_deficit = max(0, min(spec.min_count - (counts.physical - counts.retiring - counts.single_use),
+                               room - single_use))
     demand_deficit = max(0, demand + counts.replacing - counts.starting - counts.fresh - counts.held_matched)
     want = max(floor_deficit, demand_deficit)
-    room = spec.max_count - counts.physical
     limit = spec.step if headroom is None else min(spec.step, headroom)
     create = max(0, min(want, room, limit))
     if create:

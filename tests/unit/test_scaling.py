@@ -10,6 +10,7 @@ import pytest
 
 from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
+from broker.warmth.holds import holds_to_break
 from broker.warmth.pooling import count, plan
 
 NOW = 1000.0
@@ -158,3 +159,27 @@ def test_headroom_from_the_budget_caps_creation(headroom: int | None, expected: 
     assert p.create == expected
     if headroom == 0:
         assert "budget" in p.reason
+
+
+def test_the_floor_leaves_the_room_queued_single_use_jobs_need() -> None:
+    spec = dataclasses.replace(STATIC, min_count=4, max_count=4)
+    pods = _build(spec, [fresh()] * 2)
+    assert plan(spec, pods, count(pods, spec, NOW), 0, NOW).create == 2
+    assert plan(spec, pods, count(pods, spec, NOW), 0, NOW, single_use=1).create == 1
+    assert plan(spec, pods, count(pods, spec, NOW), 0, NOW, single_use=2).create == 0
+    busy = _build(spec, [P(PodState.RUNNING)] * 2)
+    assert plan(spec, busy, count(busy, spec, NOW), 2, NOW, single_use=2).create == 2  # queued warm jobs come first
+
+
+def test_held_pods_give_way_beyond_what_their_owners_queued_jobs_can_take() -> None:
+    spec = dataclasses.replace(TTL_POOL, max_count=5)
+    pods = _build(spec, [held("alice"), held("alice"), held("alice"), held("bob"), fresh(5.0)])
+    # alice's one queued warm pod spares one of her holds (the newest); bob has nothing queued
+    broken = holds_to_break(pods, 5, {"alice": 1}, NOW)
+    assert sum(p.caller == "alice" for p in broken) == 2 and sum(p.caller == "bob" for p in broken) == 1
+    # a never-used idle pod gives way only beyond the queued warm demand (a single-use job cannot take it)
+    assert "p4" in {p.name for p in holds_to_break(pods, 5, {"alice": 1}, NOW, warm_demand=0)}
+    assert "p4" not in {p.name for p in holds_to_break(pods, 5, {"alice": 1}, NOW, warm_demand=1)}
+    # pods younger than the tenure keep their holds
+    young = _build(spec, [held("bob", age=10.0)])
+    assert holds_to_break(young, 1, {}, NOW) == []

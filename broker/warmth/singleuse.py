@@ -1,0 +1,31 @@
+"""Single-use pods: created for one queued job, never reused, never left behind.
+
+A single-use job takes only pods made for it (`reserved_for` its id). What a job still needs is derived
+from the pods reserved for it that are starting or idle, never kept as a parallel count, so a failed
+create or a retired pod is simply made again. A pod made for a job that is no longer waiting (cancelled,
+failed, placed on other pods) is an orphan: no other job may ever take it, so it retires at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+
+from broker.pods import Origin, Pod, PodState
+
+_WAITING = (PodState.STARTING, PodState.IDLE)
+
+
+def _made_for(pod: Pod) -> bool:
+    return pod.origin is Origin.SINGLE_USE and pod.state in _WAITING
+
+
+def wanted(jobs: Mapping[str, tuple[str, int]], pool: str, pods: Iterable[Pod]) -> list[tuple[str, int]]:
+    """(job id, pods still to create) for the pool's unplaced single-use jobs, in dispatch order."""
+    have = Counter(p.reserved_for for p in pods if _made_for(p))
+    return [(job_id, n - have[job_id]) for job_id, (where, n) in jobs.items() if where == pool and n > have[job_id]]
+
+
+def orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:
+    """Starting or idle single-use pods whose job no longer waits for them (`waiting(job id)` is False)."""
+    return [p for p in pods if _made_for(p) and (p.reserved_for is None or not waiting(p.reserved_for))]

@@ -116,7 +116,9 @@ class AgentClient(Protocol):
         ...
 
     async def signal(self, attempt_id: str, signal: str) -> None:
-        """`TERM`, `INT`, `HUP`, `USR1` to rank 0's process group; `KILL` takes the whole tree."""
+        """`TERM`, `INT`, `HUP`, `USR1` to rank 0's process group; `KILL` takes the whole tree.
+
+        An attempt the agent does not know (it refused the launch) is an AgentError with status 404."""
         ...
 
     async def cancel(self, attempt_id: str, grace_s: float) -> None:
@@ -244,7 +246,9 @@ class FakeAgent:
     async def signal(self, attempt_id: str, signal: str) -> None:
         self._check()
         run = self.runs.get(attempt_id)
-        if run is not None and signal in ("KILL", "TERM"):
+        if run is None:  # as the real agent answers an attempt it never launched
+            raise AgentError(f"{self.pod} never ran {attempt_id}", {"pod": self.pod, "status": 404})
+        if signal in ("KILL", "TERM"):
             self._finish(run, exit_code=137 if signal == "KILL" else 143, signal=9 if signal == "KILL" else 15)
 
     async def cancel(self, attempt_id: str, grace_s: float) -> None:

@@ -281,7 +281,12 @@ class Executor:
         if aid is None or not pods:
             return False
         for pod in pods:
-            await self.backend.agent(pod.name).signal(aid, name)
+            try:
+                await self.backend.agent(pod.name).signal(aid, name)
+            except AgentError as exc:
+                if exc.details.get("status") != 404:
+                    raise
+                return False  # the agent refused the launch or already forgot it: nothing runs to signal
         return True
 
     async def cancel(self, job_id: str) -> None:

@@ -152,9 +152,10 @@ def test_the_prestarted_process_imports_no_gpu_library() -> None:
     assert found["gpu"] == [] and found["libs"] == [] and found["n"] > 300  # torch is installed here, not imported
 
 
-def test_auto_prestarts_after_kernels_on_pools_without_standby_only() -> None:
+def test_auto_is_learned_per_pool_and_explicit_modes_pass_through() -> None:
     assert agent_kernels(PoolSpec(name="a")) == "learned"
-    assert agent_kernels(PoolSpec(name="b", standbys_per_active=1)) == "cold"
+    assert agent_kernels(PoolSpec(name="b", standbys_per_active=1)) == "learned"  # standby pods are never told
+    assert agent_kernels(PoolSpec(name="d", kernels="cold")) == "cold"
     assert agent_kernels(PoolSpec(name="c", standbys_per_active=1, kernels="prestart")) == "prestart"
 
 

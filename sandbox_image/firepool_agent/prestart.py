@@ -293,22 +293,28 @@ def under(path: str, dirs: Sequence[str]) -> bool:
 def held_paths(pid: int, dirs: Sequence[str]) -> list[str]:
     """Files under `dirs` that the process maps, has open, or works in, as /proc shows them."""
     seen: list[str] = []
+    ours = _fd_targets("/proc/self/fd")  # inherited from the agent (its log as stderr): never a session's
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             for line in f:
                 fields = line.decode(errors="replace").split(maxsplit=5)
                 if len(fields) == 6:
                     seen.append(fields[5].strip().removesuffix(" (deleted)"))
-        fd_dir = f"/proc/{pid}/fd"
-        for name in os.listdir(fd_dir):
-            try:
-                seen.append(os.readlink(os.path.join(fd_dir, name)).removesuffix(" (deleted)"))
-            except OSError:
-                pass  # closed since the listing
+        seen += [t for t in _fd_targets(f"/proc/{pid}/fd") if t not in ours]
         seen.append(os.readlink(f"/proc/{pid}/cwd"))
     except OSError as exc:
         return [f"/proc/{pid} unreadable: {exc}"]
     return sorted({p for p in seen if p.startswith("/") and under(p, dirs)})
+
+
+def _fd_targets(fd_dir: str) -> set[str]:
+    found = set()
+    for name in os.listdir(fd_dir):
+        try:
+            found.add(os.readlink(os.path.join(fd_dir, name)).removesuffix(" (deleted)"))
+        except OSError:
+            pass  # closed since the listing
+    return found
 
 
 def memory(pid: int) -> dict[str, int]:

@@ -24,6 +24,7 @@ from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
 from broker.running.agent_http import HttpAgentClient
+from firepool_agent.prestart import held_paths
 from tests.integration.test_agent import AGENT_ROOT, RunningAgent, alive, wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -186,3 +187,21 @@ async def test_an_unbound_process_dies_with_its_agent(agent: RunningAgent) -> No
     while alive(prestarted["pid"]):
         assert time.monotonic() < deadline, "the pre-started kernel outlived its agent"
         await asyncio.sleep(0.01)
+
+
+def test_held_paths_finds_an_open_file_under_the_session_dirs_but_not_the_agents_own(tmp_path) -> None:
+    session = tmp_path / "workspace"
+    session.mkdir()
+    (session / "seen.txt").write_text("x")
+    with open(session / "ours.txt", "w"):  # this process stands in for the agent: its own files never count
+        child = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1]); print(flush=True); "
+                                  "sys.stdin.read()", str(session / "seen.txt")],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
+        try:
+            assert child.stdout is not None
+            child.stdout.readline()
+            assert held_paths(child.pid, [str(session)]) == [str(session / "seen.txt")]
+            assert held_paths(child.pid, [str(tmp_path / "elsewhere")]) == []
+        finally:
+            child.kill()
+            child.wait()

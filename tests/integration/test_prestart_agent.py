@@ -193,10 +193,10 @@ def test_held_paths_finds_an_open_file_under_the_session_dirs_but_not_the_agents
     session = tmp_path / "workspace"
     session.mkdir()
     (session / "seen.txt").write_text("x")
-    with open(session / "ours.txt", "w"):  # this process stands in for the agent: its own files never count
-        child = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1]); print(flush=True); "
-                                  "sys.stdin.read()", str(session / "seen.txt")],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
+    # This process stands in for the agent: its own open files never count.
+    with open(session / "ours.txt", "w"), subprocess.Popen(
+            [sys.executable, "-c", "import sys; f = open(sys.argv[1]); print(flush=True); sys.stdin.read()",
+             str(session / "seen.txt")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path) as child:
         try:
             assert child.stdout is not None
             child.stdout.readline()
@@ -204,4 +204,3 @@ def test_held_paths_finds_an_open_file_under_the_session_dirs_but_not_the_agents
             assert held_paths(child.pid, [str(tmp_path / "elsewhere")]) == []
         finally:
             child.kill()
-            child.wait()

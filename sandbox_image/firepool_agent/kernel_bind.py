@@ -2,7 +2,8 @@
 
 `python3 -m firepool_agent.kernel --prestarted FD` runs this before any claim. It imports ipykernel and
 what its start would import (no port, no key, no IPython shell, no CUDA: the agent starts it with the
-GPUs hidden), notes every environment variable those imports read, says `ready` on FD and blocks. The
+GPUs hidden), notes every environment variable those imports read and every path under the session's
+directories they open or list (`--watch`: an audit hook, inert once bound), says `ready` on FD and blocks. The
 agent's bind message carries the job's argv, env, cwd, umask and resource limits and, as SCM_RIGHTS, the
 attempt's stdout and stderr pipes. The bind is refused, and the agent launches the job the normal way,
 when the job would not have started the same: an environment variable the imports read differs, or the
@@ -78,6 +79,8 @@ class Touches:
         if not self.watching or event not in WATCHED_EVENTS or not args:
             return
         path = args[0]
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         if not isinstance(path, str) or len(self.found) >= MAX_TOUCHED:

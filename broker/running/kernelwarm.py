@@ -145,6 +145,9 @@ class KernelWarmth:
         try:
             await self.backend.agent(name).keep_kernels(keep)  # the agent client's own timeout bounds it
         except FirepoolError as exc:
+            if exc.details.get("status") in (404, 405):  # an agent older than this endpoint: it keeps none
+                self.told[name] = keep
+                return
             log.debug("telling %s keep_kernels=%s failed (next pass retries): %s", name, keep, exc)
             return
         self.told[name] = keep

@@ -4,6 +4,7 @@ never served a kernel is never told anything."""
 
 from __future__ import annotations
 
+from broker.errors import AgentError
 from broker.ports.agent import FakeAgent
 from broker.ports.backend import FakeBackend
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
@@ -104,12 +105,41 @@ async def test_an_agent_that_did_not_answer_is_told_again_on_the_next_pass() -> 
         assert isinstance(backend, FakeBackend)
         down = backend.agents[pods_of(h, "kern")[0]]
         assert isinstance(down, FakeAgent)
-        down.reachable = False
+        answer = down.keep_kernels
+        failing = [True]
+
+        async def flaky(keep: bool) -> None:  # only this call fails: the pod may still run the job
+            if failing[0]:
+                raise AgentError(f"agent of {down.pod} unreachable")
+            await answer(keep)
+
+        down.keep_kernels = flaky  # type: ignore[method-assign]
         await h.run_job("alice", pool="kern", extra=KERNEL)
         await h.run_for(0.5)
         assert down.pod not in told(h)
-        down.reachable = True
+        failing[0] = False
         await h.run_for(5.5)
         assert told(h)[down.pod] == [True]
+    finally:
+        await h.stop()
+
+
+async def test_an_agent_without_the_endpoint_is_not_asked_again() -> None:
+    h = await Harness([cpu_pool(name="kern", min_count=1)]).start()
+    try:
+        await h.run_for(0.5)
+        backend = h.backend
+        assert isinstance(backend, FakeBackend)
+        old = backend.agents[pods_of(h, "kern")[0]]
+        calls: list[bool] = []
+
+        async def refuse(keep: bool) -> None:
+            calls.append(keep)
+            raise AgentError("agent of pod refused POST /v1/kernels: 404 no such endpoint", {"status": 404})
+
+        old.keep_kernels = refuse  # type: ignore[method-assign]
+        await h.run_job("alice", pool="kern", extra=KERNEL)
+        await h.run_for(12.0)
+        assert calls == [True]
     finally:
         await h.stop()

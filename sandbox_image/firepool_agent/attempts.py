@@ -180,7 +180,7 @@ class Attempts:
         return problems
 
     def _keep_prestarted(self, attempt: Attempt) -> int | None:
-        """Keep the unbound kernel across the boundary when it took nothing in (`prestart`): its pid, or None."""
+        """Keep the unbound kernel across the boundary when it took nothing in (see `prestart`): its pid, or None."""
         if self.prestarter.current is None:
             return None
         reason = self.prestarter.crossing(self.prestarter.session_dirs())

@@ -60,7 +60,6 @@ class Agent:
                      "kernel_prestart": self.attempts.prestarter.state()},
         }
 
-
     def keep_kernels(self, keep: bool) -> dict[str, Any]:
         """The broker's word that the pod's pool serves kernels (or no longer does); acted on when idle."""
         prestarter = self.attempts.prestarter

@@ -83,27 +83,3 @@ def test_the_watch_hook_notes_what_is_opened_or_listed_under_the_session_dirs_un
     (session / "notes.txt").read_text()  # after the bind the job's own opens are not recorded
     assert len(touches.found) == 2
 
-
-def test_held_paths_finds_an_open_file_or_cwd_under_the_session_dirs_but_not_the_agents_own(tmp_path) -> None:
-    from firepool_agent.prestart import held_paths
-
-    session = tmp_path / "workspace"
-    session.mkdir()
-    assert held_paths(os.getpid(), [str(session)]) == []
-    with open(session / "held.txt", "w"):
-        # This process is also the "agent" here: its own descriptors never count, so a child is needed.
-        import subprocess
-        import sys
-
-        child = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); "
-                                  "print(flush=True); time.sleep(30)", str(session / "seen.txt")],
-                                 stdout=subprocess.PIPE, cwd=tmp_path)
-        (session / "seen.txt").write_text("x")
-        try:
-            assert child.stdout is not None
-            child.stdout.readline()
-            assert held_paths(child.pid, [str(session)]) == [str(session / "seen.txt")]
-            assert held_paths(child.pid, [str(tmp_path / "elsewhere")]) == []
-        finally:
-            child.kill()
-            child.wait()

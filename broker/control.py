@@ -30,6 +30,7 @@ from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, recover
 from broker.running.delivering import PackageDelivery
 from broker.running.executing import SIGNALS, Executor
+from broker.running.kernelwarm import KernelWarmth
 from broker.running.packages import PackageStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -73,13 +74,15 @@ class ControlPlane:
                                          tick=tuning.reconcile_tick_s, budgets=catalog.budgets,
                                          borrowing=Borrowing(capacity, clock, tuning.capacity_poll_s)
                                          if capacity is not None else None)
+        self.kernels = KernelWarmth(clock=clock, tracker=self.tracker, backend=backend)
         self.dispatcher = Dispatcher(clock=clock, book=self.book, tracker=self.tracker, controller=self.controller,
                                      tasks=self.tasks, stats=self.stats, tick=tuning.dispatch_tick_s)
         self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
                                  controller=self.controller, logs=logs, tasks=self.tasks, stats=self.stats,
                                  wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
                                  kill_grace_s=tuning.kill_grace_s,
-                                 delivery=PackageDelivery(packages) if packages is not None else None)
+                                 delivery=PackageDelivery(packages) if packages is not None else None,
+                                 kernels=self.kernels)
         self.dispatcher.executor = self.executor
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
@@ -87,6 +90,7 @@ class ControlPlane:
 
     def _pod_ready(self) -> None:
         self.dispatcher.wake()
+        self.kernels.wake()  # a new pod of a pool that serves kernels keeps one from its start
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -97,6 +101,7 @@ class ControlPlane:
         if loops:
             self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)
+            self.tasks.spawn("kernel warmth", self.kernels.run())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:

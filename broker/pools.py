@@ -115,7 +115,8 @@ class PoolSpec:
     reserve_gangs_after: Number | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
     kernels: KernelMode = "auto"
-    """Pre-imported kernel on idle pods: prestart, learned (after a kernel job), cold; auto: learned sans standby."""
+    """Pre-imported kernel on idle non-standby pods: prestart (always), learned (while the pool serves kernel
+    jobs: learned per pool, forgotten after its keep-alive), cold (never); auto: learned."""
 
     @property
     def hold_seconds(self) -> float:

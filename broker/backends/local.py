@@ -62,10 +62,8 @@ _warned_unisolated = False
 
 
 def agent_kernels(pool: PoolSpec) -> str:
-    """The agent's `--kernels` mode for a pool: `auto` learns on pools without standby pods, else stays cold."""
-    if pool.kernels != "auto":
-        return pool.kernels
-    return "cold" if pool.standbys_per_active > 0 else "learned"
+    """The agent's `--kernels` mode for a pool: `auto` is `learned` (the broker tells it; broker.running.kernelwarm)."""
+    return "learned" if pool.kernels == "auto" else pool.kernels
 
 
 class _KeptCacheAgent(HttpAgentClient):

@@ -127,6 +127,10 @@ class AgentClient(Protocol):
 
     async def reset(self, request: ResetRequest) -> ResetResult: ...
 
+    async def keep_kernels(self, keep: bool) -> None:
+        """Tell the agent whether its pool serves kernels: an idle `learned` pod keeps a pre-started one while so."""
+        ...
+
     async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
         """Push a code package (a checked zip on local disk) for the next launch; the agent unpacks it."""
         ...
@@ -162,6 +166,7 @@ class FakeAgent:
         self.reachable = True
         self.launches: list[LaunchRequest] = []
         self.resets: list[ResetRequest] = []
+        self.kernels_told: list[bool] = []
 
     def _check(self) -> None:
         if not self.reachable:
@@ -270,6 +275,10 @@ class FakeAgent:
             self.unclean_next_reset = False
             return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"])
         return ResetResult(clean=True, duration_s=0.001)
+
+    async def keep_kernels(self, keep: bool) -> None:
+        self._check()
+        self.kernels_told.append(keep)
 
     async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
         self._check()

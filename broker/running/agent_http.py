@@ -165,6 +165,9 @@ class HttpAgentClient:
             return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
                                problems=tuple(body.get("problems", ())))
 
+    async def keep_kernels(self, keep: bool) -> None:
+        await self._request("POST", "/v1/kernels", json={"keep": keep})
+
     async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
         """Stream the archive from disk over this pod's connection (the sandbox may have no network)."""
         size = os.path.getsize(path)

@@ -26,6 +26,7 @@ from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
 from broker.running.delivering import PackageDelivery
 from broker.running.jobenv import agent_session, memory_limits
+from broker.running.kernelwarm import KernelWarmth
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -94,7 +95,7 @@ class Executor:
     def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
                  controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
                  wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0,
-                 delivery: PackageDelivery | None = None) -> None:
+                 delivery: PackageDelivery | None = None, kernels: KernelWarmth | None = None) -> None:
         self.clock = clock
         self.book = book
         self.tracker = tracker
@@ -107,6 +108,8 @@ class Executor:
         self.requeue = requeue
         self.kill_grace_s = kill_grace_s
         self.delivery = delivery
+        self.kernels = kernels
+        """Learns which pools serve kernels, so their idle pods keep a pre-started one."""
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self._gate_opened = asyncio.Event()
@@ -137,6 +140,8 @@ class Executor:
         if isinstance(bound, str):  # no rank starts without its code
             await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.PACKAGE_ERROR, bound)
             return
+        if self.kernels is not None and job.spec.extra.get("kernel"):
+            self.kernels.started(job.id, job.spec.pool)
         requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
                     for rank, pod in enumerate(lease.pods)]
         results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
@@ -307,6 +312,8 @@ class Executor:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
         await self._collect_logs(aid, pods, statuses)
         self.launched.pop(job_id, None)
+        if self.kernels is not None:
+            self.kernels.ended(job_id)
         lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
         committed, _ = await asyncio.gather(self._commit_outcome(job_id, aid, statuses, never_ran, may_retry),
                                             self._reset(job_id, pods, lost))

@@ -141,6 +141,11 @@ class Attempts:
                     raise Conflict(f"attempt {spec.attempt_id} was launched before")
                 self.current = attempt
                 self._remember(attempt)
+            self.prestarter.clean = False  # no process starts unbound again before a verified reset
+            if not spec.extra.get("kernel") or spec.extra.get("requirements") is not None:
+                # Nothing runs beside an unbound process: not another job, not a requirements install
+                # (package builds run code), and the memory is the job's.
+                self.prestarter.kill()
             if self.session is not None and spec.session != self.session:
                 problems = self._cross_session(attempt)
                 if problems:
@@ -148,11 +153,6 @@ class Attempts:
                                "emptied: " + "; ".join(problems[:5]))
                     return attempt
             self.session = spec.session
-            self.prestarter.last_was_kernel = bool(spec.extra.get("kernel"))
-            if not self.prestarter.last_was_kernel or spec.extra.get("requirements") is not None:
-                # Nothing runs beside an unbound process: not another job, not a requirements install
-                # (package builds run code), and the memory is the job's.
-                self.prestarter.kill()
             if self.prepare is not None and spec.extra:
                 prepared = self.prepare(attempt, spec)
                 if isinstance(prepared, tuple):
@@ -169,14 +169,28 @@ class Attempts:
         """A new session sees nothing of the last one: its processes die and its scratch is emptied."""
         began = time.perf_counter()
         problems = []
-        self.prestarter.kill()  # it was started before this boundary: the new session gets a cold kernel
-        if proctree.others():
+        kept = self._keep_prestarted(attempt)
+        if [p for p in proctree.others() if p.pid != kept]:
+            self.prestarter.kill()  # something else ran: nothing unbound crosses this boundary
             proctree.kill_all()
             problems += [f"process {p.pid} survived" for p in proctree.wait_gone(2.0)]
         for directory in self.scratch_dirs(workspace=True):
             problems += wiping.empty_dir(directory)
         attempt.timings["session_wipe_s"] = time.perf_counter() - began
         return problems
+
+    def _keep_prestarted(self, attempt: Attempt) -> int | None:
+        """Keep the unbound kernel across the boundary when it took nothing in (see `prestart`): its pid, or None."""
+        if self.prestarter.current is None:
+            return None
+        reason = self.prestarter.crossing(self.prestarter.session_dirs())
+        if reason is not None:
+            log.info("%s: the pre-started kernel ends at the session boundary (%s)", attempt.attempt_id, reason)
+            self.prestarter.kill()
+            return None
+        self.prestarter.crossed += 1
+        attempt.timings["kernel_prestart_crossed"] = 1.0
+        return self.prestarter.current.pid if self.prestarter.current is not None else None
 
     def scratch_dirs(self, workspace: bool) -> list[str]:
         """The directories a session may leave data in, beyond the package dir."""

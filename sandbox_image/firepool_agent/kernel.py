@@ -82,11 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-encryption", action="store_true", help="plain (HMAC-signed only) ZeroMQ channels")
     parser.add_argument("--prestarted", type=int, metavar="FD", default=None,
                         help="(the agent's) import now, then wait on this socket to be bound to a job")
+    parser.add_argument("--watch", default="", metavar="DIRS",
+                        help="(the agent's, with --prestarted) report what the imports open or list under these")
     args, rest = parser.parse_known_args(argv)
     if args.prestarted is not None:
         from firepool_agent import kernel_bind
 
-        return main(kernel_bind.wait_for_bind(args.prestarted))
+        watch = [d for d in args.watch.split(os.pathsep) if d]
+        return main(kernel_bind.wait_for_bind(args.prestarted, watch))
     key = secrets.token_hex(32)
     curve = {} if args.no_encryption else curve_keys()
     tmp = os.environ.get("TMPDIR") or "/tmp"

@@ -2,7 +2,8 @@
 
 `python3 -m firepool_agent.kernel --prestarted FD` runs this before any claim. It imports ipykernel and
 what its start would import (no port, no key, no IPython shell, no CUDA: the agent starts it with the
-GPUs hidden), notes every environment variable those imports read, says `ready` on FD and blocks. The
+GPUs hidden), notes every environment variable those imports read and every path under the session's
+directories they open or list (`--watch`: an audit hook, inert once bound), says `ready` on FD and blocks. The
 agent's bind message carries the job's argv, env, cwd, umask and resource limits and, as SCM_RIGHTS, the
 attempt's stdout and stderr pipes. The bind is refused, and the agent launches the job the normal way,
 when the job would not have started the same: an environment variable the imports read differs, or the
@@ -31,6 +32,9 @@ STARTUP_ENV = ("HOME", "LANG", "LANGUAGE", "TZ")
 """Read by the interpreter or the locale at start, before any import we could watch."""
 STARTUP_PREFIXES = ("PYTHON", "LC_")
 MAX_MESSAGE = 4 << 20
+WATCHED_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "glob.glob", "os.chdir"})
+"""Audit events that name a path the process reads from (`open` also covers every import's source)."""
+MAX_TOUCHED = 20
 
 
 class Refused(Exception):
@@ -56,6 +60,37 @@ def watching_env(seen: set[str]) -> Iterator[None]:
         yield
     finally:
         cls.__getitem__, cls.__contains__ = getitem, contains  # type: ignore[method-assign]
+
+
+class Touches:
+    """An audit hook that notes paths under `dirs` the imports open or list, until `stop`.
+
+    An audit hook cannot be removed; after `stop` it returns at its first test, for the kernel's life.
+    """
+
+    def __init__(self, dirs: list[str]) -> None:
+        self.dirs = tuple(os.path.normpath(d) for d in dirs if d)
+        self.found: list[str] = []
+        self.watching = bool(self.dirs)
+        if self.watching:
+            sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.watching or event not in WATCHED_EVENTS or not args:
+            return
+        path = args[0]
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str) or len(self.found) >= MAX_TOUCHED:
+            return  # an fd (os.fdopen, a socket file) names nothing on disk
+        full = os.path.normpath(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+        if any(full == d or full.startswith(d + "/") for d in self.dirs):
+            self.found.append(full)
+
+    def stop(self) -> None:
+        self.watching = False
 
 
 class Warmed:
@@ -193,18 +228,24 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data), list(fds)
 
 
-def wait_for_bind(fd: int) -> list[str]:
-    """Warm up, report ready, and return the job's kernel arguments once bound; exit when refused."""
+def wait_for_bind(fd: int, watch: list[str] | None = None) -> list[str]:
+    """Warm up, report ready, and return the job's kernel arguments once bound; exit when refused.
+
+    `watch`: the session's directories; the ready message lists what the imports opened or listed there
+    (the agent keeps the process across a session boundary only when that list is empty).
+    """
     import signal
 
     _parent_death_signal(signal.SIGKILL)  # an idle pre-started kernel never outlives its agent
     sock = socket.socket(fileno=fd)
+    touches = Touches(watch or [])
     warmed = Warmed()
     with open(f"/proc/{os.getpid()}/status", "rb") as f:
         rss = next((int(line.split()[1]) for line in f if line.startswith(b"VmRSS:")), 0)
-    _answer(sock, {"ready": True, "rss_kib": rss})
+    _answer(sock, {"ready": True, "rss_kib": rss, "touched": sorted(set(touches.found))})
     try:
         message, fds = receive(sock)
+        touches.stop()  # from here on the job's own code runs: what it opens is its business
         argv = apply(message, fds, warmed)
     except Refused as exc:
         _answer(sock, {"refused": str(exc)})

@@ -1,11 +1,26 @@
 """Pre-started kernels: an idle pod of a kernel pool keeps one kernel process imported but not yet bound.
 
-The process (`kernel_bind`) is spawned only while no attempt runs: at boot (mode `prestart`) and after a
-verified clean reset (modes `prestart`, and `learned` when the pod's last attempt was a kernel). It is
-the agent's child in its own session like any rank 0, with the GPUs hidden, cwd in a private directory,
-no port and no key. A kernel launch binds it (`bind`): the job's env, cwd, umask, limits and output
-pipes go over its control socket; keys are made after that, by the kernel launcher. Any other launch,
-a session boundary and every reset kill it; a dead, slow or refusing process means a normal launch.
+Which pods keep one: mode `prestart` always; mode `learned` while the broker says the pod's pool serves
+kernels (`POST /v1/kernels {"keep": true}`: the broker learns it per pool from kernel jobs, tells every
+idle pod of the pool, never-used ones included, and says `false` after a quiet period); `cold` never.
+
+The process (`kernel_bind`) is spawned only while the pod is clean: nothing has run since the agent
+started or since the last verified clean reset (a launch makes the pod unclean until the next one). It
+is the agent's child in its own session like any rank 0, with the GPUs hidden, cwd in a private
+directory, no port and no key. A kernel launch binds it (`bind`): the job's env, cwd, umask, limits and
+output pipes go over its control socket; keys are made after that, by the kernel launcher. Any other
+launch and every reset kill it; a dead, slow or refusing process means a normal launch.
+
+A session boundary keeps it (`crossing`). The boundary empties the workspace, TMPDIR and /dev/shm so a
+new session sees nothing of the last one; the unbound process holds nothing of any session to begin
+with. It was started on a clean pod, so no code of the old session has run since; it ran only our
+imports, with cwd in its private directory and nothing of the workspace, package or deps directory on
+its sys.path; it runs no user code until bound. What it could still have taken in is what its imports
+read from the session's directories while it started (HOME is the workspace): an audit hook in the
+process records every path its imports open or list under HOME, TMPDIR, the package or deps directory,
+and the agent checks /proc for a mapped file, open descriptor or cwd there. Only with none of those,
+and no other process alive, does it cross; otherwise it is killed as before and the new session's first
+kernel starts cold. Pods never change callers, so the question is only ever the same caller's sessions.
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ from firepool_agent.reaping import Reaper
 log = logging.getLogger(__name__)
 
 MODES = ("cold", "learned", "prestart")
-"""cold: never; learned: after a kernel attempt; prestart: always (at boot and after every reset)."""
+"""cold: never; learned: while the broker says the pool serves kernels; prestart: always."""
 BIND_WAIT_S = 10.0
 """How long a bind waits for the process to finish its imports and answer; then a normal launch."""
 LAUNCHER = ("-m", "firepool_agent.kernel")
@@ -49,6 +64,8 @@ class Prestarted:
         self.spawned_at = time.monotonic()
         self.ready_at: float | None = None
         self.rss_kib = 0
+        self.touched: list[str] = []
+        """Paths under the session's directories that its imports opened or listed (its ready message)."""
         self.buffer = b""
         self.io = threading.Lock()
         """One reader of the control socket at a time (a bind, or /v1/health asking whether it is ready)."""
@@ -95,6 +112,7 @@ class Prestarted:
             if message.get("ready"):
                 self.ready_at = time.monotonic()
                 self.rss_kib = int(message.get("rss_kib", 0))
+                self.touched = [str(t) for t in message.get("touched", ())]
         return found
 
 
@@ -106,22 +124,41 @@ class Prestarter:
         self.reaper = reaper
         self.base_env = base_env
         self.current: Prestarted | None = None
-        self.last_was_kernel = False
+        self.told = False
+        """The broker says this pod's pool serves kernels (mode `learned`)."""
+        self.clean = True
+        """Nothing has run since the agent started or since the last verified clean reset."""
         self.spawned = 0
+        self.crossed = 0
+        """Session boundaries the current process was kept across."""
 
     @property
     def mode(self) -> str:
         return str(self.config.kernels)
 
     def wanted(self) -> bool:
-        return self.mode == "prestart" or (self.mode == "learned" and self.last_was_kernel)
+        return self.mode == "prestart" or (self.mode == "learned" and self.told)
+
+    def keep(self, told: bool) -> None:
+        """The broker's word on the pool: start one now if the pod is clean and idle, or end it."""
+        self.told = told
+        if not self.wanted():
+            self.kill()
+        elif self.clean:
+            self.spawn()
+
+    def session_dirs(self) -> list[str]:
+        """Where a session's (or a job's) files live: what the process must not have taken anything from."""
+        c = self.config
+        dirs = [c.workspace, c.tmp_dir, c.package_dir, *([c.deps_dir] if c.deps_dir else [])]
+        return dirs + ([c.shm_dir] if c.isolated else [])
 
     def python(self) -> str | None:
         return shutil.which("python3", path=self.config.job_path)
 
     def spawn(self) -> None:
-        """Start a fresh process if this pod keeps one; call only while no attempt runs."""
-        if not self.wanted() or self.current is not None:
+        """Start a fresh process if this pod keeps one; call only while the pod is clean."""
+        if not self.wanted() or self.current is not None or not self.clean:
             return
         python = self.python()
         if python is None:
@@ -138,7 +175,8 @@ class Prestarter:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self.reaper.lock:
-                popen = subprocess.Popen([python, *LAUNCHER, "--prestarted", str(child.fileno())],
+                popen = subprocess.Popen([python, *LAUNCHER, "--prestarted", str(child.fileno()),
+                                          "--watch", os.pathsep.join(self.session_dirs())],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=home,
                                          start_new_session=True, close_fds=True, pass_fds=(child.fileno(),))
                 handle = Prestarted(popen, parent, python)
@@ -151,6 +189,27 @@ class Prestarter:
             child.close()
         self.current = handle
         self.spawned += 1
+
+    def crossing(self, dirs: Sequence[str]) -> str | None:
+        """Why the current process may not be kept across a session boundary; None when it may."""
+        handle = self.current
+        if handle is None:
+            return "no pre-started kernel"
+        try:
+            handle.messages(None)
+        except (OSError, ValueError) as exc:
+            return f"it does not answer: {exc!r}"
+        with handle.lock:
+            if handle.exit is not None:
+                return "it had exited"
+        if handle.ready_at is None:
+            return "it was still importing"
+        if handle.touched:
+            return "its imports read " + ", ".join(handle.touched[:3])
+        held = held_paths(handle.pid, dirs)
+        if held:
+            return "it holds " + ", ".join(held[:3])
+        return None
 
     def kill(self) -> None:
         """End the process (a non-kernel launch, a session boundary, a reset)."""
@@ -213,7 +272,8 @@ class Prestarter:
     def state(self) -> dict[str, Any]:
         """For /v1/health: the mode and the current process, its readiness and memory."""
         handle = self.current
-        info: dict[str, Any] = {"mode": self.mode, "spawned": self.spawned, "pid": None}
+        info: dict[str, Any] = {"mode": self.mode, "told": self.told, "wanted": self.wanted(),
+                                "spawned": self.spawned, "crossed": self.crossed, "pid": None}
         if handle is None:
             return info
         try:
@@ -223,6 +283,38 @@ class Prestarter:
         info.update(pid=handle.pid, ready=handle.ready_at is not None, age_s=time.monotonic() - handle.spawned_at,
                     **memory(handle.pid))
         return info
+
+
+def under(path: str, dirs: Sequence[str]) -> bool:
+    path = os.path.normpath(path)
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs if d)
+
+
+def held_paths(pid: int, dirs: Sequence[str]) -> list[str]:
+    """Files under `dirs` that the process maps, has open, or works in, as /proc shows them."""
+    seen: list[str] = []
+    ours = _fd_targets("/proc/self/fd")  # inherited from the agent (its log as stderr): never a session's
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.decode(errors="replace").split(maxsplit=5)
+                if len(fields) == 6:
+                    seen.append(fields[5].strip().removesuffix(" (deleted)"))
+        seen += [t for t in _fd_targets(f"/proc/{pid}/fd") if t not in ours]
+        seen.append(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError as exc:
+        return [f"/proc/{pid} unreadable: {exc}"]
+    return sorted({p for p in seen if p.startswith("/") and under(p, dirs)})
+
+
+def _fd_targets(fd_dir: str) -> set[str]:
+    found = set()
+    for name in os.listdir(fd_dir):
+        try:
+            found.add(os.readlink(os.path.join(fd_dir, name)).removesuffix(" (deleted)"))
+        except OSError:
+            pass  # closed since the listing
+    return found
 
 
 def memory(pid: int) -> dict[str, int]:

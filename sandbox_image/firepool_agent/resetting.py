@@ -4,7 +4,7 @@ The order matters. Processes die first and /proc must confirm it (a survivor cou
 directory after it was emptied); then the package dir, the private /dev/shm, the pool's wipe paths,
 the run dir (attempt logs) and, on request, the workspace and TMPDIR are emptied and re-listed.
 Anything that survives either step makes the reset unclean, and the broker deletes the pod. A clean
-reset ends by starting the pod's next pre-started kernel process, when it keeps one (`prestart`).
+reset marks the pod clean and starts its next pre-started kernel process, when it keeps one (`prestart`).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Resetter:
         began = time.perf_counter()
         problems: list[str] = []
         with self.attempts.launch_lock:
+            self.attempts.prestarter.clean = False
             self.attempts.prestarter.kill()
             killed = proctree.kill_all() if proctree.others() else 0
             survivors = proctree.wait_gone(KILL_DEADLINE_S) if killed else []
@@ -93,6 +94,7 @@ class Resetter:
                 self.attempts.forget_session()
             if not problems:
                 # Only now, with every process gone and the scratch verified empty, may a fresh one start.
+                self.attempts.prestarter.clean = True
                 self.attempts.prestarter.spawn()
         return ResetOutcome(clean=not problems, duration_s=time.perf_counter() - began, killed=killed,
                             problems=problems)

@@ -2,6 +2,7 @@
 
     GET  /v1/health                       POST /v1/attempts              GET /v1/attempts/{id}?wait_s=
     GET  /v1/attempts/{id}/log?stream=&offset=&max_bytes=&wait_s=      POST /v1/reset
+    POST /v1/kernels  {"keep": bool}      (the pool serves kernels: keep a pre-started one while idle)
     POST /v1/attempts/{id}/signal         POST /v1/attempts/{id}/cancel
     PUT  /v1/packages/{sha256}?max_extracted=   (a zip, unpacked into the package dir for the next launch)
 
@@ -32,6 +33,8 @@ from firepool_agent.resetting import Resetter
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
+KEEP_LOCK_S = 2.0
+"""How long `POST /v1/kernels` waits for a launch or reset in progress; after that the next reset acts on it."""
 
 
 class Agent:
@@ -56,6 +59,17 @@ class Agent:
                      "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,
                      "kernel_prestart": self.attempts.prestarter.state()},
         }
+
+    def keep_kernels(self, keep: bool) -> dict[str, Any]:
+        """The broker's word that the pod's pool serves kernels (or no longer does); acted on when idle."""
+        prestarter = self.attempts.prestarter
+        prestarter.told = keep  # a reset or boundary that runs now reads it when it ends
+        if self.attempts.launch_lock.acquire(timeout=KEEP_LOCK_S):
+            try:
+                prestarter.keep(keep)
+            finally:
+                self.attempts.launch_lock.release()
+        return prestarter.state()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -176,6 +190,8 @@ class Handler(BaseHTTPRequestHandler):
             self._receive_package(parts[2], query)
         elif route == ("POST", "reset", 2):
             self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
+        elif route == ("POST", "kernels", 2):
+            self._json(200, self.agent.keep_kernels(wire.parse_kernels(body)))
         else:
             raise wire.HttpError(404 if method in ("GET", "POST") else 405, "no such endpoint")
 

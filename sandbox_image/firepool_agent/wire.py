@@ -107,6 +107,14 @@ def parse_reset(raw: bytes) -> ResetSpec:
                      keep_paths=_paths("keep_paths", body.get("keep_paths", [])))
 
 
+def parse_kernels(raw: bytes) -> bool:
+    """`POST /v1/kernels`: whether the pod's pool serves kernels (a `learned` pod keeps one while it does)."""
+    keep = _object(raw, {"keep"}, {"keep"})["keep"]
+    if not isinstance(keep, bool):
+        raise HttpError(400, "keep must be a boolean")
+    return keep
+
+
 def parse_signal(raw: bytes) -> str:
     body = _object(raw, {"signal"}, {"signal"})
     name = body["signal"]

@@ -165,18 +165,27 @@ async def test_a_gpu_kernel_gets_its_gpu_only_at_bind_and_the_idle_process_sees_
     assert root.exists()
 
 
-async def test_another_sessions_kernel_on_the_pod_starts_cold(kernel_broker) -> None:
-    broker = kernel_broker  # the gpu pool holds one pod: the second session's kernels land on it
+async def test_a_new_sessions_kernel_on_the_pod_binds_the_kept_process_and_sees_nothing_of_the_old(
+        kernel_broker) -> None:
+    broker = kernel_broker  # the gpu pool holds one pod: the second session's kernel takes it (recycled)
     async with kernel("fp-gpu") as (km, kc, _):
         pod = job_of(broker, km)["bound_pods"][0]
+        reply, _, _ = await run(kc, "old_secret = 41; open('/workspace/old.txt', 'w').write('old'); "
+                                    "open('/tmp/old-tmp.txt', 'w').write('old')")
+        assert reply["status"] == "ok", reply
     await held_idle(broker, pod)
     before = await prestarted(broker, pod)
     async with kernel("fp-gpu2") as (km, kc, _):
         job = job_of(broker, km)
         assert job["bound_pods"] == [pod] and job["lease_tag"] == "prestart-gpu2", job
-        assert attempt_timings(job)["kernel_prestarted"] == 0.0  # started before the boundary: killed there
-        _, out, _ = await run(kc, "import os; print(os.getpid())")
-        assert int(out) != before["pid"]
+        timings = attempt_timings(job)
+        assert timings["kernel_prestarted"] == 1.0 and timings["kernel_prestart_crossed"] == 1.0, timings
+        reply, out, _ = await run(kc, "import os, json; print(json.dumps([os.getpid(), sorted(os.listdir("
+                                      "'/workspace')), sorted(os.listdir('/tmp')), 'old_secret' in globals()]))")
+        assert reply["status"] == "ok", reply
+    pid, workspace, tmp, has_old = json.loads(out)
+    assert pid == before["pid"]  # the process started after the old session's last job, kept across the boundary
+    assert "old.txt" not in workspace and "old-tmp.txt" not in tmp and not has_old
 
 
 async def test_a_reset_kills_the_prestarted_process_and_starts_a_new_one(kernel_broker) -> None:

@@ -24,6 +24,7 @@ from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
 from broker.running.agent_http import HttpAgentClient
+from firepool_agent.prestart import held_paths
 from tests.integration.test_agent import AGENT_ROOT, RunningAgent, alive, wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,8 @@ GPU_MODULES = ("torch", "cupy", "pynvml", "nvidia", "numba", "jax", "tensorflow"
 
 
 @pytest.fixture
-async def agent() -> AsyncIterator[RunningAgent]:
+async def agent(request: pytest.FixtureRequest) -> AsyncIterator[RunningAgent]:
+    mode = getattr(request, "param", "prestart")
     root = Path(tempfile.mkdtemp(prefix="fp-pk-"))  # short: a Unix socket path holds ~107 bytes
     secret = secrets.token_urlsafe(32)
     read_end, write_end = os.pipe()
@@ -43,7 +45,7 @@ async def agent() -> AsyncIterator[RunningAgent]:
     path = f"{os.path.dirname(PY)}:/usr/bin:/bin"  # the jobs' python3 is this one, which has ipykernel
     argv = [PY, "-S", "-m", "firepool_agent", "--pod", "pk", "--listen", f"unix:{root}/run/agent.sock",
             "--secret-fd", str(read_end), "--workspace", str(root / "ws"), "--package-dir", str(root / "pkg"),
-            "--run-dir", str(root / "run"), "--tmp-dir", str(root / "tmp"), "--path", path, "--kernels", "prestart"]
+            "--run-dir", str(root / "run"), "--tmp-dir", str(root / "tmp"), "--path", path, "--kernels", mode]
     with open(root / "agent.log", "wb") as log:
         process = subprocess.Popen(argv, pass_fds=(read_end,), env={"PYTHONPATH": str(AGENT_ROOT), "PATH": path},
                                    stdout=log, stderr=log, start_new_session=True)
@@ -152,9 +154,10 @@ def test_the_prestarted_process_imports_no_gpu_library() -> None:
     assert found["gpu"] == [] and found["libs"] == [] and found["n"] > 300  # torch is installed here, not imported
 
 
-def test_auto_prestarts_after_kernels_on_pools_without_standby_only() -> None:
+def test_auto_is_learned_per_pool_and_explicit_modes_pass_through() -> None:
     assert agent_kernels(PoolSpec(name="a")) == "learned"
-    assert agent_kernels(PoolSpec(name="b", standbys_per_active=1)) == "cold"
+    assert agent_kernels(PoolSpec(name="b", standbys_per_active=1)) == "learned"  # standby pods are never told
+    assert agent_kernels(PoolSpec(name="d", kernels="cold")) == "cold"
     assert agent_kernels(PoolSpec(name="c", standbys_per_active=1, kernels="prestart")) == "prestart"
 
 
@@ -185,3 +188,53 @@ async def test_an_unbound_process_dies_with_its_agent(agent: RunningAgent) -> No
     while alive(prestarted["pid"]):
         assert time.monotonic() < deadline, "the pre-started kernel outlived its agent"
         await asyncio.sleep(0.01)
+
+
+def test_held_paths_finds_an_open_file_under_the_session_dirs_but_not_the_agents_own(tmp_path) -> None:
+    session = tmp_path / "workspace"
+    session.mkdir()
+    (session / "seen.txt").write_text("x")
+    # This process stands in for the agent: its own open files never count.
+    with open(session / "ours.txt", "w"), subprocess.Popen(
+            [sys.executable, "-c", "import sys; f = open(sys.argv[1]); print(flush=True); sys.stdin.read()",
+             str(session / "seen.txt")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path) as child:
+        try:
+            assert child.stdout is not None
+            child.stdout.readline()
+            assert held_paths(child.pid, [str(session)]) == [str(session / "seen.txt")]
+            assert held_paths(child.pid, [str(tmp_path / "elsewhere")]) == []
+        finally:
+            child.kill()
+
+
+@pytest.mark.parametrize("agent", ["learned"], indirect=True)
+async def test_a_learned_pod_keeps_one_while_told_and_only_while_clean(agent: RunningAgent) -> None:
+    state = (await agent.client.health()).info["kernel_prestart"]
+    assert state["pid"] is None and state["spawned"] == 0  # a new pod of a pool that has not served kernels
+    await agent.client.keep_kernels(True)  # a never-used pod: clean since boot, it starts one at once
+    first = await ready(agent.client)
+    await agent.client.keep_kernels(False)
+    assert (await agent.client.health()).info["kernel_prestart"]["pid"] is None and gone(first["pid"])
+    status = await agent.client.launch(LaunchRequest(attempt_id="plain", argv=["sleep", "30"], env={}, session="s1"))
+    await agent.client.keep_kernels(True)  # told while a job runs: nothing starts beside it, nor after it ends
+    await agent.client.signal(status.attempt_id, "KILL")
+    await agent.client.wait(status.attempt_id, 10)
+    await agent.client.keep_kernels(True)
+    assert (await agent.client.health()).info["kernel_prestart"]["pid"] is None
+    assert (await agent.client.reset(ResetRequest())).clean  # the verified reset makes the pod clean again
+    second = await ready(agent.client)
+    assert second["spawned"] == 2 and second["told"]
+
+
+async def test_the_kernels_endpoint_takes_only_a_boolean(agent: RunningAgent) -> None:
+    for body in ({}, {"keep": "yes"}, {"keep": True, "more": 1}):
+        response = await agent.client._client.post("/v1/kernels", json=body)
+        assert response.status_code == 400, body
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie (a read racing the reaper counts as dead)."""
+    try:
+        return not alive(pid)
+    except ProcessLookupError:
+        return True

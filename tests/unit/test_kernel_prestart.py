@@ -62,3 +62,24 @@ def test_the_catalog_takes_a_kernels_mode_and_refuses_others() -> None:
     assert catalog.pools["nb"].kernels == "prestart" and catalog.pools["rl"].kernels == "auto"
     with pytest.raises(CatalogError, match="kernels must be one of"):
         load_catalog("pools:\n  - name: nb\n    kernels: warm\n")
+
+
+def test_the_watch_hook_notes_what_is_opened_or_listed_under_the_session_dirs_until_stopped(tmp_path) -> None:
+    from firepool_agent.kernel_bind import Touches
+
+    session, elsewhere = tmp_path / "workspace", tmp_path / "private"
+    session.mkdir()
+    elsewhere.mkdir()
+    (session / "notes.txt").write_text("old session")
+    (elsewhere / "own.txt").write_text("ours")
+    touches = Touches([str(session)])
+    (elsewhere / "own.txt").read_text()
+    os.listdir(elsewhere)
+    assert touches.found == []
+    (session / "notes.txt").read_text()
+    os.listdir(session)
+    assert sorted(set(touches.found)) == [str(session), str(session / "notes.txt")]
+    touches.stop()
+    (session / "notes.txt").read_text()  # after the bind the job's own opens are not recorded
+    assert len(touches.found) == 2
+

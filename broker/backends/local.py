@@ -5,12 +5,18 @@ A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, G
 directories bound into the sandbox. Pods survive a broker restart: a new instance over the same
 state directory finds them through their records, and `list_pods` drops the records of dead ones.
 GPUs are bound exclusively; without bubblewrap, pods run unisolated and say so.
+
+Each pod gets the limits of its pool's template (limits.py): a cgroup (cgroups.py) that bwrap joins
+before it execs, so the agent and every job start inside it; sized /tmp and /dev/shm; and a capped
+disk (volumes.py). A host without writable cgroups or loop mounts runs pods without those limits and
+says so in the log and in `limits_info`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from broker.backends import cgroups
 from broker.backends import gpus as gpu_discovery
+from broker.backends.limits import Limits, parse_limits
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
@@ -41,7 +49,7 @@ from broker.backends.sandboxing import (
     python_prefixes,
     uses,
 )
-from broker.backends.volumes import make_volume_dirs, volume_binds
+from broker.backends.volumes import disk_capping, make_disk, make_volume_dirs, unmount_disk, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
@@ -84,6 +92,9 @@ class LocalBackend:
         self._gpus = {g.device.key: g for g in gpu_discovery.discover(virtual_gpus)}
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
+        self.cgroups = cgroups.detect()
+        self.disk_off = disk_capping()
+        self._announce_limits()
         self._records: dict[str, dict[str, Any]] = {}
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
@@ -115,6 +126,20 @@ class LocalBackend:
             log.warning("local pods run UNISOLATED (%s): jobs share this host's processes, files and /dev/shm, "
                         "run as uid %d and can read the broker's state directory", why, os.geteuid())
         return "none"
+
+    def _announce_limits(self) -> None:
+        if self.cgroups.enabled:
+            log.info("pod limits: %s", self.cgroups.reason)
+        else:
+            log.warning("pods run WITHOUT memory, pids and CPU limits: %s", self.cgroups.reason)
+        if self.disk_off:
+            log.warning("pod disks are NOT capped (workspace_size is ignored): %s", self.disk_off)
+
+    @property
+    def limits_info(self) -> dict[str, Any]:
+        """How pod limits are enforced on this host (for health and pod views)."""
+        return {**self.cgroups.describe(), "disk": "ext4 image" if self.disk_off is None else "off",
+                "disk_reason": self.disk_off or ""}
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
@@ -160,7 +185,8 @@ class LocalBackend:
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
                        details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
-                                "root": str(self._dirs(record["name"]).root)})
+                                "root": str(self._dirs(record["name"]).root),
+                                "limits": record.get("limits", {})})
 
     def _allocate(self, count: int, name: str) -> list[str]:
         """Exclusive GPUs for a pod; synchronous, so two concurrent creates never get the same one."""
@@ -194,6 +220,7 @@ class LocalBackend:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
+            limits = parse_limits(request.pool.template, request.pool.cpus)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -213,15 +240,16 @@ class LocalBackend:
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": "host" if network or not self.isolated else "none",
             "kernels": agent_kernels(request.pool),
+            "limits": {**dataclasses.asdict(limits), "cgroup": "off"},
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
-                           network=network,
+                           network=network, tmp_size=limits.tmp_size, shm_size=limits.shm_size,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
         delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
-        starting = asyncio.ensure_future(self._start(spec, record))
+        starting = asyncio.ensure_future(self._start(spec, record, limits))
         sleeping = asyncio.ensure_future(self.clock.sleep(delay)) if delay > 0 else None
         try:
             await asyncio.gather(starting, *([sleeping] if sleeping else []))
@@ -237,11 +265,13 @@ class LocalBackend:
             self._starting.discard(name)
         return self._info(record)
 
-    async def _start(self, spec: SandboxSpec, record: dict[str, Any]) -> None:
+    async def _start(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> None:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
-        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, *([] if self.isolated else [dirs.tmp])):
+        spec, join = await asyncio.to_thread(self._limit, spec, record, limits)
+        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, dirs.volumes,
+                     *([] if self.isolated else [dirs.tmp])):
             path.mkdir(mode=0o700)
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
@@ -249,6 +279,7 @@ class LocalBackend:
                          self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
+        argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
@@ -270,6 +301,26 @@ class LocalBackend:
         await self._wait_healthy(spec.name, pid)
         log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
                  record["cuda_visible_devices"] or "none")
+
+    def _limit(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> tuple[SandboxSpec, list[str]]:
+        """Make the pod's capped disk and cgroup; returns the spec that shows the cgroup to the agent and the
+        prefix that starts the pod inside it (a shell that joins, then execs: nothing runs outside it)."""
+        began = time.perf_counter()
+        try:
+            make_disk(spec.dirs, None if self.disk_off else limits.workspace_size,
+                      self.uid if self.isolated else None)
+            name = cgroups.cgroup_name(spec.name, self.state_dir)
+            cgroup = cgroups.create(self.cgroups, name, limits)
+        except OSError as exc:
+            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
+        record["limits"]["cgroup"] = name if cgroup is not None else "off"
+        record["limits_ms"] = round((time.perf_counter() - began) * 1000, 1)
+        if cgroup is None:
+            return spec, []
+        shown = tuple((c, str(d)) for c, d in cgroup.dirs.items() if c in ("memory", "pids", "unified"))
+        spec = dataclasses.replace(spec, limit_dirs=shown)
+        script = 'for f do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
+        return spec, ["/bin/sh", "-c", script, "firepool-join", *map(str, cgroup.procs_files), "--"]
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -309,8 +360,20 @@ class LocalBackend:
             os.close(fd)
         if not await self.procs.kill(record, KILL_TIMEOUT_S):
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
+        await asyncio.to_thread(self._unlimit, name, record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
+
+    def _unlimit(self, name: str, record: Mapping[str, Any]) -> None:
+        """Unmount the pod's disk and remove its cgroup (its processes are gone by now)."""
+        try:
+            unmount_disk(self._dirs(name))
+        except OSError as exc:
+            log.error("pod %s: %s", name, exc)
+        cgroup_name = record.get("limits", {}).get("cgroup", "off")
+        cgroup = cgroups.from_record(self.cgroups, cgroup_name) if cgroup_name != "off" else None
+        if cgroup is not None and not cgroups.remove(cgroup):
+            log.error("pod %s: cgroup %s not removed", name, cgroup_name)
 
     # -- list, annotate, agents -----------------------------------------------------------------
 

@@ -1,16 +1,25 @@
-"""The pool's kept and wiped paths on the local backend, as bind mounts of host directories.
+"""The pool's kept and wiped paths on the local backend, as bind mounts of host directories, and the
+pod's capped disk.
 
 A `keep_paths` entry (a uv/pip cache, a model or compile cache) is one host directory under
 `state_dir/caches/<pool>/` shared by every pod of the pool: it outlives resets and pods. A
 `wipe_paths` entry is a directory private to the pod (`pods/<name>/volumes/`), which every reset
 empties. Both are writable by the sandbox uid; reset leaves mount points and kept paths alone. A path
 the pool's template already binds is the operator's own volume and gets nothing more.
+
+The pod's disk (`pods/<name>/disk`: workspace, packages, requirements and wipe paths) is a sparse
+ext4 image of `workspace_size` bytes, loop-mounted by the broker (root), so a job that fills it gets
+ENOSPC while the host's disk keeps the rest; it takes only the blocks written. Without root, mkfs.ext4
+or loop devices the disk is a plain directory, and the broker says so once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from broker.backends.sandboxing import (
@@ -22,6 +31,8 @@ from broker.backends.sandboxing import (
     PodDirs,
 )
 from broker.pools import PoolSpec
+
+log = logging.getLogger(__name__)
 
 _RESERVED = ("/", "/proc", "/dev", "/usr", "/etc", "/tmp", "/dev/shm", SANDBOX_WORKSPACE, SANDBOX_PKG,
              SANDBOX_RUN, SANDBOX_DEPS)
@@ -56,3 +67,51 @@ def make_volume_dirs(binds: tuple[Bind, ...], uid: int | None) -> None:
             src.mkdir(mode=0o700)
             if uid is not None:
                 os.chown(src, uid, uid)
+
+
+def disk_capping() -> str | None:
+    """None when pod disks can be capped here (root, mkfs.ext4, mount); otherwise why not."""
+    if os.geteuid() != 0:
+        return "the broker is not root (loop mounts need it)"
+    missing = [tool for tool in ("mkfs.ext4", "mount", "umount") if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found (apt-get install e2fsprogs mount)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices (/dev/loop-control)"
+    return None
+
+
+def make_disk(dirs: PodDirs, size: int | None, uid: int | None) -> None:
+    """Create the pod's disk: a mounted image of `size` bytes, or a plain directory when `size` is None.
+
+    mkfs without a journal and with lazy inode tables: the image is private to one pod and lives no
+    longer than the broker's host, so crash consistency buys nothing and costs start time.
+    """
+    dirs.disk.mkdir(mode=0o700)
+    if size is None:
+        return
+    image = dirs.disk_image
+    with open(image, "wb") as f:
+        f.truncate(size)
+    owner = f",root_owner={uid}:{uid}" if uid is not None else ""
+    _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+          "-E", f"lazy_itable_init=1,lazy_journal_init=1,nodiscard{owner}", str(image)])
+    _run(["mount", "-o", "loop,nodev,nosuid,noatime", str(image), str(dirs.disk)])
+    with_lost = dirs.disk / "lost+found"
+    if with_lost.is_dir():
+        with_lost.rmdir()  # nothing to recover on a disk that dies with its pod; its 0700 dir only confuses jobs
+    os.chmod(dirs.disk, 0o700 if uid is None else 0o755)
+
+
+def unmount_disk(dirs: PodDirs) -> None:
+    """Unmount the pod's disk if mounted (lazily: a dying sandbox may still hold it); the image goes with
+    the pod's directory, and the loop device frees itself (mount's autoclear) when the last user is gone."""
+    if os.path.ismount(dirs.disk):
+        _run(["umount", "--lazy", str(dirs.disk)])
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise OSError(f"{' '.join(argv[:2])} failed ({result.returncode}): "
+                      f"{result.stderr.decode(errors='replace').strip()[:300]}")

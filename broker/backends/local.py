@@ -308,7 +308,7 @@ class LocalBackend:
         began = time.perf_counter()
         try:
             make_disk(spec.dirs, None if self.disk_off else limits.workspace_size,
-                      self.uid if self.isolated else None)
+                      self.uid if self.isolated else None, self.state_dir / "disks")
             name = cgroups.cgroup_name(spec.name, self.state_dir)
             cgroup = cgroups.create(self.cgroups, name, limits)
         except OSError as exc:

@@ -15,8 +15,10 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from broker.backends.limits import Limits
 
@@ -218,9 +220,14 @@ def remove(cgroup: PodCgroup, timeout_s: float = REMOVE_TIMEOUT_S) -> bool:
     return True
 
 
-def from_record(host: CgroupHost, name: str) -> PodCgroup | None:
-    """A pod's cgroup as this host lays it out (for pods a previous broker made)."""
-    if not host.enabled:
+def from_record(host: CgroupHost, record: Mapping[str, Any]) -> PodCgroup | None:
+    """The cgroup a pod's record names: its `cgroup_dirs`, else its name laid out on this host."""
+    dirs = record.get("cgroup_dirs")
+    if isinstance(dirs, Mapping) and dirs:
+        return PodCgroup({str(c): Path(str(d)) for c, d in dirs.items()})
+    limits = record.get("limits")
+    name = limits.get("cgroup", "off") if isinstance(limits, Mapping) else "off"
+    if not host.enabled or not isinstance(name, str) or name == "off":
         return None
     return PodCgroup({controller: base / name for controller, base in host.bases.items()})
 

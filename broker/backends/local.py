@@ -314,6 +314,8 @@ class LocalBackend:
         except OSError as exc:
             raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
         record["limits"]["cgroup"] = name if cgroup is not None else "off"
+        if cgroup is not None:  # the exact directories: a later broker may run in another cgroup
+            record["cgroup_dirs"] = {c: str(d) for c, d in cgroup.dirs.items()}
         record["limits_ms"] = round((time.perf_counter() - began) * 1000, 1)
         if cgroup is None:
             return spec, []
@@ -370,10 +372,9 @@ class LocalBackend:
             unmount_disk(self._dirs(name))
         except OSError as exc:
             log.error("pod %s: %s", name, exc)
-        cgroup_name = record.get("limits", {}).get("cgroup", "off")
-        cgroup = cgroups.from_record(self.cgroups, cgroup_name) if cgroup_name != "off" else None
+        cgroup = cgroups.from_record(self.cgroups, record)
         if cgroup is not None and not cgroups.remove(cgroup):
-            log.error("pod %s: cgroup %s not removed", name, cgroup_name)
+            log.error("pod %s: cgroup %s not removed", name, sorted(cgroup.dirs.values()))
 
     # -- list, annotate, agents -----------------------------------------------------------------
 

@@ -118,9 +118,8 @@ def delete_pods(state_dir: Path) -> None:
     host = cgroups.detect()
     for record in pods.glob("*/pod.json"):
         with contextlib.suppress(OSError, ValueError):
-            name = json.loads(record.read_text()).get("limits", {}).get("cgroup", "off")
             unmount_disk(PodDirs(record.parent))
-            cgroup = cgroups.from_record(host, name) if name != "off" else None
+            cgroup = cgroups.from_record(host, json.loads(record.read_text()))
             if cgroup is not None:
                 cgroups.remove(cgroup)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from broker.backends import cgroups
 from broker.backends.local import LocalBackend
+from broker.clock import RealClock
 from broker.pools import PoolSpec
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
@@ -141,3 +143,19 @@ def test_out_of_memory_reaches_the_job_and_the_next_job_on_the_pool_runs(broker_
     assert job["state"] == "FAILED" and job["error_class"] == "OutOfMemory", job
     nxt = run_job(c, {"pool": "small", "command": ["python3", "-c", "print('ok')"]}, wait=120)
     assert nxt["state"] == "SUCCEEDED", nxt
+
+
+async def test_a_pod_that_died_while_the_broker_was_away_leaves_no_cgroup_or_mount(backend: LocalBackend) -> None:
+    need_limits(backend)
+    info = await backend.create(PodRequest(name="gone", pool=PoolSpec(name="g")))
+    dirs = list(cgroups.from_record(backend.cgroups, backend._records["gone"]).dirs.values())  # type: ignore[union-attr]
+    await backend.close()
+    os.kill(info.details["agent_pid"], signal.SIGKILL)  # the sandbox's PID 1: the whole pod goes
+    heir = LocalBackend(backend.state_dir, RealClock(), sandbox="bwrap")
+    for _ in range(200):
+        if await heir.list_pods() == [] and not any(d.exists() for d in dirs):
+            break
+        await asyncio.sleep(0.02)
+    assert not any(d.exists() for d in dirs)
+    assert not os.path.ismount(backend.state_dir / "pods" / "gone" / "disk")
+    await heir.close()

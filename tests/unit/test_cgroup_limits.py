@@ -122,7 +122,10 @@ def test_removing_a_pod_cgroup_removes_its_directories(tmp_path: Path) -> None:
     assert pod is not None and all(d.is_dir() for d in pod.dirs.values())
     assert cgroups.remove(pod)
     assert not any(d.exists() for d in pod.dirs.values())
-    assert cgroups.from_record(host, "p3") == pod
+    assert cgroups.from_record(host, {"limits": {"cgroup": "p3"}}) == pod
+    assert cgroups.from_record(host, {"cgroup_dirs": {"pids": "/elsewhere/p3"}}) == \
+        cgroups.PodCgroup({"pids": Path("/elsewhere/p3")})
+    assert cgroups.from_record(host, {"limits": {"cgroup": "off"}}) is None
 
 
 def test_cgroup_names_differ_between_state_dirs() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -29,10 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.backends import cgroups
 from broker.backends import gpus as gpu_discovery
 from broker.backends.limits import Limits, parse_limits
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
+from broker.backends.podlimits import PodLimiter
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
@@ -49,7 +48,7 @@ from broker.backends.sandboxing import (
     python_prefixes,
     uses,
 )
-from broker.backends.volumes import disk_capping, make_disk, make_volume_dirs, unmount_disk, volume_binds
+from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
@@ -92,9 +91,7 @@ class LocalBackend:
         self._gpus = {g.device.key: g for g in gpu_discovery.discover(virtual_gpus)}
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
-        self.cgroups = cgroups.detect()
-        self.disk_off = disk_capping()
-        self._announce_limits()
+        self.limiter = PodLimiter(self.state_dir)
         self._records: dict[str, dict[str, Any]] = {}
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
@@ -127,19 +124,10 @@ class LocalBackend:
                         "run as uid %d and can read the broker's state directory", why, os.geteuid())
         return "none"
 
-    def _announce_limits(self) -> None:
-        if self.cgroups.enabled:
-            log.info("pod limits: %s", self.cgroups.reason)
-        else:
-            log.warning("pods run WITHOUT memory, pids and CPU limits: %s", self.cgroups.reason)
-        if self.disk_off:
-            log.warning("pod disks are NOT capped (workspace_size is ignored): %s", self.disk_off)
-
     @property
     def limits_info(self) -> dict[str, Any]:
-        """How pod limits are enforced on this host (for health and pod views)."""
-        return {**self.cgroups.describe(), "disk": "ext4 image" if self.disk_off is None else "off",
-                "disk_reason": self.disk_off or ""}
+        """How pod limits are enforced on this host (for health views)."""
+        return self.limiter.info
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
@@ -240,7 +228,7 @@ class LocalBackend:
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": "host" if network or not self.isolated else "none",
             "kernels": agent_kernels(request.pool),
-            "limits": {**dataclasses.asdict(limits), "cgroup": "off"},
+            "limits": {"cgroup": "off"},
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
@@ -269,7 +257,11 @@ class LocalBackend:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
-        spec, join = await asyncio.to_thread(self._limit, spec, record, limits)
+        try:
+            spec, join = await asyncio.to_thread(self.limiter.apply, spec, record, limits,
+                                                 self.uid if self.isolated else None)
+        except OSError as exc:
+            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
         for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, dirs.volumes,
                      *([] if self.isolated else [dirs.tmp])):
             path.mkdir(mode=0o700)
@@ -299,30 +291,8 @@ class LocalBackend:
         record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
-        log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
-                 record["cuda_visible_devices"] or "none")
-
-    def _limit(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> tuple[SandboxSpec, list[str]]:
-        """Make the pod's capped disk and cgroup; returns the spec that shows the cgroup to the agent and the
-        prefix that starts the pod inside it (a shell that joins, then execs: nothing runs outside it)."""
-        began = time.perf_counter()
-        try:
-            make_disk(spec.dirs, None if self.disk_off else limits.workspace_size,
-                      self.uid if self.isolated else None, self.state_dir / "disks")
-            name = cgroups.cgroup_name(spec.name, self.state_dir)
-            cgroup = cgroups.create(self.cgroups, name, limits)
-        except OSError as exc:
-            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
-        record["limits"]["cgroup"] = name if cgroup is not None else "off"
-        if cgroup is not None:  # the exact directories: a later broker may run in another cgroup
-            record["cgroup_dirs"] = {c: str(d) for c, d in cgroup.dirs.items()}
-        record["limits_ms"] = round((time.perf_counter() - began) * 1000, 1)
-        if cgroup is None:
-            return spec, []
-        shown = tuple((c, str(d)) for c, d in cgroup.dirs.items() if c in ("memory", "pids", "unified"))
-        spec = dataclasses.replace(spec, limit_dirs=shown)
-        script = 'for f do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
-        return spec, ["/bin/sh", "-c", script, "firepool-join", *map(str, cgroup.procs_files), "--"]
+        log.info("pod %s up in %.0f ms (%s, GPUs %s, limits %.0f ms)", spec.name, (time.perf_counter() - began) * 1000,
+                 self.mode, record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -362,19 +332,9 @@ class LocalBackend:
             os.close(fd)
         if not await self.procs.kill(record, KILL_TIMEOUT_S):
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
-        await asyncio.to_thread(self._unlimit, name, record)
+        await asyncio.to_thread(self.limiter.release, self._dirs(name), record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
-
-    def _unlimit(self, name: str, record: Mapping[str, Any]) -> None:
-        """Unmount the pod's disk and remove its cgroup (its processes are gone by now)."""
-        try:
-            unmount_disk(self._dirs(name))
-        except OSError as exc:
-            log.error("pod %s: %s", name, exc)
-        cgroup = cgroups.from_record(self.cgroups, record)
-        if cgroup is not None and not cgroups.remove(cgroup):
-            log.error("pod %s: cgroup %s not removed", name, sorted(cgroup.dirs.values()))
 
     # -- list, annotate, agents -----------------------------------------------------------------
 

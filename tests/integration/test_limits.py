@@ -32,8 +32,8 @@ FORK_BOMB = ("import os, time\nwhile True:\n    if os.fork() == 0:\n        time
 
 
 def need_limits(backend: LocalBackend) -> None:
-    assert backend.cgroups.enabled, f"this host should have writable cgroups: {backend.cgroups.reason}"
-    assert backend.disk_off is None, f"this host should cap pod disks: {backend.disk_off}"
+    assert backend.limiter.cgroups.enabled, f"this host should have writable cgroups: {backend.limiter.cgroups.reason}"
+    assert backend.limiter.disk_off is None, f"this host should cap pod disks: {backend.limiter.disk_off}"
 
 
 async def run(backend: LocalBackend, pod: str, attempt_id: str, *argv: str, wait_s: float = 60) -> AttemptStatus:
@@ -88,7 +88,7 @@ async def test_fork_bomb_is_bounded_by_pids_and_fails_too_many_processes(backend
     status = await run(backend, "forky", "a-bomb", "python3", "-c", FORK_BOMB)
     assert status.error_class == "TooManyProcesses", status
     name = cgroups.cgroup_name("forky", backend.state_dir)
-    assert int((backend.cgroups.bases["pids"] / name / "pids.max").read_text()) == 48
+    assert int((backend.limiter.cgroups.bases["pids"] / name / "pids.max").read_text()) == 48
     await backend.agent("forky").reset(ResetRequest(wipe_workspace=True))
     assert (await run(backend, "forky", "a-next", "true")).exit_code == 0
 
@@ -109,7 +109,7 @@ async def test_deleting_a_pod_removes_its_cgroup_and_unmounts_its_disk(backend: 
     need_limits(backend)
     info = await backend.create(PodRequest(name="brief", pool=PoolSpec(name="b", template={"memory": "1Gi"})))
     name = cgroups.cgroup_name("brief", backend.state_dir)
-    dirs = {c: base / name for c, base in backend.cgroups.bases.items()}
+    dirs = {c: base / name for c, base in backend.limiter.cgroups.bases.items()}
     agent_pid = info.details["agent_pid"]
     for directory in dirs.values():
         assert str(agent_pid) in (directory / "cgroup.procs").read_text().split()
@@ -130,7 +130,7 @@ async def test_cpu_cap_throttles_a_busy_job(backend: LocalBackend) -> None:
     status = await run(backend, "slow", "a-busy", "python3", "-c", busy)
     share = float((await agent.read_log("a-busy")).data.decode().split()[-1])
     assert status.exit_code == 0 and share < 0.4, share
-    stat = (backend.cgroups.bases["cpu"] / cgroups.cgroup_name("slow", backend.state_dir) / "cpu.stat").read_text()
+    stat = (backend.limiter.cgroups.bases["cpu"] / cgroups.cgroup_name("slow", backend.state_dir) / "cpu.stat").read_text()
     assert cgroups.counter(stat, "nr_throttled") > 0
 
 
@@ -148,7 +148,7 @@ def test_out_of_memory_reaches_the_job_and_the_next_job_on_the_pool_runs(broker_
 async def test_a_pod_that_died_while_the_broker_was_away_leaves_no_cgroup_or_mount(backend: LocalBackend) -> None:
     need_limits(backend)
     info = await backend.create(PodRequest(name="gone", pool=PoolSpec(name="g")))
-    dirs = list(cgroups.from_record(backend.cgroups, backend._records["gone"]).dirs.values())  # type: ignore[union-attr]
+    dirs = list(cgroups.from_record(backend.limiter.cgroups, backend._records["gone"]).dirs.values())  # type: ignore[union-attr]
     await backend.close()
     os.kill(info.details["agent_pid"], signal.SIGKILL)  # the sandbox's PID 1: the whole pod goes
     heir = LocalBackend(backend.state_dir, RealClock(), sandbox="bwrap")

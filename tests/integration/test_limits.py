@@ -134,15 +134,21 @@ async def test_cpu_cap_throttles_a_busy_job(backend: LocalBackend) -> None:
     assert cgroups.counter(stat, "nr_throttled") > 0
 
 
-def test_out_of_memory_reaches_the_job_and_the_next_job_on_the_pool_runs(broker_factory) -> None:
+def test_each_limit_reaches_the_jobs_error_class_and_the_next_job_on_the_pod_runs(broker_factory) -> None:
     pools = ("pools:\n  - name: small\n    max_count: 1\n    min_count: 0\n"
-             "    template: {memory: 192Mi}\n")
+             "    template: {memory: 192Mi, pids: 48, tmp_size: 16Mi}\n")
     broker = broker_factory(pools=pools)
     c = broker.client()
-    job = run_job(c, {"pool": "small", "command": ["python3", "-c", HOG]}, wait=120)
-    assert job["state"] == "FAILED" and job["error_class"] == "OutOfMemory", job
-    nxt = run_job(c, {"pool": "small", "command": ["python3", "-c", "print('ok')"]}, wait=120)
-    assert nxt["state"] == "SUCCEEDED", nxt
+    used: set[str] = set()
+    for command, error in ((["python3", "-c", HOG], "OutOfMemory"),
+                           (["python3", "-c", FORK_BOMB], "TooManyProcesses"),
+                           (["dd", "if=/dev/zero", "of=/tmp/big", "bs=1M", "count=64"], "DiskFull")):
+        job = run_job(c, {"pool": "small", "command": command}, wait=120)
+        assert job["state"] == "FAILED" and job["error_class"] == error, job
+        nxt = run_job(c, {"pool": "small", "command": ["python3", "-c", "print('ok')"]}, wait=120)
+        assert nxt["state"] == "SUCCEEDED", nxt
+        used.update(job["bound_pods"] + nxt["bound_pods"])
+    assert len(used) == 1, used  # one pod served every job: each reset after a limit proved it clean
 
 
 async def test_a_pod_that_died_while_the_broker_was_away_leaves_no_cgroup_or_mount(backend: LocalBackend) -> None:

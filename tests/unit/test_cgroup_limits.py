@@ -8,6 +8,7 @@ import pytest
 
 from broker.backends import cgroups
 from broker.backends.limits import DEFAULT_PIDS, GiB, Limits, parse_limits, parse_size
+from broker.backends.sandboxing import LIMITS_MOUNT, PodDirs, SandboxSpec, bwrap_argv
 from firepool_agent import limits as agent_limits
 
 V1_SELF = "9:name=systemd:/\n8:pids:/\n4:memory:/slice/me\n1:cpu,cpuacct:/\n0::/\n"
@@ -157,3 +158,27 @@ def test_agent_names_the_limit_a_failed_attempt_hit(tmp_path: Path) -> None:
     assert agent_limits.classify(zero, forks, [], quiet) == agent_limits.TOO_MANY_PROCESSES
     assert agent_limits.classify(zero, zero, [], stderr) == agent_limits.DISK_FULL
     assert agent_limits.classify(zero, zero, [str(tmp_path)], quiet) is None
+
+
+def _spec(tmp_path: Path, **kw: object) -> SandboxSpec:
+    return SandboxSpec(name="p", dirs=PodDirs(tmp_path / "p"), python="/usr/bin/python3", prefixes=(),
+                       agent_dir=str(tmp_path / "agent"), cuda_visible_devices="", **kw)  # type: ignore[arg-type]
+
+
+def test_sandbox_sizes_tmp_and_shm_and_shows_the_cgroup_read_only(tmp_path: Path) -> None:
+    argv = bwrap_argv("bwrap", _spec(tmp_path, tmp_size=32 << 20, shm_size=16 << 20,
+                                     limit_dirs=(("memory", "/cg/memory/p"), ("pids", "/cg/pids/p"))))
+    joined = " ".join(argv)
+    assert "--perms 1777 --size 33554432 --tmpfs /tmp" in joined
+    assert "--perms 1777 --size 16777216 --tmpfs /dev/shm" in joined
+    assert f"--ro-bind /cg/memory/p {LIMITS_MOUNT}/memory" in joined
+    assert f"--ro-bind /cg/pids/p {LIMITS_MOUNT}/pids" in joined
+    assert str(agent_limits.LIMITS_DIR) == LIMITS_MOUNT  # the agent reads where the broker shows
+    unsized = " ".join(bwrap_argv("bwrap", _spec(tmp_path)))
+    assert "--size" not in unsized and "--perms 1777 --tmpfs /tmp" in unsized
+
+
+def test_everything_a_job_writes_on_disk_lives_on_the_pods_capped_disk(tmp_path: Path) -> None:
+    dirs = PodDirs(tmp_path / "p")
+    for path in (dirs.workspace, dirs.pkg, dirs.deps, dirs.volumes):
+        assert path.parent == dirs.disk

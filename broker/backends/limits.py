@@ -3,7 +3,8 @@
     template: {memory: 4Gi, pids: 512, cpus: 2, workspace_size: 10Gi, tmp_size: 1Gi, shm_size: 1Gi}
 
 Sizes are bytes (an integer) or a string with a binary (Ki, Mi, Gi, Ti) or decimal (K, M, G, T) suffix;
-`null` lifts a limit. `cpus` defaults to the pool's own `cpus` (the unit of CPU budgets).
+`null` lifts a limit. `cpus` defaults to the pool's own `cpus` (the unit of CPU budgets) and `memory`
+to half of the host's RAM, so that no single pod can take the host down.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 GiB = 1 << 30
@@ -31,7 +33,8 @@ class Limits:
     """What one pod may use; None is unlimited."""
 
     memory: int | None = None
-    """Bytes of RAM (and tmpfs pages) for the pod's processes, swap excluded."""
+    """Bytes of RAM (and tmpfs pages) for the pod's processes, swap excluded (the template default: half of
+    the host's RAM)."""
     pids: int | None = DEFAULT_PIDS
     """Processes and threads alive at once in the pod."""
     cpus: float | None = None
@@ -61,7 +64,21 @@ def parse_size(raw: Any, key: str) -> int | None:
     return value
 
 
-def parse_limits(template: Mapping[str, Any], pool_cpus: float | None = None) -> Limits:
+def host_memory(meminfo: str | None = None) -> int | None:
+    """The host's RAM in bytes (MemTotal), None when /proc/meminfo cannot tell."""
+    try:
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemTotal:" and parts[1].isdigit():
+            return int(parts[1]) * 1024
+    return None
+
+
+def parse_limits(template: Mapping[str, Any], pool_cpus: float | None = None,
+                 default_memory: int | None = None) -> Limits:
     """The pod limits a pool's template asks for; ValueError when a value is malformed."""
     pids = template.get("pids", DEFAULT_PIDS)
     if pids is not None and (isinstance(pids, bool) or not isinstance(pids, int) or pids < 8):
@@ -72,7 +89,7 @@ def parse_limits(template: Mapping[str, Any], pool_cpus: float | None = None) ->
     workspace = parse_size(template.get("workspace_size", DEFAULT_WORKSPACE), "workspace_size")
     if workspace is not None and workspace < MIN_DISK:
         raise ValueError(f"template workspace_size must be at least {MIN_DISK >> 20}Mi, got {workspace}")
-    return Limits(memory=parse_size(template.get("memory"), "memory"), pids=pids,
+    return Limits(memory=parse_size(template.get("memory", default_memory), "memory"), pids=pids,
                   cpus=float(cpus) if cpus is not None else None, workspace_size=workspace,
                   tmp_size=parse_size(template.get("tmp_size", DEFAULT_TMP), "tmp_size"),
                   shm_size=parse_size(template.get("shm_size", DEFAULT_SHM), "shm_size"))

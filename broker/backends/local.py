@@ -208,7 +208,7 @@ class LocalBackend:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
-            limits = parse_limits(request.pool.template, request.pool.cpus)
+            limits = parse_limits(request.pool.template, request.pool.cpus, self.limiter.default_memory)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends import cgroups
-from broker.backends.limits import Limits
+from broker.backends.limits import Limits, host_memory
 from broker.backends.sandboxing import PodDirs, SandboxSpec
 from broker.backends.volumes import disk_capping, make_disk, unmount_disk
 
@@ -33,6 +33,9 @@ class PodLimiter:
         self.state_dir = state_dir
         self.cgroups = host if host is not None else cgroups.detect()
         self.disk_off = disk_capping()
+        total = host_memory()
+        self.default_memory = total // 2 if total is not None else None
+        """A pod's memory cap when its template names none: one pod never takes the host's RAM."""
         if self.cgroups.enabled:
             log.info("pod limits: %s", self.cgroups.reason)
         else:

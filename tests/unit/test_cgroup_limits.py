@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker.backends import cgroups
-from broker.backends.limits import DEFAULT_PIDS, GiB, Limits, parse_limits, parse_size
+from broker.backends.limits import DEFAULT_PIDS, GiB, Limits, host_memory, parse_limits, parse_size
 from broker.backends.sandboxing import LIMITS_MOUNT, PodDirs, SandboxSpec, bwrap_argv
 from firepool_agent import limits as agent_limits
 
@@ -42,8 +42,11 @@ def test_sizes_take_binary_and_decimal_suffixes() -> None:
 
 
 def test_template_limits_default_and_cpus_come_from_the_pool() -> None:
-    limits = parse_limits({}, pool_cpus=2.0)
-    assert limits == Limits(pids=DEFAULT_PIDS, cpus=2.0)
+    limits = parse_limits({}, pool_cpus=2.0, default_memory=8 * GiB)
+    assert limits == Limits(memory=8 * GiB, pids=DEFAULT_PIDS, cpus=2.0)
+    assert parse_limits({"memory": None}, default_memory=8 * GiB).memory is None
+    assert host_memory("MemTotal:       24683652 kB\nMemFree: 1 kB\n") == 24683652 * 1024
+    assert host_memory("nothing") is None
     explicit = parse_limits({"memory": "1Gi", "pids": 64, "cpus": 0.5, "workspace_size": None, "tmp_size": "64Mi"})
     assert (explicit.memory, explicit.pids, explicit.cpus, explicit.workspace_size, explicit.tmp_size) == \
         (GiB, 64, 0.5, None, 64 << 20)

@@ -212,6 +212,7 @@ class Attempts:
                     return
                 # Popen returns after the child's exec succeeded: rank 0 is at its first instruction.
                 attempt.first_instruction_at = time.time()
+                limits.expose(popen.pid)
                 attempt.pid = popen.pid
                 attempt.popen = popen
                 attempt.output = output
@@ -246,6 +247,7 @@ class Attempts:
             return False
         attempt.first_instruction_at = time.time()
         output = Output(attempt.directory, self._notify)
+        limits.expose(bound.pid)
         with self.cond:
             attempt.pid = bound.pid
             attempt.popen = bound.popen

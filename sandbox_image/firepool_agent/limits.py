@@ -22,12 +22,23 @@ FULL_FRACTION = 0.01
 """A filesystem with less than this fraction (and under FULL_BYTES) free counts as full."""
 FULL_BYTES = 4 << 20
 STDERR_TAIL = 16 << 10
+JOB_OOM_SCORE_ADJ = 500
 
 
 @dataclass(frozen=True)
 class Counters:
     oom_kills: int = 0
     pids_refused: int = 0
+
+
+def expose(pid: int) -> None:
+    """Make a job the OOM killer's first choice over the agent (which stays at 0), so a pod's OOM fails the
+    job, not the pod. Raising a score needs no privilege (lowering does, so the agent cannot shield itself);
+    a job may lower itself back to 0, and then the larger process, still the job's, goes first."""
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(JOB_OOM_SCORE_ADJ))
+    except OSError:
+        pass  # the job is gone already
 
 
 def _counter(path: Path, key: str) -> int:

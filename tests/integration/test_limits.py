@@ -165,3 +165,14 @@ async def test_a_pod_that_died_while_the_broker_was_away_leaves_no_cgroup_or_mou
     assert not any(d.exists() for d in dirs)
     assert not os.path.ismount(backend.state_dir / "pods" / "gone" / "disk")
     await heir.close()
+
+
+async def test_many_small_processes_past_the_memory_cap_never_kill_the_agent(backend: LocalBackend) -> None:
+    need_limits(backend)
+    await backend.create(PodRequest(name="swarm", pool=PoolSpec(name="swarm", template={"memory": "96Mi"})))
+    # Each child is smaller than the agent: without the agent's shield the OOM killer would pick the agent.
+    swarm = ('for i in $(seq 24); do python3 -c "import time; b = bytearray(2 << 20); time.sleep(4)" & done; '
+             'wait; exit 1')
+    status = await run(backend, "swarm", "a-swarm", "sh", "-c", swarm)
+    assert status.error_class == "OutOfMemory", status
+    assert (await backend.agent("swarm").health()).pod == "swarm"

@@ -2,8 +2,8 @@
 
 cgroup v2 (one unified tree): pods live under a `firepool` subtree with memory, pids and cpu enabled in
 its `cgroup.subtree_control`; cgroup v1: one `firepool` directory per controller (memory, pids, cpu).
-The subtree goes under the broker's own cgroup when that is writable (a delegated slice), else under
-the hierarchy's root. A host with neither gets `CgroupHost.off`: pods start without limits, loudly.
+The subtree goes under the broker's own cgroup when that is writable (a delegated slice), or beside
+it (v2), else under the hierarchy's root. A host with neither gets `CgroupHost.off`: pods start without limits, loudly.
 Paths and values are plain functions of a root directory, so tests lay out a fake /sys/fs/cgroup.
 """
 
@@ -111,10 +111,15 @@ def detect(root: Path = CGROUP_ROOT, proc_self_cgroup: str | None = None) -> Cgr
     own = own_paths(proc_self_cgroup)
     if (root / "cgroup.controllers").exists():
         here = root / own.get("unified", "/").lstrip("/")
-        for candidate in dict.fromkeys([here / SUBTREE, root / SUBTREE]):
+        # Under the broker's own cgroup, else beside it (v2 forbids controllers in a cgroup with processes:
+        # a delegated service runs the broker in a leaf such as `firepool.service/broker`), else the root.
+        for candidate in dict.fromkeys([here / SUBTREE, here.parent / SUBTREE, root / SUBTREE]):
             base = _writable_subtree([candidate])
             if base is not None and _enable_v2(base):
                 return CgroupHost(2, {"unified": base}, f"cgroup v2 at {base}")
+            if base is not None:
+                with contextlib.suppress(OSError):
+                    base.rmdir()  # no pods can go there: leave nothing behind
         return CgroupHost(0, {}, f"cgroup v2 at {root} is not writable here (needs a delegated subtree)")
     bases: dict[str, Path] = {}
     for controller in V1_CONTROLLERS:

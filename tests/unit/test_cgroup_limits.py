@@ -63,6 +63,16 @@ def test_v2_host_puts_pods_under_its_own_cgroup_with_controllers_enabled(tmp_pat
     assert (root / "svc" / "firepool" / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
 
 
+def test_v2_broker_in_a_busy_leaf_puts_pods_beside_it(tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    leaf = root / "svc" / "broker"
+    leaf.mkdir()
+    (leaf / "cgroup.subtree_control").mkdir()  # writing fails, as the kernel refuses a cgroup with processes
+    host = cgroups.detect(root, "0::/svc/broker\n")
+    assert host.version == 2 and host.bases == {"unified": root / "svc" / "firepool"}
+    assert not (leaf / "firepool").exists()
+
+
 def test_v2_pod_cgroup_gets_memory_swap_pids_and_cpu_values(tmp_path: Path) -> None:
     host = cgroups.detect(v2_root(tmp_path), "0::/svc\n")
     pod = cgroups.create(host, "p1.abcd", Limits(memory=GiB, pids=100, cpus=1.5))

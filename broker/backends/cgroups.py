@@ -113,7 +113,8 @@ def detect(root: Path = CGROUP_ROOT, proc_self_cgroup: str | None = None) -> Cgr
         here = root / own.get("unified", "/").lstrip("/")
         # Under the broker's own cgroup, else beside it (v2 forbids controllers in a cgroup with processes:
         # a delegated service runs the broker in a leaf such as `firepool.service/broker`), else the root.
-        for candidate in dict.fromkeys([here / SUBTREE, here.parent / SUBTREE, root / SUBTREE]):
+        beside = [here.parent / SUBTREE] if here != root else []
+        for candidate in dict.fromkeys([here / SUBTREE, *beside, root / SUBTREE]):
             base = _writable_subtree([candidate])
             if base is not None and _enable_v2(base):
                 return CgroupHost(2, {"unified": base}, f"cgroup v2 at {base}")

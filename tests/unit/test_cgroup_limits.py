@@ -63,6 +63,12 @@ def test_v2_host_puts_pods_under_its_own_cgroup_with_controllers_enabled(tmp_pat
     assert (root / "svc" / "firepool" / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
 
 
+def test_v2_broker_at_the_root_puts_pods_in_a_root_subtree(tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    assert cgroups.detect(root, "0::/\n").bases == {"unified": root / "firepool"}
+    assert not (tmp_path / "firepool").exists()
+
+
 def test_v2_broker_in_a_busy_leaf_puts_pods_beside_it(tmp_path: Path) -> None:
     root = v2_root(tmp_path)
     leaf = root / "svc" / "broker"

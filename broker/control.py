@@ -289,6 +289,12 @@ class ControlPlane:
     def backend_isolated(self) -> bool:
         return bool(getattr(self.backend, "isolated", True))
 
+    @property
+    def backend_limits(self) -> dict[str, Any] | None:
+        """How the backend enforces pod limits (cgroup version or off, and why), for /healthz."""
+        info = getattr(self.backend, "limits_info", None)
+        return dict(info) if info is not None else None
+
 
 def _plausible_id(job_id: str) -> bool:
     return 1 <= len(job_id) <= 64 and job_id.isalnum()

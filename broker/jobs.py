@@ -67,7 +67,7 @@ ATTEMPT_TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = {
     }),
     AttemptState.RUNNING: frozenset({
         AttemptState.SUCCEEDED,  # exit 0
-        AttemptState.FAILED,     # non-zero exit, timeout, OOM
+        AttemptState.FAILED,     # non-zero exit, timeout, OutOfMemory
         AttemptState.CANCELLED,  # killed on the caller's request
         AttemptState.LOST,       # its pod vanished or stayed unreachable
     }),
@@ -85,7 +85,12 @@ class ErrorClass(enum.StrEnum):
 
     NON_ZERO_EXIT = "NonZeroExit"
     TIMEOUT = "Timeout"
-    OOM = "OOM"
+    OOM = "OutOfMemory"
+    """The pod's memory limit was hit (the kernel's OOM killer ended a process of the job)."""
+    DISK_FULL = "DiskFull"
+    """A capped disk of the pod (workspace, /tmp, /dev/shm, wipe paths) was full."""
+    TOO_MANY_PROCESSES = "TooManyProcesses"
+    """The pod's pids limit refused a fork."""
     KILLED = "Killed"
     CANCELLED = "Cancelled"
     POD_LOST = "PodLost"

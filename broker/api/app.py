@@ -89,7 +89,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/healthz", responses=ERRORS)
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
-                "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
+                "isolated": cp.backend_isolated, "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools)}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics(who: Who) -> Response:

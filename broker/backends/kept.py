@@ -29,7 +29,6 @@ from pathlib import Path
 
 log = logging.getLogger("firepool.kept")
 
-KEPT_DIR = "kept"
 """Under a pod's root: the host side of its kept paths."""
 
 

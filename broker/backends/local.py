@@ -5,6 +5,11 @@ A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, G
 directories bound into the sandbox. Pods survive a broker restart: a new instance over the same
 state directory finds them through their records, and `list_pods` drops the records of dead ones.
 GPUs are bound exclusively; without bubblewrap, pods run unisolated and say so.
+
+Each pod gets the limits of its pool's template (limits.py): a cgroup (cgroups.py) that bwrap joins
+before it execs, so the agent and every job start inside it; sized /tmp and /dev/shm; and a capped
+disk (volumes.py). A host without writable cgroups or loop mounts runs pods without those limits and
+says so in the log and in `limits_info`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends import gpus as gpu_discovery
-from broker.backends.kept import KEPT_DIR, caller_store, check_in, check_out
+from broker.backends.kept import caller_store, check_in, check_out
+from broker.backends.limits import Limits, parse_limits
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
+from broker.backends.podlimits import PodLimiter
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
@@ -103,6 +110,7 @@ class LocalBackend:
         self._gpus = {g.device.key: g for g in gpu_discovery.discover(virtual_gpus)}
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
+        self.limiter = PodLimiter(self.state_dir)
         self._records: dict[str, dict[str, Any]] = {}
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
@@ -134,6 +142,11 @@ class LocalBackend:
             log.warning("local pods run UNISOLATED (%s): jobs share this host's processes, files and /dev/shm, "
                         "run as uid %d and can read the broker's state directory", why, os.geteuid())
         return "none"
+
+    @property
+    def limits_info(self) -> dict[str, Any]:
+        """How pod limits are enforced on this host (for health views)."""
+        return self.limiter.info
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
@@ -179,7 +192,8 @@ class LocalBackend:
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
                        details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
-                                "root": str(self._dirs(record["name"]).root)})
+                                "root": str(self._dirs(record["name"]).root),
+                                "limits": record.get("limits", {})})
 
     def _allocate(self, count: int, name: str) -> list[str]:
         """Exclusive GPUs for a pod; synchronous, so two concurrent creates never get the same one."""
@@ -213,6 +227,7 @@ class LocalBackend:
             binds = parse_binds(request.pool.template.get("binds"))
             network = parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
+            limits = parse_limits(request.pool.template, request.pool.cpus, self.limiter.default_memory)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -232,15 +247,16 @@ class LocalBackend:
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": "host" if network or not self.isolated else "none",
             "kernels": agent_kernels(request.pool),
+            "limits": {"cgroup": "off"},
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
-                           network=network,
+                           network=network, tmp_size=limits.tmp_size, shm_size=limits.shm_size,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
         delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
-        starting = asyncio.ensure_future(self._start(spec, record))
+        starting = asyncio.ensure_future(self._start(spec, record, limits))
         sleeping = asyncio.ensure_future(self.clock.sleep(delay)) if delay > 0 else None
         try:
             await asyncio.gather(starting, *([sleeping] if sleeping else []))
@@ -256,11 +272,17 @@ class LocalBackend:
             self._starting.discard(name)
         return self._info(record)
 
-    async def _start(self, spec: SandboxSpec, record: dict[str, Any]) -> None:
+    async def _start(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> None:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
-        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, *([] if self.isolated else [dirs.tmp])):
+        try:
+            spec, join = await asyncio.to_thread(self.limiter.apply, spec, record, limits,
+                                                 self.uid if self.isolated else None)
+        except OSError as exc:
+            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
+        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, dirs.volumes,
+                     *([] if self.isolated else [dirs.tmp])):
             path.mkdir(mode=0o700)
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
@@ -268,6 +290,7 @@ class LocalBackend:
                          self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
+        argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
@@ -287,8 +310,8 @@ class LocalBackend:
         record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
-        log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
-                 record["cuda_visible_devices"] or "none")
+        log.info("pod %s up in %.0f ms (%s, GPUs %s, limits %.0f ms)", spec.name, (time.perf_counter() - began) * 1000,
+                 self.mode, record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -330,6 +353,7 @@ class LocalBackend:
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
         else:
             await self.kept_out(name, record)  # nothing of the pod runs: its kept content goes to its caller
+        await asyncio.to_thread(self.limiter.release, self._dirs(name), record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
 
@@ -417,7 +441,7 @@ class LocalBackend:
             return  # a launch outside the claim path (a benchmark, a test of the agent): no caller's cache
         record["kept_caller"] = caller
         self._write(record)  # before any content moves: a restarted broker knows whose it is
-        kept = self._dirs(name).root / KEPT_DIR
+        kept = self._dirs(name).kept
         slugs = sorted(p.name for p in kept.iterdir() if p.is_dir() and not p.is_symlink()) if kept.is_dir() else []
         if slugs:
             added = await asyncio.to_thread(check_in, caller_store(self.state_dir, record["pool"], caller), kept,
@@ -431,7 +455,7 @@ class LocalBackend:
         if record is None or not caller:
             return
         try:
-            await asyncio.to_thread(check_out, self._dirs(name).root / KEPT_DIR,
+            await asyncio.to_thread(check_out, self._dirs(name).kept,
                                     caller_store(self.state_dir, record["pool"], caller))
         except OSError as exc:
             log.warning("pod %s: kept caches not saved for its caller: %s", name, exc)

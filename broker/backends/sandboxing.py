@@ -30,6 +30,7 @@ SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_PKG = "/pkg"
 SANDBOX_RUN = "/run/firepool"
 SANDBOX_DEPS = "/opt/firepool/deps"
+LIMITS_MOUNT = "/opt/firepool/limits"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_RO = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
@@ -61,12 +62,26 @@ class PodDirs:
         return self.root / "agent.log"
 
     @property
+    def disk(self) -> Path:
+        """Everything a job can write on the host's disk, capped as one filesystem (see volumes.py)."""
+        return self.root / "disk"
+
+    @property
+    def kept(self) -> Path:
+        """The pod's copy of its caller's kept caches (broker.backends.kept): on the capped disk too."""
+        return self.disk / "kept"
+
+    @property
+    def disk_image(self) -> Path:
+        return self.root / "disk.img"
+
+    @property
     def workspace(self) -> Path:
-        return self.root / "workspace"
+        return self.disk / "workspace"
 
     @property
     def pkg(self) -> Path:
-        return self.root / "pkg"
+        return self.disk / "pkg"
 
     @property
     def run(self) -> Path:
@@ -80,12 +95,12 @@ class PodDirs:
     @property
     def deps(self) -> Path:
         """Requirements installed for the pod's jobs; kept across resets for the pod's life."""
-        return self.root / "deps"
+        return self.disk / "deps"
 
     @property
     def volumes(self) -> Path:
         """Host directories of the pool's `wipe_paths`, private to this pod."""
-        return self.root / "volumes"
+        return self.disk / "volumes"
 
     @property
     def socket(self) -> Path:
@@ -111,6 +126,12 @@ class SandboxSpec:
     """Set when the broker is root: the uid (and gid) the agent and jobs run as."""
     network: bool = True
     """Share the host's network (jobs can reach it and localhost); False gives a private loopback only."""
+    tmp_size: int | None = None
+    """Bytes of the /tmp tmpfs (None: the kernel's default, half of RAM)."""
+    shm_size: int | None = None
+    """Bytes of the /dev/shm tmpfs."""
+    limit_dirs: tuple[tuple[str, str], ...] = ()
+    """(name, host cgroup dir) shown read-only at LIMITS_MOUNT/name: the agent reads its OOM and pids counters."""
 
 
 def agent_package_dir() -> str:
@@ -273,6 +294,12 @@ class _Tree:
             self.filled.add(dst)
 
 
+def _sized_tmpfs(path: str, size: int | None) -> list[str]:
+    """A world-writable tmpfs; `size` caps it (writes past it fail ENOSPC), and its pages count as the
+    pod's memory in its cgroup."""
+    return ["--perms", "1777", *(["--size", str(size)] if size is not None else []), "--tmpfs", path]
+
+
 def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     """The full command that starts the pod: bwrap, [setpriv], python -m firepool_agent."""
     tree = _Tree()
@@ -282,8 +309,8 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.filled.update(_SYSTEM_RO)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
     # and must land on top of the tmpfs, not under it.
-    tree.argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-                  "--perms", "1777", "--tmpfs", "/dev/shm"]
+    tree.argv += ["--proc", "/proc", "--dev", "/dev", *_sized_tmpfs("/tmp", spec.tmp_size),
+                  *_sized_tmpfs("/dev/shm", spec.shm_size)]
     tree.present.update(("/proc", "/dev", "/tmp"))
     for prefix in spec.prefixes:
         tree.mount(prefix, "--ro-bind", prefix, prefix)
@@ -301,6 +328,8 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.mount(SANDBOX_DEPS, "--bind", str(d.deps), SANDBOX_DEPS)
     for bind in spec.binds:
         tree.mount(bind.dst, "--ro-bind" if bind.ro else "--bind", bind.src, bind.dst)
+    for name, source in spec.limit_dirs:
+        tree.mount(f"{LIMITS_MOUNT}/{name}", "--ro-bind", source, f"{LIMITS_MOUNT}/{name}")
     env = agent_env(spec, isolated=True)
     # "/": bwrap changes directory before setpriv drops to the sandbox uid, whose dirs are 0700.
     tree.argv += ["--chdir", "/", "--clearenv"]

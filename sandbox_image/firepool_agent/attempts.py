@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import gpushare, kernel, proctree, wiping
+from firepool_agent import gpushare, kernel, overlimit, proctree, wiping
 from firepool_agent.config import AgentConfig
 from firepool_agent.output import STREAMS as LOG_STREAMS
 from firepool_agent.output import Output
@@ -78,6 +78,8 @@ class Attempt:
         self.wait_status: int | None = None
         self.drained = False
         self.timer: threading.Timer | None = None
+        self.counters = overlimit.Counters()
+        """The pod's cgroup counters at launch: a rise by the exit names the limit the attempt hit."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -159,6 +161,7 @@ class Attempts:
                     self._fail(attempt, *prepared)
                     return attempt
                 spec = prepared
+            attempt.counters = overlimit.read_counters()
             try:
                 self._spawn(attempt, spec)
             except Exception as exc:  # never leave `current` set by an attempt that did not start
@@ -223,6 +226,7 @@ class Attempts:
                     return
                 # Popen returns after the child's exec succeeded: rank 0 is at its first instruction.
                 attempt.first_instruction_at = time.time()
+                overlimit.expose(popen.pid)
                 attempt.pid = popen.pid
                 attempt.popen = popen
                 attempt.output = output
@@ -257,6 +261,7 @@ class Attempts:
             return False
         attempt.first_instruction_at = time.time()
         output = Output(attempt.directory, self._notify)
+        overlimit.expose(bound.pid)
         with self.cond:
             attempt.pid = bound.pid
             attempt.popen = bound.popen
@@ -316,6 +321,7 @@ class Attempts:
     def _finish(self, attempt: Attempt) -> None:
         """Called under `cond`: the attempt is over and its logs are complete."""
         attempt.running = False
+        self._classify_limit(attempt)
         if attempt.output is not None and attempt.output.error and not attempt.message:
             attempt.message = attempt.output.error
         if attempt.timer is not None:
@@ -323,6 +329,21 @@ class Attempts:
         if self.current is attempt:
             self.current = None
         self.cond.notify_all()
+
+    def _classify_limit(self, attempt: Attempt) -> None:
+        """A failed attempt that hit the pod's memory, pids or disk cap fails with that typed error."""
+        if attempt.error_class or attempt.timed_out or attempt.cancelled or attempt.exit_code in (0, None):
+            return
+        c = self.config
+        capped = [c.workspace, c.tmp_dir, "/dev/shm", c.package_dir, *([c.deps_dir] if c.deps_dir else [])]
+        found = overlimit.classify(attempt.counters, overlimit.read_counters(), capped, attempt.directory / "stderr")
+        if found is None:
+            return
+        attempt.error_class = found
+        attempt.oom = found == overlimit.OUT_OF_MEMORY
+        attempt.message = {overlimit.OUT_OF_MEMORY: "the pod's memory limit was hit; the kernel killed a process",
+                           overlimit.TOO_MANY_PROCESSES: "the pod's process limit (pids) refused a fork",
+                           overlimit.DISK_FULL: "a capped disk (workspace, /tmp or /dev/shm) is full"}[found]
 
     def _notify(self) -> None:
         with self.cond:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -17,7 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.backends import cgroups
 from broker.backends.local import LocalBackend
+from broker.backends.sandboxing import PodDirs
+from broker.backends.volumes import unmount_disk
 from broker.clock import RealClock
 
 
@@ -111,6 +115,15 @@ def delete_pods(state_dir: Path) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
         except (OSError, ValueError):
             pass
+    # A killed pod keeps its mounted disk and its cgroup until a broker over this state dir cleans up,
+    # and no broker comes after a test: release them here.
+    host = cgroups.detect()
+    for record in pods.glob("*/pod.json"):
+        with contextlib.suppress(OSError, ValueError):
+            unmount_disk(PodDirs(record.parent))
+            cgroup = cgroups.from_record(host, json.loads(record.read_text()))
+            if cgroup is not None:
+                cgroups.remove(cgroup)
 
 
 @pytest.fixture

@@ -192,7 +192,7 @@ async def test_unisolated_fallback_works_and_says_so(tmp_path: Path) -> None:
         assert not info.isolated and info.gpus == ("virtual-gpu-0",)
         assert not (await backend.agent("plain").health()).isolated
         code, out = await run(backend, "plain", "env:0", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $HOME; sleep 31338 &")
-        assert code == 0 and out == f"0 {backend.pods_dir / 'plain' / 'workspace'}\n"
+        assert code == 0 and out == f"0 {backend.pods_dir / 'plain' / 'disk' / 'workspace'}\n"
         assert host_processes_running("sleep 31338")
         assert [p.name for p in await backend.list_pods()] == ["plain"]
         await backend.delete("plain")

@@ -104,7 +104,7 @@ def attempt_timings(job: dict[str, Any]) -> dict[str, float]:
 async def held_idle(broker, pod: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        view = next(p for p in broker.client().get("/v1/pods").json()["pods"] if p["name"] == pod)
+        view = next(p for p in broker.client("ops").get("/v1/pods").json()["pods"] if p["name"] == pod)
         if view["state"] == "idle":
             return
         await asyncio.sleep(0.05)

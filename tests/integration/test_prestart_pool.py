@@ -48,13 +48,13 @@ def pool_broker(broker_factory, tmp_path, monkeypatch):
 
 
 def pods(broker, pool: str) -> list[str]:
-    return sorted(p["name"] for p in broker.client().get("/v1/pods").json()["pods"] if p["pool"] == pool)
+    return sorted(p["name"] for p in broker.client("ops").get("/v1/pods").json()["pods"] if p["pool"] == pool)
 
 
 async def until_pods(broker, pool: str, n: int) -> list[str]:
     deadline = time.monotonic() + 60
     while len(found := pods(broker, pool)) < n or not all(
-            p["state"] == "idle" for p in broker.client().get("/v1/pods").json()["pods"] if p["name"] in found):
+            p["state"] == "idle" for p in broker.client("ops").get("/v1/pods").json()["pods"] if p["name"] in found):
         assert time.monotonic() < deadline, found
         await asyncio.sleep(0.1)
     return found

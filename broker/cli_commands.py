@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=state_dir, db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp)
     return serve(settings)

@@ -45,7 +45,9 @@ class ServeSettings:
     port: int = DEFAULT_PORT
     virtual_gpus: int | None = None
     sandbox: str = "auto"
-    """Local backend isolation: auto (bubblewrap when it works), bwrap, or none (unisolated)."""
+    """Local backend isolation: bubblewrap, required (auto and bwrap), or none (unisolated)."""
+    unisolated: bool = False
+    """`--unisolated`: the operator's explicit choice to run pods without a sandbox (sandbox none)."""
     keep_pods: bool = False
     """On a clean shutdown keep idle pods for the next start (busy pods are always kept)."""
     tuning: Tuning = Tuning()
@@ -102,9 +104,11 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
         raise ValueError(f"backend {settings.backend!r} is not available here (choose: local)")
     from broker.backends.local import LocalBackend
 
-    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=settings.sandbox)
+    sandbox = "none" if settings.unisolated else settings.sandbox
+    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=sandbox)
     devices = backend.devices()
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
+    backend.check_networks(catalog.pools)
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
     packages = FilePackageStore(settings.state_dir / "packages", settings.packages)

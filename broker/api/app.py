@@ -78,7 +78,8 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
-                "isolated": cp.backend_isolated, "pools": sorted(cp.catalog.pools)}
+                "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none",
+                "pools": sorted(cp.catalog.pools)}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -156,7 +157,8 @@ def create_app(cp: ControlPlane, auth: TokenAuth) -> FastAPI:
 
     @app.get("/v1/pods", responses=ERRORS)
     async def pods(who: Caller, pool: str | None = None) -> dict[str, Any]:
-        return {"pods": cp.pods_view(pool), "isolated": cp.backend_isolated}
+        return {"pods": cp.pods_view(pool), "isolated": cp.backend_isolated,
+                "isolation": "sandbox" if cp.backend_isolated else "none"}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

@@ -4,7 +4,8 @@ A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, G
 `pid`, the agent's host pid, whose SIGKILL ends the whole pod; never visible in any sandbox), the agent's log, and the workspace, package and run
 directories bound into the sandbox. Pods survive a broker restart: a new instance over the same
 state directory finds them through their records, and `list_pods` drops the records of dead ones.
-GPUs are bound exclusively; without bubblewrap, pods run unisolated and say so.
+GPUs are bound exclusively. Without working bubblewrap the backend refuses to start; pods run
+unisolated only when asked (`sandbox="none"`, `firepool serve --unisolated`), and say so.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends import gpus as gpu_discovery
+from broker.backends import networking
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
@@ -35,7 +37,6 @@ from broker.backends.sandboxing import (
     exposed_sources,
     fallback_argv,
     parse_binds,
-    parse_network,
     probe_bwrap,
     python_of,
     python_prefixes,
@@ -71,7 +72,7 @@ class LocalBackend:
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
                  python_prefix: str = sys.prefix, sandbox_uid: int | None = None) -> None:
-        if sandbox not in ("auto", "bwrap", "none"):
+        if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
         self.clock = clock
@@ -98,23 +99,43 @@ class LocalBackend:
     # -- setup ----------------------------------------------------------------------------------
 
     def _choose_mode(self, sandbox: str) -> str:
+        """`bwrap` when a sandbox starts here; BackendError when it does not, unless `none` (--unisolated) was asked."""
         global _warned_unisolated
-        why = "sandbox=none was asked for"
         if sandbox != "none":
-            why = probe_bwrap(self.bwrap, self.uid) or ""
-            if not why:
-                exposed = uses(exposed_sources(self._spec_template()), str(self.state_dir))
-                if exposed is not None:
-                    raise BackendError(f"the state directory {self.state_dir} would be visible inside every sandbox "
-                                       f"(through {exposed}); choose one outside it")
-                return "bwrap"
-            if sandbox == "bwrap":
-                raise BackendError(f"bubblewrap sandboxes are unavailable: {why}")
+            why = probe_bwrap(self.bwrap, self.uid)
+            if why is not None:
+                raise BackendError(f"bubblewrap sandboxes do not work here ({why}): install bubblewrap "
+                                   "(apt-get install bubblewrap), or run jobs without isolation with --unisolated")
+            exposed = uses(exposed_sources(self._spec_template()), str(self.state_dir))
+            if exposed is not None:
+                raise BackendError(f"the state directory {self.state_dir} would be visible inside every sandbox "
+                                   f"(through {exposed}); choose one outside it")
+            return "bwrap"
         if not _warned_unisolated:
             _warned_unisolated = True
-            log.warning("local pods run UNISOLATED (%s): jobs share this host's processes, files and /dev/shm, "
-                        "run as uid %d and can read the broker's state directory", why, os.geteuid())
+            log.warning("UNISOLATED (--unisolated): local pods are plain processes; jobs share this host's "
+                        "processes, network, files and /dev/shm, run as uid %d and can read the broker's state "
+                        "directory", os.geteuid())
         return "none"
+
+    def check_networks(self, pools: Mapping[str, PoolSpec]) -> None:
+        """At start: warn for each pool that shares the host's network; BackendError for a bad `network`, or
+        when isolated pools need slirp4netns and it is missing (pods would fail one by one otherwise)."""
+        modes = {}
+        for name, pool in pools.items():
+            try:
+                modes[name] = networking.parse_network(pool.template.get("network"))
+            except ValueError as exc:
+                raise BackendError(f"pool {name}: {exc}") from exc
+        if not self.isolated:
+            return  # the unisolated warning says it all: every pod shares the host
+        for name, mode in sorted(modes.items()):
+            if mode == "host":
+                log.warning("pool %s: network: host -- its jobs share this host's network and reach every service "
+                            "on its 127.0.0.1 (the job store, the broker); isolated is the default", name)
+        isolated = sorted(n for n, m in modes.items() if m == "isolated")
+        if isolated and networking.stack_path() is None:
+            raise BackendError(f"pools {', '.join(isolated)} have isolated networks but {networking.install_hint()}")
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
@@ -192,7 +213,7 @@ class LocalBackend:
             raise BackendError(f"pod {name} already exists")
         try:
             binds = parse_binds(request.pool.template.get("binds"))
-            network = parse_network(request.pool.template.get("network"))
+            network = networking.parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
@@ -211,7 +232,7 @@ class LocalBackend:
             "uid": self.uid if self.isolated and self.uid is not None else os.geteuid(),
             "gpus": keys, "cuda_visible_devices": cuda, "annotations": dict(request.annotations),
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
-            "network": "host" if network or not self.isolated else "none",
+            "network": network if self.isolated else "host",
             "kernels": agent_kernels(request.pool),
         }
         self._records[name] = record  # devices are taken from here on
@@ -247,6 +268,9 @@ class LocalBackend:
                 os.chown(path, self.uid, self.uid)
         make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
                          self.uid if self.isolated else None)
+        if self.isolated and spec.network == "isolated":
+            dirs.resolv.write_text(networking.resolv_conf())
+            dirs.resolv.chmod(0o644)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
@@ -268,8 +292,23 @@ class LocalBackend:
         record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
-        log.info("pod %s up in %.0f ms (%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000, self.mode,
+        net_ms = await self._attach_network(spec, record, agent_pid) if self.isolated else 0.0
+        log.info("pod %s up in %.0f ms (%s, network %s%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000,
+                 self.mode, record["network"], f" +{net_ms:.1f} ms" if net_ms else "",
                  record["cuda_visible_devices"] or "none")
+
+    async def _attach_network(self, spec: SandboxSpec, record: dict[str, Any], agent_pid: int | None) -> float:
+        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking);
+        the pod is not handed out before this returns, so no job runs without its network. Returns the ms spent."""
+        if spec.network != "isolated":
+            return 0.0
+        if agent_pid is None:
+            raise BackendError(f"pod {spec.name}: no sandbox pid to attach a network to")
+        began = time.perf_counter()
+        helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
+        record["net_pid"], record["net_start"] = helper, start
+        self._write(record)
+        return (time.perf_counter() - began) * 1000
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -309,6 +348,8 @@ class LocalBackend:
             os.close(fd)
         if not await self.procs.kill(record, KILL_TIMEOUT_S):
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
+        # Its exit-fd ends it with the sandbox already; this covers a helper left by a half-made pod.
+        await asyncio.to_thread(networking.detach, record.get("net_pid"), record.get("net_start"))
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
 
@@ -381,15 +422,19 @@ class LocalBackend:
         return client
 
     def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
-        """Local pods share the host's network (template `network: host`, the default): rank 0 listens on
-        127.0.0.1 at a port free on this host. A pod with a private network can only host a 1-rank job."""
+        """On `network: host` rank 0 listens on 127.0.0.1 at a port free on this host. A pod with a network of
+        its own (`isolated`, the default, or `none`) hosts only 1-rank jobs: gloo and NCCL ranks dial each
+        other on ports each picks at random, which neither slirp4netns nor a port forwarder can carry between
+        namespaces, so a gang needs a `network: host` pool (docs/security.md)."""
         record = self._records.get(coordinator)
         if record is None:
             raise BackendError(f"pod {coordinator} is gone")
-        if record.get("network", "host") != "host":
+        network = record.get("network", "host")  # records from before pools had isolated networks shared the host's
+        if network != "host":
             if world > 1:
-                raise BackendError(f"pool {record['pool']} gives pods a private network (template network: none): "
-                                   f"the {world} ranks of a gang could not reach rank 0; use network: host")
+                raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}):"
+                                   f" the {world} ranks of a gang could not reach each other; gangs on the local "
+                                   "backend need a pool with network: host")
             return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
         try:
             return Rendezvous("127.0.0.1", self._free_ports.take())

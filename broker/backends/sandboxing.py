@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.backends.networking import unshares
+
 log = logging.getLogger(__name__)
 
 AGENT_MOUNT = "/opt/firepool/agent"
@@ -91,6 +93,16 @@ class PodDirs:
     def socket(self) -> Path:
         return self.run / "agent.sock"
 
+    @property
+    def resolv(self) -> Path:
+        """The sandbox's /etc/resolv.conf on an isolated network (slirp4netns's resolver)."""
+        return self.root / "resolv.conf"
+
+    @property
+    def net_log(self) -> Path:
+        """The output of the pod's network helper (never visible in the sandbox)."""
+        return self.root / "net.log"
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -109,8 +121,9 @@ class SandboxSpec:
     binds: tuple[Bind, ...] = ()
     uid: int | None = None
     """Set when the broker is root: the uid (and gid) the agent and jobs run as."""
-    network: bool = True
-    """Share the host's network (jobs can reach it and localhost); False gives a private loopback only."""
+    network: str = "isolated"
+    """`host` shares the host's network (jobs reach its loopback); `isolated` and `none` get a namespace of
+    their own (networking.py plugs a user-mode stack into an isolated one)."""
 
 
 def agent_package_dir() -> str:
@@ -154,15 +167,6 @@ def python_prefixes(prefix: str) -> tuple[str, ...]:
 
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def parse_network(raw: Any) -> bool:
-    """`pool.template["network"]`: "host" (the default) or "none"."""
-    if raw in (None, "host"):
-        return True
-    if raw == "none":
-        return False
-    raise ValueError(f'template network must be "host" or "none", got {raw!r}')
 
 
 def parse_binds(raw: Any) -> tuple[Bind, ...]:
@@ -216,9 +220,9 @@ def agent_env(spec: SandboxSpec, *, isolated: bool) -> dict[str, str]:
     return {"PYTHONPATH": agent_root, "PATH": job_path(spec), "LANG": "C.UTF-8", "HOME": home}
 
 
-def _namespaces(name: str, uid: int | None, network: bool = True) -> list[str]:
+def _namespaces(name: str, uid: int | None, own_network: bool = False) -> list[str]:
     argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", name, "--as-pid-1", "--new-session",
-            "--cap-drop", "ALL", *([] if network else ["--unshare-net"])]
+            "--cap-drop", "ALL", *(["--unshare-net"] if own_network else [])]
     if uid is None:
         return ["--unshare-user", *argv]
     # Privileged bwrap keeps only what setpriv needs to drop to the sandbox uid, then drops it too.
@@ -235,6 +239,13 @@ def _system_mounts() -> list[str]:
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     return argv
+
+
+def _network_mounts(spec: SandboxSpec) -> list[str]:
+    """An isolated namespace resolves names through slirp4netns, not the host's resolver (often on 127.0.0.x)."""
+    if spec.network != "isolated":
+        return []
+    return ["--ro-bind", str(spec.dirs.resolv), "/etc/resolv.conf"]
 
 
 def _drop_privileges(uid: int | None) -> list[str]:
@@ -276,8 +287,8 @@ class _Tree:
 def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     """The full command that starts the pod: bwrap, [setpriv], python -m firepool_agent."""
     tree = _Tree()
-    tree.argv += _namespaces(spec.name, spec.uid, spec.network) + ["--info-fd", str(INFO_FD)]
-    tree.argv += _system_mounts()
+    tree.argv += _namespaces(spec.name, spec.uid, unshares(spec.network)) + ["--info-fd", str(INFO_FD)]
+    tree.argv += _system_mounts() + _network_mounts(spec)
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
     tree.filled.update(_SYSTEM_RO)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)

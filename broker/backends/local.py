@@ -425,7 +425,7 @@ class LocalBackend:
         """On `network: host` rank 0 listens on 127.0.0.1 at a port free on this host. A pod with a network of
         its own (`isolated`, the default, or `none`) hosts only 1-rank jobs: gloo and NCCL ranks dial each
         other on ports each picks at random, which neither slirp4netns nor a port forwarder can carry between
-        namespaces, so a gang needs a `network: host` pool (docs/security.md)."""
+        namespaces, so a gang needs a `network: host` pool (docs/networking.md)."""
         record = self._records.get(coordinator)
         if record is None:
             raise BackendError(f"pod {coordinator} is gone")

@@ -5,7 +5,7 @@ into it, served by slirp4netns from the host side: outbound TCP/UDP leaves throu
 the helper (NAT), DNS goes to slirp's resolver at 10.0.2.3, and `--disable-host-loopback` refuses every
 connection to the host's 127.0.0.0/8, so a job cannot reach the job store, the broker, MCP or Jupyter
 listening there. What listens on the host's other addresses is reachable like any other host on the
-network; firewall it if it must not be (docs/security.md).
+network; firewall it if it must not be (docs/networking.md).
 
 The helper dies with the pod: its `--exit-fd` is a pidfd of the sandbox's PID 1, which polls readable
 when that process exits, and the pod's tear-down kills it too (by pid and start time, as pods are).

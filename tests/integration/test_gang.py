@@ -10,6 +10,15 @@ from tests.integration.conftest import BrokerProcess, run_job
 
 pytestmark = pytest.mark.integration
 
+# Gang ranks dial each other on ports gloo picks at random: on the local backend that needs the host's
+# network (an isolated pod hosts only 1-rank jobs; docs/networking.md).
+HOST_NETWORK = "pools:\n  - {name: cpu, max_count: 4, template: {network: host}}\n"
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    return broker_factory(pools=HOST_NETWORK)
+
 ALL_REDUCE = """
 import datetime, socket, torch, torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -75,3 +84,11 @@ def test_a_gang_on_a_private_network_pool_fails_as_a_launch_error(broker_factory
     assert "private network" in job["error_message"]
     alone = run_job(c, {"pool": "cpu", "command": ["python3", "-c", SHOW_TOPOLOGY]})
     assert alone["state"] == "SUCCEEDED", alone
+
+
+def test_a_gang_on_the_default_isolated_pool_fails_naming_the_network_it_needs(broker_factory) -> None:
+    b = broker_factory(pools="pools:\n  - {name: cpu, max_count: 2}\n")
+    c = b.client("bob")
+    job = run_job(c, {"pool": "cpu", "pods": 2, "command": ["true"]})
+    assert job["state"] == "FAILED" and job["error_class"] == "LaunchError", job
+    assert "network: host" in job["error_message"], job

@@ -149,3 +149,24 @@ async def test_a_gang_on_an_isolated_pool_is_refused_with_the_pool_it_needs(back
     with pytest.raises(BackendError, match="network: host"):
         backend.rendezvous("rank0", 2)
     assert backend.rendezvous("rank0", 1).port > 0
+
+
+DIAL = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3); print('connected')\n" \
+       "except OSError as exc:\n    print(type(exc).__name__)\n"
+
+
+def test_a_job_on_the_default_pool_cannot_reach_the_broker_and_host_is_logged(broker_factory) -> None:
+    from tests.integration.conftest import run_job
+
+    broker = broker_factory(pools="pools:\n  - {name: cpu, max_count: 2}\n"
+                                  "  - {name: open, max_count: 1, template: {network: host}}\n")
+    c = broker.client("alice")
+    assert c.get("/healthz").json()["isolation"] == "sandbox"
+    outputs = {}
+    for pool in ("cpu", "open"):
+        job = run_job(c, {"pool": pool, "command": ["python3", "-S", "-c", DIAL, str(broker.port)]})
+        assert job["state"] == "SUCCEEDED", job
+        outputs[pool] = c.get(f"/v1/jobs/{job['id']}/logs").text.strip().splitlines()[-1]
+    assert outputs == {"cpu": "ConnectionRefusedError", "open": "connected"}
+    log = broker.log()
+    assert "pool open: network: host" in log and "pool cpu: network" not in log

@@ -24,6 +24,7 @@ import uvicorn
 from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
+from broker.errors import FirepoolError
 from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
@@ -77,6 +78,13 @@ def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
     except (OSError, ValueError) as exc:
         log.error("catalog reload failed, keeping the running catalog: %s", exc)
         return
+    check_networks = getattr(cp.backend, "check_networks", None)  # the local backend's pod networks
+    if check_networks is not None:
+        try:
+            check_networks(catalog.pools)
+        except FirepoolError as exc:
+            log.error("catalog reload failed, keeping the running catalog: %s", exc)
+            return
     cp.reload_catalog(catalog)
     log.info("catalog reloaded: pools %s", ", ".join(catalog.pools))
 

@@ -60,6 +60,17 @@ KILL_TIMEOUT_S = 10.0
 _warned_unisolated = False
 
 
+NETWORK_POLICY = 2
+"""Records carry it from the version whose default network is `isolated`; pods made before shared the host's."""
+
+
+def _template(record: Mapping[str, Any]) -> str:
+    """The pod's template hash; a pod made before isolated networks reads as stale, so the rollout replaces
+    it (its template may not name a network, and that meant the host's then)."""
+    template = str(record["template"])
+    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+host-network-era"
+
+
 def agent_kernels(pool: PoolSpec) -> str:
     """The agent's `--kernels` mode for a pool: `auto` learns on pools without standby pods, else stays cold."""
     if pool.kernels != "auto":
@@ -177,7 +188,7 @@ class LocalBackend:
 
     def _info(self, record: Mapping[str, Any]) -> PodInfo:
         return PodInfo(name=record["name"], pool=record["pool"], gpus=tuple(record["gpus"]),
-                       template=record["template"], created_at=record["created_at"], isolated=record["isolated"],
+                       template=_template(record), created_at=record["created_at"], isolated=record["isolated"],
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
                        details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
@@ -233,7 +244,7 @@ class LocalBackend:
             "gpus": keys, "cuda_visible_devices": cuda, "annotations": dict(request.annotations),
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": network if self.isolated else "host",
-            "kernels": agent_kernels(request.pool),
+            "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
@@ -386,6 +397,9 @@ class LocalBackend:
     async def _healthy(self, name: str) -> bool:
         record = self._records.get(name)
         if record is None or not self._alive(record):
+            return False
+        if record.get("net_pid") and same_process(record["net_pid"], record.get("net_start")) is None:
+            log.warning("pod %s lost its network helper (%s); deleting it", name, networking.STACK)
             return False
         for _ in range(2):  # one retry: deleting a pod over one lost reply would be costly
             try:

@@ -1,0 +1,44 @@
+"""Pool `network` modes as they shape a local pod's command line (no sandbox is started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.backends.local import NETWORK_POLICY, _template
+from broker.backends.networking import parse_network
+from broker.backends.sandboxing import PodDirs, SandboxSpec, bwrap_argv
+
+
+def spec(network: str) -> SandboxSpec:
+    return SandboxSpec(name="p", dirs=PodDirs(Path("/state/pods/p")), python="/venv/bin/python3", prefixes=("/venv",),
+                       agent_dir="/src/firepool_agent", cuda_visible_devices="", network=network)
+
+
+def test_isolated_is_the_default_and_unknown_modes_are_refused() -> None:
+    assert parse_network(None) == "isolated"
+    assert [parse_network(m) for m in ("none", "isolated", "host")] == ["none", "isolated", "host"]
+    for bad in ("bridge", True, "", 1):
+        with pytest.raises(ValueError, match="none, isolated, host"):
+            parse_network(bad)
+
+
+def test_only_host_shares_the_hosts_network_namespace() -> None:
+    assert "--unshare-net" in bwrap_argv("bwrap", spec("isolated"))
+    assert "--unshare-net" in bwrap_argv("bwrap", spec("none"))
+    assert "--unshare-net" not in bwrap_argv("bwrap", spec("host"))
+
+
+def test_an_isolated_sandbox_resolves_through_the_user_mode_stack_not_the_hosts_resolver() -> None:
+    argv = bwrap_argv("bwrap", spec("isolated"))
+    at = argv.index("/state/pods/p/resolv.conf")
+    assert argv[at - 1:at + 2] == ["--ro-bind", "/state/pods/p/resolv.conf", "/etc/resolv.conf"]
+    assert argv.index("/etc/resolv.conf") > argv.index("/etc")  # on top of the read-only /etc, not under it
+    for other in ("none", "host"):
+        assert "/state/pods/p/resolv.conf" not in bwrap_argv("bwrap", spec(other))
+
+
+def test_a_pod_made_before_isolated_networks_reads_as_stale_for_the_rollout() -> None:
+    assert _template({"template": "abc", "network_policy": NETWORK_POLICY}) == "abc"
+    assert _template({"template": "abc", "network": "host"}) != "abc"

@@ -27,9 +27,7 @@ from broker.ports.backend import FakeBackend
 from broker.ports.logs import MemoryLogStore
 from broker.ports.store import MemoryJobStore
 
-# network: host -- gangs on the local backend need it (docs/networking.md).
-POOLS = ("pools:\n  - {name: cpu, max_count: 8, max_idle_count: 8, idle_timeout: 600, caller_hold_seconds: 600, step: 8,"
-         " template: {network: host}}\n")
+POOLS = "pools:\n  - {name: cpu, max_count: 8, max_idle_count: 8, idle_timeout: 600, caller_hold_seconds: 600, step: 8}\n"
 
 
 def warm_claims(sizes: tuple[int, ...], repeats: int) -> tuple[dict[int, list[float]], int, int]:

@@ -20,12 +20,12 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from broker.backends import ganglinks, networking
 from broker.backends import gpus as gpu_discovery
-from broker.backends import networking
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
@@ -435,25 +435,55 @@ class LocalBackend:
         self._clients[name] = client
         return client
 
-    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
-        """On `network: host` rank 0 listens on 127.0.0.1 at a port free on this host. A pod with a network of
-        its own (`isolated`, the default, or `none`) hosts only 1-rank jobs: gloo and NCCL ranks dial each
-        other on ports each picks at random, which neither slirp4netns nor a port forwarder can carry between
-        namespaces, so a gang needs a `network: host` pool (docs/networking.md)."""
+    def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
+        """On `network: host` rank 0 listens on 127.0.0.1 at a port free on this host. Pods with a network of
+        their own (`isolated`, the default, or `none`) get a gang link (ganglinks): one segment joining the
+        job's namespaces only, rank 0 at 10.213.0.1; that needs a root broker. Before any launch, the pods'
+        links from an earlier gang are cut (docs/networking.md)."""
         record = self._records.get(coordinator)
         if record is None:
             raise BackendError(f"pod {coordinator} is gone")
+        pods = list(members) or [coordinator]
+        self._unlink(pods)
         network = record.get("network", "host")  # records from before pools had isolated networks shared the host's
-        if network != "host":
-            if world > 1:
-                raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}):"
-                                   f" the {world} ranks of a gang could not reach each other; gangs on the local "
-                                   "backend need a pool with network: host")
+        if network == "host":
+            try:
+                return Rendezvous("127.0.0.1", self._free_ports.take())
+            except OSError as exc:
+                raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
+        if world <= 1:
             return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
-        try:
-            return Rendezvous("127.0.0.1", self._free_ports.take())
-        except OSError as exc:
-            raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
+        if self.uid is None:
+            raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}) "
+                               f"and only a root broker can link the {world} ranks of a gang; use network: host")
+        if len(pods) != world:
+            raise BackendError(f"a gang of {world} ranks needs its {world} pods named, got {len(pods)}")
+        pids = []
+        for name in pods:
+            member = self._records.get(name)
+            pid = same_process(member.get("pid"), member.get("pid_start")) if member else None
+            if member is None or pid is None:
+                raise BackendError(f"pod {name} is gone")
+            pids.append(pid)
+        began = time.perf_counter()
+        for name in pods:  # marked first: a half-made link is cut before these pods' next job
+            self._records[name]["gang_link"] = True
+            self._write(self._records[name])
+        ganglinks.link(pids, secrets.token_hex(4))
+        log.info("gang link of %s made in %.0f ms", ", ".join(pods), (time.perf_counter() - began) * 1000)
+        return Rendezvous(ganglinks.address(0), DEFAULT_MASTER_PORT, ganglinks.env())
+
+    def _unlink(self, pods: Sequence[str]) -> None:
+        """Cut the links an earlier gang left on these pods (they sat idle since, with no process running)."""
+        for name in pods:
+            record = self._records.get(name)
+            if record is None or not record.get("gang_link"):
+                continue
+            pid = same_process(record.get("pid"), record.get("pid_start"))
+            if pid is not None:
+                ganglinks.unlink(pid)
+            record["gang_link"] = False
+            self._write(record)
 
     async def close(self) -> None:
         """Close agent connections; pods keep running for the next broker."""

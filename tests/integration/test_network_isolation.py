@@ -142,13 +142,62 @@ async def test_the_network_helper_dies_with_its_pod_deleted_or_killed(backend: L
     assert not os.path.exists(f"/proc/{helpers['net-b']}")
 
 
-async def test_a_gang_on_an_isolated_pool_is_refused_with_the_pool_it_needs(backend: LocalBackend) -> None:
-    from broker.errors import BackendError
+# Rank 0 answers every connection with a token for a few seconds: a connect alone proves nothing here,
+# as this host's network accepts any outbound TCP connection (a stand-in for the internet).
+SERVE = """
+import socket, sys
+s = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+s.settimeout(6)
+try:
+    while True:
+        c, _ = s.accept()
+        c.sendall(sys.argv[2].encode())
+        c.close()
+except TimeoutError:
+    pass
+"""
+FETCH = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3) as c:
+        c.settimeout(2)
+        print(c.recv(64).decode() or "empty")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
 
-    await backend.create(PodRequest(name="rank0", pool=ISOLATED))
-    with pytest.raises(BackendError, match="network: host"):
-        backend.rendezvous("rank0", 2)
-    assert backend.rendezvous("rank0", 1).port > 0
+
+async def fetch(backend: LocalBackend, pod: str, addr: str, port: int) -> str:
+    agent = backend.agent(pod)
+    attempt = f"fetch-{time.monotonic_ns()}:0"
+    await agent.launch(LaunchRequest(attempt_id=attempt, argv=(sys.executable, "-S", "-c", FETCH, addr, str(port)),
+                                     env={}, session="s"))
+    await agent.wait(attempt, 30)
+    return (await agent.read_log(attempt)).data.decode().strip()
+
+
+async def test_a_gangs_ranks_reach_each_other_over_their_link_and_nothing_else(backend: LocalBackend,
+                                                                                listener: int) -> None:
+    for name in ("rank0", "rank1", "outsider"):
+        await backend.create(PodRequest(name=name, pool=ISOLATED))
+    rdzv = backend.rendezvous("rank0", 2, ["rank0", "rank1"])
+    assert (rdzv.addr, dict(rdzv.env)["GLOO_SOCKET_IFNAME"]) == ("10.213.0.1", "gang0")
+    token = f"rank0-{time.monotonic_ns()}"
+    agent = backend.agent("rank0")
+    await agent.launch(LaunchRequest(attempt_id="serve:0", argv=(sys.executable, "-S", "-c", SERVE, str(rdzv.port),
+                                                                 token), env={}, session="s"))
+    await asyncio.sleep(0.5)  # let it listen
+    assert await fetch(backend, "rank1", rdzv.addr, rdzv.port) == token
+    assert await fetch(backend, "rank1", "127.0.0.1", listener) == "ConnectionRefusedError"
+    assert await fetch(backend, "outsider", rdzv.addr, rdzv.port) != token  # not on the gang's segment
+    # The next job on either pod starts with the link cut.
+    backend.rendezvous("rank1", 1, ["rank1"])
+    assert await fetch(backend, "rank1", rdzv.addr, rdzv.port) != token
+    assert "gang0" not in (await probe(backend, "rank1", []))["ifaces"]
+    assert (await agent.wait("serve:0", 20)).exit_code == 0
+    assert "gang0" in (await probe(backend, "rank0", []))["ifaces"]  # rank 0's bridge, now with no port
+    backend.rendezvous("rank0", 1, ["rank0"])
+    assert "gang0" not in (await probe(backend, "rank0", []))["ifaces"]
 
 
 DIAL = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3); print('connected')\n" \

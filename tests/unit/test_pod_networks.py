@@ -42,3 +42,12 @@ def test_an_isolated_sandbox_resolves_through_the_user_mode_stack_not_the_hosts_
 def test_a_pod_made_before_isolated_networks_reads_as_stale_for_the_rollout() -> None:
     assert _template({"template": "abc", "network_policy": NETWORK_POLICY}) == "abc"
     assert _template({"template": "abc", "network": "host"}) != "abc"
+
+
+def test_a_gang_links_ranks_get_the_interface_to_bind_after_the_callers_env() -> None:
+    from broker.backends import ganglinks
+    from broker.running.topology import Rendezvous, topology_env
+
+    env = topology_env(1, 2, Rendezvous(ganglinks.address(0), 29500, ganglinks.env()))
+    assert env["MASTER_ADDR"] == "10.213.0.1" and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "gang0"
+    assert ganglinks.address(1) == "10.213.0.2"

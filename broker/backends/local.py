@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.backends import ganglinks, networking
 from broker.backends import gpus as gpu_discovery
-from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
+from broker.backends import networking
+from broker.backends.podnets import NETWORK_POLICY, PodNetworks, stale_template
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
@@ -60,17 +60,6 @@ KILL_TIMEOUT_S = 10.0
 _warned_unisolated = False
 
 
-NETWORK_POLICY = 2
-"""Records carry it from the version whose default network is `isolated`; pods made before shared the host's."""
-
-
-def _template(record: Mapping[str, Any]) -> str:
-    """The pod's template hash; a pod made before isolated networks reads as stale, so the rollout replaces
-    it (its template may not name a network, and that meant the host's then)."""
-    template = str(record["template"])
-    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+host-network-era"
-
-
 def agent_kernels(pool: PoolSpec) -> str:
     """The agent's `--kernels` mode for a pool: `auto` learns on pools without standby pods, else stays cold."""
     if pool.kernels != "auto":
@@ -97,11 +86,11 @@ class LocalBackend:
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
         self._records: dict[str, dict[str, Any]] = {}
+        self.nets = PodNetworks(self._records, self._write, isolated=self.isolated, root=self.uid is not None)
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
         self.procs = PodProcesses()
-        self._free_ports = FreePorts()
         for path in sorted(self.pods_dir.glob("*/pod.json")):
             record = self._read(path)
             if record is not None:
@@ -130,23 +119,8 @@ class LocalBackend:
         return "none"
 
     def check_networks(self, pools: Mapping[str, PoolSpec]) -> None:
-        """At start: warn for each pool that shares the host's network; BackendError for a bad `network`, or
-        when isolated pools need slirp4netns and it is missing (pods would fail one by one otherwise)."""
-        modes = {}
-        for name, pool in pools.items():
-            try:
-                modes[name] = networking.parse_network(pool.template.get("network"))
-            except ValueError as exc:
-                raise BackendError(f"pool {name}: {exc}") from exc
-        if not self.isolated:
-            return  # the unisolated warning says it all: every pod shares the host
-        for name, mode in sorted(modes.items()):
-            if mode == "host":
-                log.warning("pool %s: network: host -- its jobs share this host's network and reach every service "
-                            "on its 127.0.0.1 (the job store, the broker); isolated is the default", name)
-        isolated = sorted(n for n, m in modes.items() if m == "isolated")
-        if isolated and networking.stack_path() is None:
-            raise BackendError(f"pools {', '.join(isolated)} have isolated networks but {networking.install_hint()}")
+        """At start: warn for each `host` pool; BackendError for a bad `network` or a missing stack (podnets)."""
+        self.nets.check_catalog(pools)
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
@@ -188,7 +162,7 @@ class LocalBackend:
 
     def _info(self, record: Mapping[str, Any]) -> PodInfo:
         return PodInfo(name=record["name"], pool=record["pool"], gpus=tuple(record["gpus"]),
-                       template=_template(record), created_at=record["created_at"], isolated=record["isolated"],
+                       template=stale_template(record), created_at=record["created_at"], isolated=record["isolated"],
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
                        details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
@@ -303,23 +277,10 @@ class LocalBackend:
         record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
-        net_ms = await self._attach_network(spec, record, agent_pid) if self.isolated else 0.0
+        net_ms = await self.nets.attach(spec, record, agent_pid) if self.isolated else 0.0
         log.info("pod %s up in %.0f ms (%s, network %s%s, GPUs %s)", spec.name, (time.perf_counter() - began) * 1000,
                  self.mode, record["network"], f" +{net_ms:.1f} ms" if net_ms else "",
                  record["cuda_visible_devices"] or "none")
-
-    async def _attach_network(self, spec: SandboxSpec, record: dict[str, Any], agent_pid: int | None) -> float:
-        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking);
-        the pod is not handed out before this returns, so no job runs without its network. Returns the ms spent."""
-        if spec.network != "isolated":
-            return 0.0
-        if agent_pid is None:
-            raise BackendError(f"pod {spec.name}: no sandbox pid to attach a network to")
-        began = time.perf_counter()
-        helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
-        record["net_pid"], record["net_start"] = helper, start
-        self._write(record)
-        return (time.perf_counter() - began) * 1000
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -360,7 +321,7 @@ class LocalBackend:
         if not await self.procs.kill(record, KILL_TIMEOUT_S):
             log.error("pod %s: processes still alive %.0f s after SIGKILL", name, KILL_TIMEOUT_S)
         # Its exit-fd ends it with the sandbox already; this covers a helper left by a half-made pod.
-        await asyncio.to_thread(networking.detach, record.get("net_pid"), record.get("net_start"))
+        await asyncio.to_thread(self.nets.detach, record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
 
@@ -398,7 +359,7 @@ class LocalBackend:
         record = self._records.get(name)
         if record is None or not self._alive(record):
             return False
-        if record.get("net_pid") and same_process(record["net_pid"], record.get("net_start")) is None:
+        if not self.nets.helper_alive(record):
             log.warning("pod %s lost its network helper (%s); deleting it", name, networking.STACK)
             return False
         for _ in range(2):  # one retry: deleting a pod over one lost reply would be costly
@@ -436,54 +397,7 @@ class LocalBackend:
         return client
 
     def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
-        """On `network: host` rank 0 listens on 127.0.0.1 at a port free on this host. Pods with a network of
-        their own (`isolated`, the default, or `none`) get a gang link (ganglinks): one segment joining the
-        job's namespaces only, rank 0 at 10.213.0.1; that needs a root broker. Before any launch, the pods'
-        links from an earlier gang are cut (docs/networking.md)."""
-        record = self._records.get(coordinator)
-        if record is None:
-            raise BackendError(f"pod {coordinator} is gone")
-        pods = list(members) or [coordinator]
-        self._unlink(pods)
-        network = record.get("network", "host")  # records from before pools had isolated networks shared the host's
-        if network == "host":
-            try:
-                return Rendezvous("127.0.0.1", self._free_ports.take())
-            except OSError as exc:
-                raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
-        if world <= 1:
-            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
-        if self.uid is None:
-            raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}) "
-                               f"and only a root broker can link the {world} ranks of a gang; use network: host")
-        if len(pods) != world:
-            raise BackendError(f"a gang of {world} ranks needs its {world} pods named, got {len(pods)}")
-        pids = []
-        for name in pods:
-            member = self._records.get(name)
-            pid = same_process(member.get("pid"), member.get("pid_start")) if member else None
-            if member is None or pid is None:
-                raise BackendError(f"pod {name} is gone")
-            pids.append(pid)
-        began = time.perf_counter()
-        for name in pods:  # marked first: a half-made link is cut before these pods' next job
-            self._records[name]["gang_link"] = True
-            self._write(self._records[name])
-        ganglinks.link(pids, secrets.token_hex(4))
-        log.info("gang link of %s made in %.0f ms", ", ".join(pods), (time.perf_counter() - began) * 1000)
-        return Rendezvous(ganglinks.address(0), DEFAULT_MASTER_PORT, ganglinks.env())
-
-    def _unlink(self, pods: Sequence[str]) -> None:
-        """Cut the links an earlier gang left on these pods (they sat idle since, with no process running)."""
-        for name in pods:
-            record = self._records.get(name)
-            if record is None or not record.get("gang_link"):
-                continue
-            pid = same_process(record.get("pid"), record.get("pid_start"))
-            if pid is not None:
-                ganglinks.unlink(pid)
-            record["gang_link"] = False
-            self._write(record)
+        return self.nets.rendezvous(coordinator, world, members)
 
     async def close(self) -> None:
         """Close agent connections; pods keep running for the next broker."""

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.local import NETWORK_POLICY, _template
 from broker.backends.networking import parse_network
+from broker.backends.podnets import NETWORK_POLICY, stale_template
 from broker.backends.sandboxing import PodDirs, SandboxSpec, bwrap_argv
 
 
@@ -40,8 +40,8 @@ def test_an_isolated_sandbox_resolves_through_the_user_mode_stack_not_the_hosts_
 
 
 def test_a_pod_made_before_isolated_networks_reads_as_stale_for_the_rollout() -> None:
-    assert _template({"template": "abc", "network_policy": NETWORK_POLICY}) == "abc"
-    assert _template({"template": "abc", "network": "host"}) != "abc"
+    assert stale_template({"template": "abc", "network_policy": NETWORK_POLICY}) == "abc"
+    assert stale_template({"template": "abc", "network": "host"}) != "abc"
 
 
 def test_a_gang_links_ranks_get_the_interface_to_bind_after_the_callers_env() -> None:

@@ -234,7 +234,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
              + (" (standby)" if p.get("standby") else ""), p.get("caller"),
              p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
              f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
-             "yes" if p.get("isolated") else "NO (unisolated fallback)") for p in pods]
+             "yes" if p.get("isolated") else "NO (--unisolated)") for p in pods]
     print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED"))
     return 0
 

@@ -128,7 +128,7 @@ class LocalBackend:
 
     @property
     def isolated(self) -> bool:
-        """True when pods are bubblewrap sandboxes; False in the unisolated fallback."""
+        """True when pods are bubblewrap sandboxes; False when run --unisolated."""
         return self.mode == "bwrap"
 
     def devices(self) -> list[Device]:

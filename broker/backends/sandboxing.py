@@ -1,4 +1,4 @@
-"""What a local pod's sandbox looks like: the bubblewrap command line, and the unisolated fallback's.
+"""What a local pod's sandbox looks like: the bubblewrap command line, and the unisolated (--unisolated) one.
 
 Inside, a pod sees the host's /usr and /etc read-only, the Python prefixes (the venv is the pool's
 "base image"), the agent package, private /proc, /dev, /tmp and /dev/shm, and its own workspace,

@@ -104,6 +104,22 @@ async def test_an_isolated_job_reaches_a_host_address_that_is_not_loopback(backe
         server.close()
 
 
+async def test_an_isolated_job_resolves_names_through_the_stacks_resolver(backend: LocalBackend) -> None:
+    name = "pypi.org"
+    try:
+        socket.getaddrinfo(name, 443)
+    except OSError:
+        pytest.skip(f"this host cannot resolve {name} either")
+    await backend.create(PodRequest(name="dns", pool=ISOLATED))
+    agent = backend.agent("dns")
+    resolve = f"import socket; print(sorted({{a[4][0] for a in socket.getaddrinfo({name!r}, 443)}}))"
+    await agent.launch(LaunchRequest(attempt_id="dns:0", argv=(sys.executable, "-S", "-c", resolve), env={},
+                                     session="s"))
+    status = await agent.wait("dns:0", 30)
+    output = (await agent.read_log("dns:0")).data.decode()
+    assert status.exit_code == 0 and output.startswith("['"), output
+
+
 async def test_network_none_has_no_route_and_host_reaches_the_listener(backend: LocalBackend, listener: int) -> None:
     await backend.create(PodRequest(name="cut-off", pool=NONE))
     await backend.create(PodRequest(name="shared", pool=HOST))

@@ -164,7 +164,8 @@ class LocalBackend:
         return PodInfo(name=record["name"], pool=record["pool"], gpus=tuple(record["gpus"]),
                        template=stale_template(record), created_at=record["created_at"], isolated=record["isolated"],
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
-                       details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
+                       details={"mode": record["mode"], "network": record.get("network", "host"),
+                                "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
                                 "root": str(self._dirs(record["name"]).root)})
 

@@ -119,8 +119,15 @@ class LocalBackend:
         return "none"
 
     def check_networks(self, pools: Mapping[str, PoolSpec]) -> None:
-        """At start: warn for each `host` pool; BackendError for a bad `network` or a missing stack (podnets)."""
+        """At start: warn for each `host` pool; BackendError for a bad `network`, a missing stack (podnets), or
+        a bwrap that cannot make network namespaces here while pools need them."""
         self.nets.check_catalog(pools)
+        own = sorted(n for n, p in pools.items() if networking.parse_network(p.template.get("network")) != "host")
+        if own and self.isolated:
+            why = probe_bwrap(self.bwrap, self.uid, own_network=True)
+            if why is not None:
+                raise BackendError(f"pools {', '.join(own)} need network namespaces, which bubblewrap cannot make "
+                                   f"here ({why}); give them network: host")
 
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,

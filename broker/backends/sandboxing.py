@@ -325,13 +325,14 @@ def fallback_argv(spec: SandboxSpec) -> list[str]:
     return [spec.python, *agent_args(spec, isolated=False)]
 
 
-def probe_bwrap(bwrap: str | None, uid: int | None, timeout_s: float = 10.0) -> str | None:
-    """None when a minimal sandbox starts and exits cleanly here; otherwise why not."""
+def probe_bwrap(bwrap: str | None, uid: int | None, timeout_s: float = 10.0, own_network: bool = False) -> str | None:
+    """None when a minimal sandbox (with a network namespace of its own if asked) starts and exits cleanly
+    here; otherwise why not."""
     if bwrap is None:
         return "bwrap is not installed"
     if uid is not None and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is needed to drop to the sandbox uid when running as root"
-    argv = [bwrap, *_namespaces("probe", uid), *_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--",
+    argv = [bwrap, *_namespaces("probe", uid, own_network), *_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--",
             *_drop_privileges(uid), "/usr/bin/env", "true"]
     try:
         result = subprocess.run(argv, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)

@@ -241,11 +241,19 @@ def _system_mounts() -> list[str]:
     return argv
 
 
-def _network_mounts(spec: SandboxSpec) -> list[str]:
-    """An isolated namespace resolves names through slirp4netns, not the host's resolver (often on 127.0.0.x)."""
+HOST_RESOLV_CONF = "/etc/resolv.conf"
+
+
+def _network_mounts(spec: SandboxSpec) -> list[tuple[str, list[str]]]:
+    """An isolated namespace resolves names through slirp4netns, not the host's resolver (often on 127.0.0.x).
+
+    When /etc/resolv.conf is a symlink (systemd-resolved's stub under /run), the file goes where it points:
+    a mount cannot land on a symlink whose target the sandbox lacks, and /etc itself is read-only.
+    """
     if spec.network != "isolated":
         return []
-    return ["--ro-bind", str(spec.dirs.resolv), "/etc/resolv.conf"]
+    dst = os.path.realpath(HOST_RESOLV_CONF) if os.path.islink(HOST_RESOLV_CONF) else HOST_RESOLV_CONF
+    return [(dst, ["--ro-bind", str(spec.dirs.resolv), dst])]
 
 
 def _drop_privileges(uid: int | None) -> list[str]:
@@ -288,9 +296,11 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     """The full command that starts the pod: bwrap, [setpriv], python -m firepool_agent."""
     tree = _Tree()
     tree.argv += _namespaces(spec.name, spec.uid, unshares(spec.network)) + ["--info-fd", str(INFO_FD)]
-    tree.argv += _system_mounts() + _network_mounts(spec)
+    tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
     tree.filled.update(_SYSTEM_RO)
+    for dst, mount in _network_mounts(spec):
+        tree.mount(dst, *mount)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
     # and must land on top of the tmpfs, not under it.
     tree.argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",

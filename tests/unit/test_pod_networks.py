@@ -51,3 +51,20 @@ def test_a_gang_links_ranks_get_the_interface_to_bind_after_the_callers_env() ->
     env = topology_env(1, 2, Rendezvous(ganglinks.address(0), 29500, ganglinks.env()))
     assert env["MASTER_ADDR"] == "10.213.0.1" and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "gang0"
     assert ganglinks.address(1) == "10.213.0.2"
+
+
+def test_a_symlinked_host_resolv_conf_gets_the_file_where_it_points(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd-resolved hosts: /etc/resolv.conf -> ../run/systemd/resolve/stub-resolv.conf, absent in a sandbox."""
+    from broker.backends import sandboxing
+
+    (tmp_path / "etc").mkdir()
+    link = tmp_path / "etc" / "resolv.conf"
+    link.symlink_to("../run/systemd/resolve/stub-resolv.conf")
+    monkeypatch.setattr(sandboxing, "HOST_RESOLV_CONF", str(link))
+    argv = bwrap_argv("bwrap", spec("isolated"))
+    target = str(tmp_path / "run" / "systemd" / "resolve" / "stub-resolv.conf")
+    at = argv.index(target)
+    assert argv[at - 2:at + 1] == ["--ro-bind", "/state/pods/p/resolv.conf", target]
+    made = [argv[i + 1] for i, a in enumerate(argv[:at]) if a == "--dir"]
+    assert str(tmp_path / "run" / "systemd" / "resolve") in made  # its parents exist in the sandbox

@@ -250,8 +250,8 @@ def _network_mounts(spec: SandboxSpec) -> list[tuple[str, list[str]]]:
     When /etc/resolv.conf is a symlink (systemd-resolved's stub under /run), the file goes where it points:
     a mount cannot land on a symlink whose target the sandbox lacks, and /etc itself is read-only.
     """
-    if spec.network != "isolated":
-        return []
+    if spec.network != "isolated" or not os.path.lexists(HOST_RESOLV_CONF):
+        return []  # a host without one: nothing to mount onto in the read-only /etc, and no resolver to name
     dst = os.path.realpath(HOST_RESOLV_CONF) if os.path.islink(HOST_RESOLV_CONF) else HOST_RESOLV_CONF
     return [(dst, ["--ro-bind", str(spec.dirs.resolv), dst])]
 

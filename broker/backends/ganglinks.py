@@ -55,15 +55,22 @@ def link(pids: Sequence[int], tag: str) -> None:
 def unlink(pid: int) -> None:
     """Remove this pod's side of a gang link (its bridge or its veth end), if it has one."""
     ip = shutil.which("ip") or "/usr/sbin/ip"
-    result = subprocess.run(["nsenter", "-t", str(pid), "-n", ip, "link", "del", IFNAME], capture_output=True,
-                            timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    try:
+        result = subprocess.run([_nsenter(), "-t", str(pid), "-n", ip, "link", "del", IFNAME], capture_output=True,
+                                timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"cannot remove the gang link of sandbox {pid}: {exc}") from exc
     if result.returncode != 0 and b"Cannot find device" not in result.stderr:
         raise BackendError(f"cannot remove the gang link of sandbox {pid}: {result.stderr.decode(errors='replace')}")
 
 
 def _in(pid: int, ip: str, commands: list[str]) -> None:
     """`ip -batch` inside the network namespace of `pid`: one process for several changes."""
-    _run(["nsenter", "-t", str(pid), "-n", ip, "-batch", "-"], "\n".join(commands) + "\n")
+    _run([_nsenter(), "-t", str(pid), "-n", ip, "-batch", "-"], "\n".join(commands) + "\n")
+
+
+def _nsenter() -> str:
+    return shutil.which("nsenter") or "/usr/bin/nsenter"
 
 
 def _run(argv: list[str], stdin: str | None = None) -> None:

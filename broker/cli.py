@@ -76,8 +76,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
     p.add_argument("--virtual-gpus", type=int, default=None, help="pretend this many GPUs exist (no NVML)")
     p.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
-    p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "none"],
-                   help="local isolation: bubblewrap when it works (auto), required (bwrap), or none")
+    p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap"],
+                   help="local isolation: bubblewrap (both choices require it; without it the broker refuses to start)")
+    p.add_argument("--unisolated", action="store_true",
+                   help="run local pods WITHOUT a sandbox (plain processes sharing this host); only for a trusted "
+                        "single user on a machine without bubblewrap; /healthz then says isolation: none")
     p.add_argument("--keep-pods", action="store_true",
                    help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
     p.add_argument("--capacity", help="borrowed-capacity source: a JSON file or an http(s) URL (model -> GPUs)")

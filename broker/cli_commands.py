@@ -78,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=state_dir, db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, keep_pods=args.keep_pods, capacity=args.capacity,
+        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
@@ -273,7 +273,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
              + (" (standby)" if p.get("standby") else ""), p.get("caller"),
              p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
              f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
-             "yes" if p.get("isolated") else "NO (unisolated fallback)") for p in pods]
+             "yes" if p.get("isolated") else "NO (--unisolated)") for p in pods]
     print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED"))
     return 0
 

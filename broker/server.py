@@ -25,6 +25,7 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.api.jwt_auth import JwtSettings, JwtVerifier
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
+from broker.errors import FirepoolError
 from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
@@ -46,7 +47,9 @@ class ServeSettings:
     port: int = DEFAULT_PORT
     virtual_gpus: int | None = None
     sandbox: str = "auto"
-    """Local backend isolation: auto (bubblewrap when it works), bwrap, or none (unisolated)."""
+    """Local backend isolation: bubblewrap, required (auto and bwrap), or none (unisolated)."""
+    unisolated: bool = False
+    """`--unisolated`: the operator's explicit choice to run pods without a sandbox (sandbox none)."""
     keep_pods: bool = False
     """On a clean shutdown keep idle pods for the next start (busy pods are always kept)."""
     tuning: Tuning = Tuning()
@@ -82,6 +85,13 @@ def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
     except (OSError, ValueError) as exc:
         log.error("catalog reload failed, keeping the running catalog: %s", exc)
         return
+    check_networks = getattr(cp.backend, "check_networks", None)  # the local backend's pod networks
+    if check_networks is not None:
+        try:
+            check_networks(catalog.pools)
+        except FirepoolError as exc:
+            log.error("catalog reload failed, keeping the running catalog: %s", exc)
+            return
     cp.reload_catalog(catalog)
     log.info("catalog reloaded: pools %s", ", ".join(catalog.pools))
 
@@ -111,9 +121,11 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
         raise ValueError(f"backend {settings.backend!r} is not available here (choose: local)")
     from broker.backends.local import LocalBackend
 
-    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=settings.sandbox)
+    sandbox = "none" if settings.unisolated else settings.sandbox
+    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=sandbox)
     devices = backend.devices()
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
+    backend.check_networks(catalog.pools)
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
     packages = FilePackageStore(settings.state_dir / "packages", settings.packages)

@@ -89,7 +89,8 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/healthz", responses=ERRORS)
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
-                "isolated": cp.backend_isolated, "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools)}
+                "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none",
+                "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools)}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics(who: Who) -> Response:
@@ -180,7 +181,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         views = cp.pods_view(pool)
         # A caller sees its own pods only: another's names, sessions (tags) and jobs are not its business.
         return {"pods": views if who.admin else [v for v in views if v["caller"] == who.caller],
-                "isolated": cp.backend_isolated}
+                "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none"}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

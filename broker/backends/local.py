@@ -4,7 +4,8 @@ A pod lives in `state_dir/pods/<name>/`: `pod.json` (0600: the agent's secret, G
 `pid`, the agent's host pid, whose SIGKILL ends the whole pod; never visible in any sandbox), the agent's log, and the workspace, package and run
 directories bound into the sandbox. Pods survive a broker restart: a new instance over the same
 state directory finds them through their records, and `list_pods` drops the records of dead ones.
-GPUs are bound exclusively; without bubblewrap, pods run unisolated and say so.
+GPUs are bound exclusively. Without working bubblewrap the backend refuses to start; pods run
+unisolated only when asked (`sandbox="none"`, `firepool serve --unisolated`), and say so.
 
 Each pod gets the limits of its pool's template (limits.py): a cgroup (cgroups.py) that bwrap joins
 before it execs, so the agent and every job start inside it; sized /tmp and /dev/shm; and a capped
@@ -24,15 +25,16 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from broker.backends import gpus as gpu_discovery
+from broker.backends import networking
 from broker.backends.kept import caller_store, check_in, check_out
 from broker.backends.limits import Limits, parse_limits
-from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podlimits import PodLimiter
+from broker.backends.podnets import NETWORK_POLICY, PodNetworks, stale_template
 from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
@@ -43,7 +45,6 @@ from broker.backends.sandboxing import (
     exposed_sources,
     fallback_argv,
     parse_binds,
-    parse_network,
     probe_bwrap,
     python_of,
     python_prefixes,
@@ -97,7 +98,7 @@ class LocalBackend:
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
                  python_prefix: str = sys.prefix, sandbox_uid: int | None = None) -> None:
-        if sandbox not in ("auto", "bwrap", "none"):
+        if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
         self.clock = clock
@@ -112,11 +113,11 @@ class LocalBackend:
         self.mode = self._choose_mode(sandbox)
         self.limiter = PodLimiter(self.state_dir)
         self._records: dict[str, dict[str, Any]] = {}
+        self.nets = PodNetworks(self._records, self._write, isolated=self.isolated, root=self.uid is not None)
         self._starting: set[str] = set()
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
         self.procs = PodProcesses()
-        self._free_ports = FreePorts()
         for path in sorted(self.pods_dir.glob("*/pod.json")):
             record = self._read(path)
             if record is not None:
@@ -125,22 +126,23 @@ class LocalBackend:
     # -- setup ----------------------------------------------------------------------------------
 
     def _choose_mode(self, sandbox: str) -> str:
+        """`bwrap` when a sandbox starts here; BackendError when it does not, unless `none` (--unisolated) was asked."""
         global _warned_unisolated
-        why = "sandbox=none was asked for"
         if sandbox != "none":
-            why = probe_bwrap(self.bwrap, self.uid) or ""
-            if not why:
-                exposed = uses(exposed_sources(self._spec_template()), str(self.state_dir))
-                if exposed is not None:
-                    raise BackendError(f"the state directory {self.state_dir} would be visible inside every sandbox "
-                                       f"(through {exposed}); choose one outside it")
-                return "bwrap"
-            if sandbox == "bwrap":
-                raise BackendError(f"bubblewrap sandboxes are unavailable: {why}")
+            why = probe_bwrap(self.bwrap, self.uid)
+            if why is not None:
+                raise BackendError(f"bubblewrap sandboxes do not work here ({why}): install bubblewrap "
+                                   "(apt-get install bubblewrap), or run jobs without isolation with --unisolated")
+            exposed = uses(exposed_sources(self._spec_template()), str(self.state_dir))
+            if exposed is not None:
+                raise BackendError(f"the state directory {self.state_dir} would be visible inside every sandbox "
+                                   f"(through {exposed}); choose one outside it")
+            return "bwrap"
         if not _warned_unisolated:
             _warned_unisolated = True
-            log.warning("local pods run UNISOLATED (%s): jobs share this host's processes, files and /dev/shm, "
-                        "run as uid %d and can read the broker's state directory", why, os.geteuid())
+            log.warning("UNISOLATED (--unisolated): local pods are plain processes; jobs share this host's "
+                        "processes, network, files and /dev/shm, run as uid %d and can read the broker's state "
+                        "directory", os.geteuid())
         return "none"
 
     @property
@@ -148,13 +150,24 @@ class LocalBackend:
         """How pod limits are enforced on this host (for health views)."""
         return self.limiter.info
 
+    def check_networks(self, pools: Mapping[str, PoolSpec]) -> None:
+        """At start: warn for each `host` pool; BackendError for a bad `network`, a missing stack (podnets), or
+        a bwrap that cannot make network namespaces here while pools need them."""
+        self.nets.check_catalog(pools)
+        own = sorted(n for n, p in pools.items() if networking.parse_network(p.template.get("network")) != "host")
+        if own and self.isolated:
+            why = probe_bwrap(self.bwrap, self.uid, own_network=True)
+            if why is not None:
+                raise BackendError(f"pools {', '.join(own)} need network namespaces, which bubblewrap cannot make "
+                                   f"here ({why}); give them network: host")
+
     def _spec_template(self) -> SandboxSpec:
         return SandboxSpec(name="probe", dirs=PodDirs(self.pods_dir / "probe"), python=self.python,
                            prefixes=self.prefixes, agent_dir=self.agent_dir, cuda_visible_devices="")
 
     @property
     def isolated(self) -> bool:
-        """True when pods are bubblewrap sandboxes; False in the unisolated fallback."""
+        """True when pods are bubblewrap sandboxes; False when run --unisolated."""
         return self.mode == "bwrap"
 
     def devices(self) -> list[Device]:
@@ -188,9 +201,10 @@ class LocalBackend:
 
     def _info(self, record: Mapping[str, Any]) -> PodInfo:
         return PodInfo(name=record["name"], pool=record["pool"], gpus=tuple(record["gpus"]),
-                       template=record["template"], created_at=record["created_at"], isolated=record["isolated"],
+                       template=stale_template(record), created_at=record["created_at"], isolated=record["isolated"],
                        annotations=dict(record["annotations"]), endpoint=f"unix:{self._dirs(record['name']).socket}",
-                       details={"mode": record["mode"], "uid": record["uid"], "agent_pid": record.get("pid"),
+                       details={"mode": record["mode"], "network": record.get("network", "host"),
+                                "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
                                 "root": str(self._dirs(record["name"]).root),
                                 "limits": record.get("limits", {})})
@@ -225,7 +239,7 @@ class LocalBackend:
             raise BackendError(f"pod {name} already exists")
         try:
             binds = parse_binds(request.pool.template.get("binds"))
-            network = parse_network(request.pool.template.get("network"))
+            network = networking.parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
             limits = parse_limits(request.pool.template, request.pool.cpus, self.limiter.default_memory)
         except ValueError as exc:
@@ -245,8 +259,8 @@ class LocalBackend:
             "uid": self.uid if self.isolated and self.uid is not None else os.geteuid(),
             "gpus": keys, "cuda_visible_devices": cuda, "annotations": dict(request.annotations),
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
-            "network": "host" if network or not self.isolated else "none",
-            "kernels": agent_kernels(request.pool),
+            "network": network if self.isolated else "host",
+            "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
             "limits": {"cgroup": "off"},
         }
         self._records[name] = record  # devices are taken from here on
@@ -288,6 +302,9 @@ class LocalBackend:
                 os.chown(path, self.uid, self.uid)
         make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
                          self.uid if self.isolated else None)
+        if self.isolated and spec.network == "isolated":
+            dirs.resolv.write_text(networking.resolv_conf())
+            dirs.resolv.chmod(0o644)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
         argv = [*join, *argv]
@@ -310,8 +327,10 @@ class LocalBackend:
         record["pid_start"] = starttime(agent_pid)
         self._write(record)
         await self._wait_healthy(spec.name, pid)
-        log.info("pod %s up in %.0f ms (%s, GPUs %s, limits %.0f ms)", spec.name, (time.perf_counter() - began) * 1000,
-                 self.mode, record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
+        net_ms = await self.nets.attach(spec, record, agent_pid) if self.isolated else 0.0
+        log.info("pod %s up in %.0f ms (%s, network %s%s, GPUs %s, limits %.0f ms)", spec.name,
+                 (time.perf_counter() - began) * 1000, self.mode, record["network"], f" +{net_ms:.1f} ms" if net_ms else "",
+                 record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
 
     def _log_tail(self, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -354,6 +373,8 @@ class LocalBackend:
         else:
             await self.kept_out(name, record)  # nothing of the pod runs: its kept content goes to its caller
         await asyncio.to_thread(self.limiter.release, self._dirs(name), record)
+        # Its exit-fd ends it with the sandbox already; this covers a helper left by a half-made pod.
+        await asyncio.to_thread(self.nets.detach, record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
 
@@ -390,6 +411,9 @@ class LocalBackend:
     async def _healthy(self, name: str) -> bool:
         record = self._records.get(name)
         if record is None or not self._alive(record):
+            return False
+        if not self.nets.helper_alive(record):
+            log.warning("pod %s lost its network helper (%s); deleting it", name, networking.STACK)
             return False
         for _ in range(2):  # one retry: deleting a pod over one lost reply would be costly
             try:
@@ -460,21 +484,8 @@ class LocalBackend:
         except OSError as exc:
             log.warning("pod %s: kept caches not saved for its caller: %s", name, exc)
 
-    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
-        """Local pods share the host's network (template `network: host`, the default): rank 0 listens on
-        127.0.0.1 at a port free on this host. A pod with a private network can only host a 1-rank job."""
-        record = self._records.get(coordinator)
-        if record is None:
-            raise BackendError(f"pod {coordinator} is gone")
-        if record.get("network", "host") != "host":
-            if world > 1:
-                raise BackendError(f"pool {record['pool']} gives pods a private network (template network: none): "
-                                   f"the {world} ranks of a gang could not reach rank 0; use network: host")
-            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
-        try:
-            return Rendezvous("127.0.0.1", self._free_ports.take())
-        except OSError as exc:
-            raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
+    def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
+        return self.nets.rendezvous(coordinator, world, members)
 
     async def close(self) -> None:
         """Close agent connections; pods keep running for the next broker."""

@@ -1,4 +1,4 @@
-"""What a local pod's sandbox looks like: the bubblewrap command line, and the unisolated fallback's.
+"""What a local pod's sandbox looks like: the bubblewrap command line, and the unisolated (--unisolated) one.
 
 Inside, a pod sees the host's /usr and /etc read-only, the Python prefixes (the venv is the pool's
 "base image"), the agent package, private /proc, /dev, /tmp and /dev/shm, and its own workspace,
@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from broker.backends.networking import unshares
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,16 @@ class PodDirs:
     def socket(self) -> Path:
         return self.run / "agent.sock"
 
+    @property
+    def resolv(self) -> Path:
+        """The sandbox's /etc/resolv.conf on an isolated network (slirp4netns's resolver)."""
+        return self.root / "resolv.conf"
+
+    @property
+    def net_log(self) -> Path:
+        """The output of the pod's network helper (never visible in the sandbox)."""
+        return self.root / "net.log"
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -124,8 +136,9 @@ class SandboxSpec:
     binds: tuple[Bind, ...] = ()
     uid: int | None = None
     """Set when the broker is root: the uid (and gid) the agent and jobs run as."""
-    network: bool = True
-    """Share the host's network (jobs can reach it and localhost); False gives a private loopback only."""
+    network: str = "isolated"
+    """`host` shares the host's network (jobs reach its loopback); `isolated` and `none` get a namespace of
+    their own (networking.py plugs a user-mode stack into an isolated one)."""
     tmp_size: int | None = None
     """Bytes of the /tmp tmpfs (None: the kernel's default, half of RAM)."""
     shm_size: int | None = None
@@ -175,15 +188,6 @@ def python_prefixes(prefix: str) -> tuple[str, ...]:
 
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def parse_network(raw: Any) -> bool:
-    """`pool.template["network"]`: "host" (the default) or "none"."""
-    if raw in (None, "host"):
-        return True
-    if raw == "none":
-        return False
-    raise ValueError(f'template network must be "host" or "none", got {raw!r}')
 
 
 def parse_binds(raw: Any) -> tuple[Bind, ...]:
@@ -237,9 +241,9 @@ def agent_env(spec: SandboxSpec, *, isolated: bool) -> dict[str, str]:
     return {"PYTHONPATH": agent_root, "PATH": job_path(spec), "LANG": "C.UTF-8", "HOME": home}
 
 
-def _namespaces(name: str, uid: int | None, network: bool = True) -> list[str]:
+def _namespaces(name: str, uid: int | None, own_network: bool = False) -> list[str]:
     argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", name, "--as-pid-1", "--new-session",
-            "--cap-drop", "ALL", *([] if network else ["--unshare-net"])]
+            "--cap-drop", "ALL", *(["--unshare-net"] if own_network else [])]
     if uid is None:
         return ["--unshare-user", *argv]
     # Privileged bwrap keeps only what setpriv needs to drop to the sandbox uid, then drops it too.
@@ -256,6 +260,21 @@ def _system_mounts() -> list[str]:
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     return argv
+
+
+HOST_RESOLV_CONF = "/etc/resolv.conf"
+
+
+def _network_mounts(spec: SandboxSpec) -> list[tuple[str, list[str]]]:
+    """An isolated namespace resolves names through slirp4netns, not the host's resolver (often on 127.0.0.x).
+
+    When /etc/resolv.conf is a symlink (systemd-resolved's stub under /run), the file goes where it points:
+    a mount cannot land on a symlink whose target the sandbox lacks, and /etc itself is read-only.
+    """
+    if spec.network != "isolated" or not os.path.lexists(HOST_RESOLV_CONF):
+        return []  # a host without one: nothing to mount onto in the read-only /etc, and no resolver to name
+    dst = os.path.realpath(HOST_RESOLV_CONF) if os.path.islink(HOST_RESOLV_CONF) else HOST_RESOLV_CONF
+    return [(dst, ["--ro-bind", str(spec.dirs.resolv), dst])]
 
 
 def _drop_privileges(uid: int | None) -> list[str]:
@@ -303,10 +322,12 @@ def _sized_tmpfs(path: str, size: int | None) -> list[str]:
 def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     """The full command that starts the pod: bwrap, [setpriv], python -m firepool_agent."""
     tree = _Tree()
-    tree.argv += _namespaces(spec.name, spec.uid, spec.network) + ["--info-fd", str(INFO_FD)]
+    tree.argv += _namespaces(spec.name, spec.uid, unshares(spec.network)) + ["--info-fd", str(INFO_FD)]
     tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
     tree.filled.update(_SYSTEM_RO)
+    for dst, mount in _network_mounts(spec):
+        tree.mount(dst, *mount)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
     # and must land on top of the tmpfs, not under it.
     tree.argv += ["--proc", "/proc", "--dev", "/dev", *_sized_tmpfs("/tmp", spec.tmp_size),
@@ -343,13 +364,14 @@ def fallback_argv(spec: SandboxSpec) -> list[str]:
     return [spec.python, *agent_args(spec, isolated=False)]
 
 
-def probe_bwrap(bwrap: str | None, uid: int | None, timeout_s: float = 10.0) -> str | None:
-    """None when a minimal sandbox starts and exits cleanly here; otherwise why not."""
+def probe_bwrap(bwrap: str | None, uid: int | None, timeout_s: float = 10.0, own_network: bool = False) -> str | None:
+    """None when a minimal sandbox (with a network namespace of its own if asked) starts and exits cleanly
+    here; otherwise why not."""
     if bwrap is None:
         return "bwrap is not installed"
     if uid is not None and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is needed to drop to the sandbox uid when running as root"
-    argv = [bwrap, *_namespaces("probe", uid), *_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--",
+    argv = [bwrap, *_namespaces("probe", uid, own_network), *_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--",
             *_drop_privileges(uid), "/usr/bin/env", "true"]
     try:
         result = subprocess.run(argv, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)

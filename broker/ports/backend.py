@@ -8,7 +8,7 @@ annotations (owner, hold) that the backend persists so a restarted broker rebuil
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,9 +82,10 @@ class Backend(Protocol):
         """The agent client of a live pod."""
         ...
 
-    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
+    def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
         """Where the `world` ranks of a job reach its rank-0 pod `coordinator`: an address of that
-        pod the others can reach and a port free on it; raises BackendError when they cannot."""
+        pod the others can reach and a port free on it; raises BackendError when they cannot.
+        `members` are the job's pods in rank order (the coordinator first); called before every launch."""
         ...
 
     async def close(self) -> None: ...
@@ -161,7 +162,7 @@ class FakeBackend:
         except KeyError:
             raise BackendError(f"pod {name} is gone") from None
 
-    def rendezvous(self, coordinator: str, world: int) -> Rendezvous:
+    def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
         if coordinator not in self.pods:
             raise BackendError(f"pod {coordinator} is gone")
         self._next_port += 1

@@ -132,7 +132,7 @@ class Executor:
             return
         handed_off_at = self.clock.now()
         try:
-            rdzv = self.backend.rendezvous(lease.pods[0].name, len(lease.pods))
+            rdzv = self.backend.rendezvous(lease.pods[0].name, len(lease.pods), [p.name for p in lease.pods])
         except FirepoolError as exc:  # the ranks could not meet: the attempt fails as a whole, before any runs
             await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.LAUNCH_ERROR, str(exc))
             return

@@ -19,6 +19,8 @@ class Rendezvous:
 
     addr: str
     port: int
+    env: tuple[tuple[str, str], ...] = ()
+    """Further variables every rank needs to reach the others (e.g. GLOO_SOCKET_IFNAME for a gang link)."""
 
 
 TOPOLOGY_NAMES: frozenset[str] = frozenset({
@@ -40,5 +42,5 @@ def topology_env(rank: int, world: int, rdzv: Rendezvous) -> dict[str, str]:
         "PET_NNODES": w, "PET_NODE_RANK": r, "PET_MASTER_ADDR": addr, "PET_MASTER_PORT": port,
         "FIREPOOL_RANK": r, "FIREPOOL_WORLD_SIZE": w, "FIREPOOL_NNODES": w, "FIREPOOL_NODE_RANK": r,
         "FIREPOOL_MASTER_ADDR": addr, "FIREPOOL_MASTER_PORT": port,
-        "FIREPOOL_COORDINATOR": "1" if rank == 0 else "0",
+        "FIREPOOL_COORDINATOR": "1" if rank == 0 else "0", **dict(rdzv.env),
     }

@@ -140,7 +140,7 @@ async def test_network_none_cuts_a_pod_off_the_hosts_loopback(backend: LocalBack
     port = server.getsockname()[1]
     dial = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
     try:
-        await backend.create(PodRequest(name="shared", pool=CPU))
+        await backend.create(PodRequest(name="shared", pool=PoolSpec(name="shared", template={"network": "host"})))
         await backend.create(PodRequest(name="cut-off", pool=PoolSpec(name="offline", template={"network": "none"})))
         assert await run(backend, "shared", "dial:0", sys.executable, "-S", "-c", dial) == "connected\n"
         agent = backend.agent("cut-off")

@@ -22,6 +22,16 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
+# The Jupyter server dials the kernel's ports on 127.0.0.1: kernel pools need the host's network (docs/jupyter.md).
+POOLS = """pools:
+  - {name: cpu, max_count: 4, template: {network: host}}
+  - {name: gpu, gpus: 1, max_count: 2, max_idle_count: 2, template: {network: host}}
+"""
+
+
+@pytest.fixture
+def broker(broker_factory):
+    return broker_factory(pools=POOLS)
 
 
 @pytest.fixture

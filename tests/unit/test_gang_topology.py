@@ -109,7 +109,7 @@ async def test_a_gang_whose_ranks_cannot_meet_fails_as_a_whole_before_any_rank_r
         monkeypatch: pytest.MonkeyPatch) -> None:
     h = await Harness([cpu_pool()]).start()
 
-    def no_meeting(coordinator: str, world: int) -> Rendezvous:
+    def no_meeting(coordinator: str, world: int, *members: object) -> Rendezvous:
         raise BackendError("pods have a private network")
 
     monkeypatch.setattr(h.backend, "rendezvous", no_meeting)

@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.backends import gpus as gpu_discovery
 from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
-from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
+from broker.backends.podprocs import LEDGER_FD, PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
     SandboxSpec,
@@ -77,6 +77,9 @@ class LocalBackend:
         self.clock = clock
         self.pods_dir = self.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ledger_dir = self.state_dir / "ledger"
+        """Each pod's record of the attempts it started (`firepool_agent.ledger`); kept after the pod."""
+        self.ledger_dir.mkdir(exist_ok=True, mode=0o700)
         self.python = python_of(python_prefix)
         self.prefixes = python_prefixes(python_prefix)
         self.agent_dir = agent_package_dir()
@@ -248,12 +251,13 @@ class LocalBackend:
         make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
                          self.uid if self.isolated else None)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
-        argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
+        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD)]  # the agent's own flags end it
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
         try:
-            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated)
+            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated,
+                                            ledger=self.ledger_dir / f"{spec.name}.jsonl")
         except OSError as exc:
             raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
         record["launcher_pid"] = pid

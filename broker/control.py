@@ -27,7 +27,7 @@ from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
 from broker.ports.store import JobStore
-from broker.recovery import RecoveryReport, recover
+from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
 from broker.running.executing import SIGNALS, Executor
 from broker.running.packages import PackageStore
@@ -104,6 +104,7 @@ class ControlPlane:
         self.dispatching_at = self.clock.now()
         self.dispatcher.wake()
         self.controller.wake()
+        log_ready(self.recovery, self.started_at, self.dispatching_at)
 
     async def stop(self, *, delete_idle_pods: bool = False) -> None:
         """Stop the loops. Busy pods keep running so a restarted broker re-attaches to their jobs;

@@ -1,0 +1,33 @@
+"""An outcome the store refuses is written again once it is back: a database outage loses no result."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from broker.errors import StoreError
+from broker.jobs import Job, JobState
+from tests.unit.harness import Harness, cpu_pool
+
+
+async def test_an_outcome_written_during_a_store_outage_lands_when_the_store_is_back() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        job = await h.submit(command=("sleep", "2"))
+        await h.run_for(1.0)
+        assert h.store.get(job.id).state is JobState.RUNNING  # type: ignore[union-attr]
+        original_commit = h.store.commit
+        refused: list[int] = []
+
+        def down(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            refused.append(len(writes))
+            raise StoreError("injected: the database is restarting")
+
+        h.store.commit = down  # type: ignore[method-assign]
+        await h.run_for(20.0)  # the job ended at 2 s; its outcome could not be written meanwhile
+        assert len(refused) >= 3 and h.store.get(job.id).state is JobState.RUNNING  # type: ignore[union-attr]
+        h.store.commit = original_commit  # type: ignore[method-assign]
+        await h.run_for(6.0)  # within one backoff step (at most 5 s)
+        done = h.store.get(job.id)
+        assert done is not None and done.state is JobState.SUCCEEDED and len(done.attempts) == 1
+    finally:
+        await h.stop()

@@ -38,9 +38,14 @@ def make_db(server: str, name: str, root: Path) -> str:
     if server == "sqlite":
         return f"sqlite:///{root / 'jobs.db'}"
     engine = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    engine.dispose()
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    except sa.exc.DBAPIError as exc:
+        raise SystemExit(f"bench recovery: cannot create a database on {server} ({exc.orig}); start MariaDB "
+                         "there, or pass --db with another server URL, or --db sqlite") from None
+    finally:
+        engine.dispose()
     return f"{server}/{name}"
 
 

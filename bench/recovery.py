@@ -128,21 +128,32 @@ def first_claims(broker: CrashBroker, claims: list[float]) -> list[float]:
 
 
 def run_repeat(n: int, workload: str, kills: int, gap: tuple[float, float], server: str, rng: random.Random,
-               settle_s: float = 2.0, drain_s: float = 120.0) -> dict[str, Any]:
-    """One repeat: a fresh broker and database, `kills` SIGKILLs under load, then the audit."""
+               settle_s: float = 2.0, drain_s: float = 120.0, early: float = 0.0) -> dict[str, Any]:
+    """One repeat: a fresh broker and database, `kills` SIGKILLs under load, then the audit. With chance
+    `early`, a kill is followed by another while the restarted broker is still starting or recovering."""
     root = Path(tempfile.mkdtemp(prefix="fp-b13-"))
     db_name = f"firepool_bench_recovery_{os.getpid()}_{n}"
     callers = ("agent-1", "agent-2", "agent-3") if workload == "agent" else ("trainer",)
     broker = CrashBroker(root, make_db(server, db_name, root), callers)
     load = Load()
     pods: dict[str, list[int]] = {"held": [0, 0], "idle": [0, 0], "busy": [0, 0]}
+    during_start = 0
     try:
         broker.start()
         load.start(broker, workload, callers, batch=6)
-        for _ in range(kills):
+        made = 0
+        while made < kills:
             time.sleep(rng.uniform(*gap))
             before = broker.pods()
             broker.kill()
+            made += 1
+            while made < kills and rng.random() < early:  # the next kill lands while the restart recovers
+                startup = next((x.healthy_at - x.spawned_at for x in reversed(broker.lives) if x.healthy_at), 2.0)
+                broker.spawn()
+                time.sleep(rng.uniform(0.0, startup))
+                broker.kill()
+                made += 1
+                during_start += 1
             broker.start()
             for kind, (k, seen) in kept(before, broker.pods()).items():
                 pods[kind][0] += k
@@ -157,7 +168,8 @@ def run_repeat(n: int, workload: str, kills: int, gap: tuple[float, float], serv
         drop_db(server, db_name)
         shutil.rmtree(root, ignore_errors=True)
     lives = broker.lives
-    return {"repeat": n, "workload": workload, "kills": kills, "pods": pods, **outcome,
+    return {"repeat": n, "workload": workload, "kills": kills, "kills_during_start": during_start, "pods": pods,
+            **outcome,
             "first_claim_s": first_claims(broker, outcome.pop("claims")),
             "dispatch_after_process_s": [x.dispatch_after_process_s for x in lives[1:]
                                          if x.dispatch_after_process_s is not None],
@@ -169,20 +181,22 @@ def run_repeat(n: int, workload: str, kills: int, gap: tuple[float, float], serv
                                  if a.killed_at is not None and b.healthy_at is not None]}
 
 
-def run(kills: int, per_repeat: int, gap: tuple[float, float], server: str, seed: int) -> dict[str, Any]:
+def run(kills: int, per_repeat: int, gap: tuple[float, float], server: str, seed: int,
+        early: float = 0.0) -> dict[str, Any]:
     """Repeats alternating W-Agent and W-RL until `kills` kills were made; the pooled outcome."""
     rng = random.Random(seed)
     repeats: list[dict[str, Any]] = []
     done = 0
     while done < kills:
         k = min(per_repeat, kills - done)
-        repeats.append(run_repeat(len(repeats), ("agent", "rl")[len(repeats) % 2], k, gap, server, rng))
+        repeats.append(run_repeat(len(repeats), ("agent", "rl")[len(repeats) % 2], k, gap, server, rng, early=early))
         done += k
     pooled: dict[str, Any] = {"kills": done, "repeats": repeats}
     for key in ("lost", "started_twice", "jobs_run_twice", "first_claim_s", "dispatch_after_process_s",
                 "dispatch_after_control_s", "startup_s", "api_after_kill_s"):
         pooled[key] = [x for r in repeats for x in r[key]]
     pooled["jobs"] = sum(r["jobs"] for r in repeats)
+    pooled["kills_during_start"] = sum(r["kills_during_start"] for r in repeats)
     pooled["states"] = dict(sum((Counter(r["states"]) for r in repeats), Counter()))
     pooled["pods"] = {kind: [sum(r["pods"][kind][i] for r in repeats) for i in (0, 1)] for kind in ("held", "idle",
                                                                                                      "busy")}
@@ -197,6 +211,7 @@ def rows(out: dict[str, Any]) -> list[Row]:
     dispatch = p("dispatch_after_process_s", 50)
     return [
         Row("B13", "broker SIGKILLs under load", out["kills"], "", "30", ">= 30", out["kills"] >= 30),
+        Row("B13", "  of which while the restarted broker was starting", out["kills_during_start"], "", "-"),
         Row("B13", "jobs acknowledged", out["jobs"], "", "-"),
         Row("B13", "lost jobs", len(out["lost"]), "", "0", "0", not out["lost"]),
         Row("B13", "attempts executed twice (ledger)", len(out["started_twice"]) + len(out["jobs_run_twice"]), "",
@@ -220,13 +235,18 @@ def main(argv: list[str], *, json_out: bool = False) -> int:
     ap.add_argument("--kills-per-repeat", type=int, default=3)
     ap.add_argument("--gap", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN", "MAX"),
                     help="seconds of load before each kill, drawn uniformly")
+    ap.add_argument("--early", type=float, default=0.2,
+                    help="chance that a kill is followed by another while the restart is still recovering")
     ap.add_argument("--db", default=MARIADB, help="server URL without a database (a fresh one per repeat), "
                     "or `sqlite`")
     ap.add_argument("--seed", type=int, default=13)
     args = ap.parse_args(argv)
     if args.kills < 1 or args.kills_per_repeat < 1:
         ap.error("--kills and --kills-per-repeat must be at least 1")
-    out = run(args.kills, args.kills_per_repeat, (args.gap[0], args.gap[1]), args.db.rstrip("/"), args.seed)
+    if not 0.0 <= args.early < 1.0:
+        ap.error("--early must be in [0, 1)")
+    out = run(args.kills, args.kills_per_repeat, (args.gap[0], args.gap[1]), args.db.rstrip("/"), args.seed,
+              args.early)
     summary = {k: v for k, v in out.items() if k != "repeats"}
     summary["dispatch_after_process_median_s"] = statistics.median(out["dispatch_after_process_s"]) \
         if out["dispatch_after_process_s"] else None

@@ -66,11 +66,18 @@ class CrashBroker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives: list[Incarnation] = []
 
-    def start(self, timeout_s: float = 90.0) -> Incarnation:
+    def spawn(self) -> Incarnation:
+        """Start a broker process without waiting for it (a kill may land while it recovers)."""
         with open(self.log_path, "ab") as log:
             life = Incarnation(spawned_at=time.time())
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.lives.append(life)
+        return life
+
+    def start(self, timeout_s: float = 90.0) -> Incarnation:
+        """Start a broker process and wait until it dispatches (its /healthz says ok)."""
+        life = self.spawn()
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -109,12 +116,15 @@ class CrashBroker:
                 pass
 
     def read_ready_lines(self) -> None:
-        """Match each incarnation to its `dispatching at` log line, in order."""
-        found = READY_LINE.findall(self.log_path.read_text(errors="replace"))
-        for life, (at, after_process, after_control) in zip(self.lives, found, strict=False):
-            life.dispatching_at = float(at)
-            life.dispatch_after_process_s = None if after_process == "?" else float(after_process)
-            life.dispatch_after_control_s = float(after_control)
+        """Match each incarnation to its `dispatching at` log line by time (one killed while it was
+        still recovering has none)."""
+        for at, after_process, after_control in READY_LINE.findall(self.log_path.read_text(errors="replace")):
+            when = float(at)
+            for life in self.lives:
+                if life.spawned_at <= when and (life.killed_at is None or when <= life.killed_at):
+                    life.dispatching_at = when
+                    life.dispatch_after_process_s = None if after_process == "?" else float(after_process)
+                    life.dispatch_after_control_s = float(after_control)
 
     def client(self, caller: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[caller]}"},

@@ -125,18 +125,22 @@ class Dispatcher:
             return transition(job.with_attempt(attempt), JobState.RUNNING, now, pods=names,
                               acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now})
 
+        store_failed = False
         try:
             committed = await self.book.write(job_id, bind)
         except FirepoolError as exc:
             log.warning("committing %s failed, pods returned, job stays queued: %s", job_id, exc)
-            committed = None
+            committed, store_failed = None, True
         self.binding.discard(job_id)
         if committed is None or committed.state is not JobState.RUNNING:
             self.tracker.unclaim(job_id, self.clock.now())
             current = self.book.live.get(job_id)
             if current is not None and current.state is JobState.QUEUED:
                 self.queued[job_id] = current
-            self.wake()
+            if not store_failed:
+                self.wake()  # a lost race: the pods may suit another job now
+            # A store that is down is tried again by the next event or the fallback tick, not at once:
+            # waking here spun claim -> failed commit -> claim hundreds of times a second.
             return
         self.controller.forget_single_use(job_id)
         for p in lease.pods:

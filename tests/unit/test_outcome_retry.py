@@ -1,4 +1,4 @@
-"""An outcome the store refuses is written again once it is back: a database outage loses no result."""
+"""Writes the store refuses during an outage: outcomes land once it is back, claims retry without spinning."""
 
 from __future__ import annotations
 
@@ -29,5 +29,28 @@ async def test_an_outcome_written_during_a_store_outage_lands_when_the_store_is_
         await h.run_for(6.0)  # within one backoff step (at most 5 s)
         done = h.store.get(job.id)
         assert done is not None and done.state is JobState.SUCCEEDED and len(done.attempts) == 1
+    finally:
+        await h.stop()
+
+
+async def test_a_store_that_refuses_commits_is_not_hammered_by_the_dispatcher() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        await h.run_job(lease_tag="t")
+        original_commit = h.store.commit
+        refused: list[int] = []
+
+        def down(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            refused.append(len(writes))
+            raise StoreError("injected: the database is restarting")
+
+        h.store.commit = down  # type: ignore[method-assign]
+        job = await h.submit(lease_tag="t")
+        await h.run_for(6.0)
+        assert 1 <= len(refused) <= 4, len(refused)  # the fallback tick retries, not a busy loop
+        assert h.store.get(job.id).state is JobState.QUEUED  # type: ignore[union-attr]
+        h.store.commit = original_commit  # type: ignore[method-assign]
+        done = await h.finish(job)
+        assert done.state is JobState.SUCCEEDED and h.paths(done) == ["warm"] and len(done.attempts) == 1
     finally:
         await h.stop()

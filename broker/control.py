@@ -123,8 +123,11 @@ class ControlPlane:
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
-        if created:
-            self.dispatcher.enqueue(stored)
+        if created or (stored.state is JobState.QUEUED and stored.id not in self.dispatcher.queued
+                       and stored.id not in self.dispatcher.binding):
+            # A retried submit whose first insert landed although its answer was lost (a database
+            # restarting) finds its job queued in the store but never handed to the dispatcher.
+            self.dispatcher.enqueue(self.book.live.get(stored.id, stored))
         return stored, created
 
     async def _check_package(self, caller: str, spec: JobSpec) -> None:

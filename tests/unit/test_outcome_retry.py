@@ -54,3 +54,29 @@ async def test_a_store_that_refuses_commits_is_not_hammered_by_the_dispatcher() 
         assert done.state is JobState.SUCCEEDED and h.paths(done) == ["warm"] and len(done.attempts) == 1
     finally:
         await h.stop()
+
+
+async def test_a_submit_stored_before_its_answer_was_lost_runs_when_the_caller_retries_it() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        original_insert = h.store.insert
+        calls: list[str] = []
+
+        def stored_then_lost(job: Job) -> Job:  # the row landed; the answer did not (a database restarting)
+            calls.append(job.id)
+            stored = original_insert(job)
+            if len(calls) == 1:
+                raise StoreError("injected: lost connection after the commit")
+            return stored
+
+        h.store.insert = stored_then_lost  # type: ignore[method-assign]
+        try:
+            await h.submit(idempotency_key="k1")
+        except StoreError:
+            pass
+        again = await h.submit(idempotency_key="k1")  # the caller retries with the same key
+        assert again.id == calls[0]
+        done = await h.finish(again, timeout=30.0)
+        assert done.state is JobState.SUCCEEDED
+    finally:
+        await h.stop()

@@ -80,3 +80,29 @@ async def test_a_submit_stored_before_its_answer_was_lost_runs_when_the_caller_r
         assert done.state is JobState.SUCCEEDED
     finally:
         await h.stop()
+
+
+async def test_a_claim_committed_although_its_commit_failed_is_requeued_and_runs_once() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        await h.run_job(lease_tag="t")
+        agent = next(iter(h.backend.agents.values()))
+        launches_before = len(agent.launches)
+        original_commit = h.store.commit
+        lost: list[int] = []
+
+        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            result = original_commit(writes)
+            if not lost:
+                lost.append(len(writes))
+                raise StoreError("injected: lost connection after the commit")
+            return result
+
+        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        job = await h.submit(lease_tag="t")
+        done = await h.finish(job, timeout=30.0)
+        assert lost and done.state is JobState.SUCCEEDED
+        assert [a.state.value for a in done.attempts] == ["LOST", "SUCCEEDED"] and done.retries == 0
+        assert [r.attempt_id for r in agent.launches[launches_before:]] == [f"{job.id}:1"]  # :0 never ran
+    finally:
+        await h.stop()

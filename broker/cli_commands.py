@@ -22,8 +22,9 @@ from broker.locations import read_broker_file, state_dir_for
 if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
-BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter")
-"""The benchmarks built so far (modules of `bench/`); dispatch, loops, frontier and recovery come later."""
+BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
+              "recovery")
+"""The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
 
 EXIT_TIMEOUT = 124
 """`submit --wait` of a job that ran past its timeout exits like timeout(1)."""

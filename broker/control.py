@@ -27,7 +27,7 @@ from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
 from broker.ports.store import JobStore
-from broker.recovery import RecoveryReport, recover
+from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
 from broker.running.executing import SIGNALS, Executor
 from broker.running.kernelwarm import KernelWarmth
@@ -109,6 +109,7 @@ class ControlPlane:
         self.dispatching_at = self.clock.now()
         self.dispatcher.wake()
         self.controller.wake()
+        log_ready(self.recovery, self.started_at, self.dispatching_at)
 
     async def stop(self, *, delete_idle_pods: bool = False) -> None:
         """Stop the loops. Busy pods keep running so a restarted broker re-attaches to their jobs;
@@ -127,8 +128,11 @@ class ControlPlane:
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
-        if created:
-            self.dispatcher.enqueue(stored)
+        if created or (stored.state is JobState.QUEUED and stored.id not in self.dispatcher.queued
+                       and stored.id not in self.dispatcher.binding):
+            # A retried submit whose first insert landed although its answer was lost (a database
+            # restarting) finds its job queued in the store but never handed to the dispatcher.
+            self.dispatcher.enqueue(self.book.live.get(stored.id, stored))
         return stored, created
 
     async def _check_package(self, caller: str, spec: JobSpec) -> None:

@@ -35,7 +35,7 @@ from broker.backends.kept import caller_store, check_in, check_out
 from broker.backends.limits import Limits, parse_limits
 from broker.backends.podlimits import PodLimiter
 from broker.backends.podnets import NETWORK_POLICY, PodNetworks, stale_template
-from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
+from broker.backends.podprocs import LEDGER_FD, PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
     SandboxSpec,
@@ -104,6 +104,9 @@ class LocalBackend:
         self.clock = clock
         self.pods_dir = self.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ledger_dir = self.state_dir / "ledger"
+        """Each pod's record of the attempts it started (`firepool_agent.ledger`); kept after the pod."""
+        self.ledger_dir.mkdir(exist_ok=True, mode=0o700)
         self.python = python_of(python_prefix)
         self.prefixes = python_prefixes(python_prefix)
         self.agent_dir = agent_package_dir()
@@ -306,13 +309,14 @@ class LocalBackend:
             dirs.resolv.write_text(networking.resolv_conf())
             dirs.resolv.chmod(0o644)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
-        argv += ["--kernels", record["kernels"]]  # the agent's own flags end its command line
+        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD)]  # the agent's own flags end it
         argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
         try:
-            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated)
+            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated,
+                                            ledger=self.ledger_dir / f"{spec.name}.jsonl")
         except OSError as exc:
             raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
         record["launcher_pid"] = pid

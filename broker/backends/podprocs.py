@@ -25,14 +25,18 @@ from firepool_agent import proctree
 
 log = logging.getLogger(__name__)
 
+LEDGER_FD = 5
+"""The agent's record of started attempts (`firepool_agent.ledger`): a host file no sandbox can open."""
+
 
 class PodProcesses:
     def __init__(self) -> None:
         self._children: set[int] = set()
 
     def spawn(self, argv: list[str], env: Mapping[str, str], secret: str, log_path: Path, *,
-              with_info: bool) -> tuple[int, int | None]:
-        """Start `argv` in its own session with the secret on fd 3 (and bwrap's info pipe on fd 4).
+              with_info: bool, ledger: Path | None = None) -> tuple[int, int | None]:
+        """Start `argv` in its own session with the secret on fd 3 (bwrap's info pipe on fd 4, the
+        attempt ledger opened for appending on fd 5).
 
         Returns the pid and the read end of the info pipe. The pipes stay close-on-exec here and are
         dup2'ed onto their numbers in the child only, so no other child of the broker inherits them.
@@ -42,6 +46,7 @@ class PodProcesses:
         os.close(secret_w)
         info_r, info_w = os.pipe() if with_info else (None, None)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        ledger_fd = os.open(ledger, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if ledger else None
         moved: list[int] = []
         try:
             actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
@@ -49,6 +54,8 @@ class PodProcesses:
                        (os.POSIX_SPAWN_DUP2, _away(secret_r, moved), SECRET_FD)]
             if info_w is not None:
                 actions.append((os.POSIX_SPAWN_DUP2, _away(info_w, moved), INFO_FD))
+            if ledger_fd is not None:
+                actions.append((os.POSIX_SPAWN_DUP2, _away(ledger_fd, moved), LEDGER_FD))
             pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True,
                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
             self._children.add(pid)
@@ -58,7 +65,7 @@ class PodProcesses:
                 os.close(info_r)
             raise
         finally:
-            for fd in (secret_r, info_w, log_fd, *moved):
+            for fd in (secret_r, info_w, log_fd, ledger_fd, *moved):
                 if fd is not None:
                     os.close(fd)
 
@@ -128,7 +135,7 @@ class PodProcesses:
 
 def _away(fd: int, moved: list[int]) -> int:
     """`fd`, or a duplicate of it when it already sits on a number the child's fds are dup2'ed to."""
-    while fd in (SECRET_FD, INFO_FD):
+    while fd in (SECRET_FD, INFO_FD, LEDGER_FD):
         fd = os.dup(fd)
         moved.append(fd)
     return fd

@@ -21,7 +21,17 @@ from broker.claiming.reserving import reserve_if_due
 from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
-from broker.jobs import Acquisition, Attempt, Job, JobState, attempt_id, job_sort_key, transition
+from broker.jobs import (
+    Acquisition,
+    Attempt,
+    AttemptState,
+    ErrorClass,
+    Job,
+    JobState,
+    attempt_id,
+    job_sort_key,
+    transition,
+)
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.warmth.pooling import PoolController
@@ -122,6 +132,28 @@ class Dispatcher:
         """Retire an idle pod another caller holds, for a reservation that needs its room."""
         return self.controller.retire(pod, only_if_idle_since=idle_since)
 
+    async def _requeue_unlaunched(self, job: Job) -> Job | None:
+        """A row RUNNING that no executor of ours launched: an earlier commit of ours landed although the
+        store's answer was lost (a database restarting). Its attempt never ran: it is lost, the job queued."""
+        now = self.clock.now()
+
+        def requeue(current: Job) -> Job:
+            attempt = current.current_attempt
+            if current.state is not JobState.RUNNING or attempt is None or attempt.state is not AttemptState.LAUNCHING:
+                raise Abort
+            lost = attempt.move(AttemptState.LOST, finished_at=now, error_class=ErrorClass.POD_LOST,
+                                message="its commit's answer was lost; it never ran")
+            return transition(current.with_attempt(lost), JobState.QUEUED, now, pods=())
+
+        try:
+            requeued = await self.book.write(job.id, requeue)
+        except FirepoolError as exc:
+            log.warning("re-queueing %s after a lost commit answer failed: %s", job.id, exc)
+            return None
+        if requeued is not None and requeued.state is JobState.QUEUED:
+            log.warning("%s was committed RUNNING although its commit failed; re-queued (it never ran)", job.id)
+        return requeued
+
     async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:
         """Commit the claim durably, then hand the job to the executor; undo the claim if it loses."""
         names = tuple(p.name for p in lease.pods)
@@ -136,21 +168,28 @@ class Dispatcher:
             return transition(job.with_attempt(attempt), JobState.RUNNING, now, pods=names,
                               acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now})
 
+        store_failed = False
         try:
             committed = await self.book.write(job_id, bind)
         except FirepoolError as exc:
             log.warning("committing %s failed, pods returned, job stays queued: %s", job_id, exc)
-            committed = None
+            committed, store_failed = None, True
         self.binding.discard(job_id)
         if committed is None or committed.state is not JobState.RUNNING:
             self.tracker.unclaim(job_id, self.clock.now())
             current = self.book.live.get(job_id)
+            if current is not None and current.state is JobState.RUNNING and self.executor is not None \
+                    and job_id not in self.executor.launched:
+                current = await self._requeue_unlaunched(current)
             if current is not None and current.state is JobState.QUEUED:
                 self.queued[job_id] = current
-            self.wake()
+            if not store_failed:
+                self.wake()  # a lost race: the pods may suit another job now
+            # A store that is down is tried again by the next event or the fallback tick, not at once:
+            # waking here spun claim -> failed commit -> claim hundreds of times a second.
             return
         self.controller.forget_single_use(job_id)
+        assert self.executor is not None
         for p in lease.pods:
             self.stats.acquisitions[(p.pool, p.path)] += 1
-        assert self.executor is not None
         await self.executor.start(committed, lease)

@@ -32,6 +32,10 @@ from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.pooling import PoolController
 
+OUTCOME_RETRY_S = 0.25
+OUTCOME_RETRY_MAX_S = 5.0
+"""Backoff of an outcome write the store refused: from the first pause, doubling up to the last."""
+
 log = logging.getLogger("firepool.executing")
 
 WAIT_POLL_S = 25.0
@@ -377,12 +381,18 @@ class Executor:
             return transition(job, verdict.state, now, exit_code=verdict.exit_code, error_class=verdict.error,
                               error_message=verdict.message, timings=times)
 
-        try:
-            committed = await self.book.write(job_id, outcome)
-        except FirepoolError as exc:
-            # The store is down: the row stays RUNNING, and recovery finalises it from the agent's record.
-            log.error("recording the outcome of %s failed: %s", aid, exc)
-            return None
+        pause = OUTCOME_RETRY_S
+        while True:
+            try:
+                committed = await self.book.write(job_id, outcome)
+                break
+            except FirepoolError as exc:
+                # The store is down: the outcome is known only here, so keep trying (a restarted database
+                # must not leave the job RUNNING for ever). If this broker dies meanwhile, the row stays
+                # RUNNING and recovery finalises it from the agent's record.
+                log.error("recording the outcome of %s failed, trying again in %.1f s: %s", aid, pause, exc)
+                await self.clock.sleep(pause)
+                pause = min(pause * 2, OUTCOME_RETRY_MAX_S)
         if committed is not None and committed.terminal:
             self.stats.jobs_finished[(committed.spec.pool, str(committed.state))] += 1
         return committed

@@ -14,6 +14,7 @@ import sys
 from firepool_agent import privileges, proctree
 from firepool_agent.attempts import Attempts
 from firepool_agent.config import parse_args
+from firepool_agent.ledger import Ledger
 from firepool_agent.reaping import Reaper
 from firepool_agent.server import Agent, make_server
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     reaper = Reaper()
     reaper.start()
     attempts = Attempts(config, reaper)
+    if config.ledger_fd is not None:
+        attempts.ledger = Ledger(config.ledger_fd, config.pod)
     agent = Agent(config, secret, attempts)
     server = make_server(agent)
     with attempts.launch_lock:

@@ -25,6 +25,7 @@ from typing import Any
 
 from firepool_agent import gpushare, kernel, overlimit, proctree, wiping
 from firepool_agent.config import AgentConfig
+from firepool_agent.ledger import Ledger
 from firepool_agent.output import STREAMS as LOG_STREAMS
 from firepool_agent.output import Output
 from firepool_agent.prestart import Prestarted, Prestarter
@@ -114,6 +115,8 @@ class Attempts:
         """Late binding before the spawn (`binding.prepare`): the launch to run, or (error class, message)."""
         self.prestarter = Prestarter(config, reaper, self.base_env)
         """The pod's pre-started kernel process, bound by a kernel launch (`prestart`)."""
+        self.ledger: Ledger | None = None
+        """The durable record of started attempt ids; written before anything of the attempt runs."""
 
     # -- launching ------------------------------------------------------------------------------
 
@@ -143,6 +146,12 @@ class Attempts:
                     raise Conflict(f"attempt {spec.attempt_id} was launched before")
                 self.current = attempt
                 self._remember(attempt)
+            if self.ledger is not None:
+                try:
+                    self.ledger.started(spec.attempt_id)
+                except OSError as exc:  # unrecorded, it must not run: a crash test could not vouch for it
+                    self._fail(attempt, "LaunchError", f"the agent could not record the attempt: {exc}")
+                    return attempt
             self.prestarter.clean = False  # no process starts unbound again before a verified reset
             if not spec.extra.get("kernel") or spec.extra.get("requirements") is not None:
                 # Nothing runs beside an unbound process: not another job, not a requirements install

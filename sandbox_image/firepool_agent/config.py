@@ -36,6 +36,8 @@ class AgentConfig:
     shm_dir: str = "/dev/shm"
     deps_dir: str = ""
     """Where requirements are installed; survives resets for the pod's life. "" disables installs."""
+    ledger_fd: int | None = None
+    """An O_APPEND fd of the host's record of started attempts (`ledger`); None keeps no record."""
     kernels: str = "cold"
     """Pre-started kernel (`prestart`): `cold` never, `learned` after a kernel attempt, `prestart` always."""
 
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
     parser.add_argument("--kernels", choices=("cold", "learned", "prestart"), default="cold",
                         help="keep a pre-imported, unbound kernel process while idle: never, after a kernel "
                              "attempt, or always (default: cold)")
+    parser.add_argument("--ledger-fd", type=int, default=None,
+                        help="append each started attempt id to this fd (fsync'd) before its code runs")
     args = parser.parse_args(argv)
     cuda = _auto_cuda_devices() if args.cuda_visible_devices == "auto" else args.cuda_visible_devices
     config = AgentConfig(
@@ -80,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         isolated=args.isolated,
         deps_dir=os.path.abspath(args.deps_dir) if args.deps_dir else "",
         kernels=args.kernels,
+        ledger_fd=args.ledger_fd,
     )
     if not (config.listen.startswith("unix:") or config.listen.startswith("tcp:")):
         parser.error("--listen must be unix:/path or tcp:host:port")

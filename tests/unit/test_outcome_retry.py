@@ -1,0 +1,108 @@
+"""Writes the store refuses during an outage: outcomes land once it is back, claims retry without spinning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from broker.errors import StoreError
+from broker.jobs import Job, JobState
+from tests.unit.harness import Harness, cpu_pool
+
+
+async def test_an_outcome_written_during_a_store_outage_lands_when_the_store_is_back() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        job = await h.submit(command=("sleep", "2"))
+        await h.run_for(1.0)
+        assert h.store.get(job.id).state is JobState.RUNNING  # type: ignore[union-attr]
+        original_commit = h.store.commit
+        refused: list[int] = []
+
+        def down(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            refused.append(len(writes))
+            raise StoreError("injected: the database is restarting")
+
+        h.store.commit = down  # type: ignore[method-assign]
+        await h.run_for(20.0)  # the job ended at 2 s; its outcome could not be written meanwhile
+        assert len(refused) >= 3 and h.store.get(job.id).state is JobState.RUNNING  # type: ignore[union-attr]
+        h.store.commit = original_commit  # type: ignore[method-assign]
+        await h.run_for(6.0)  # within one backoff step (at most 5 s)
+        done = h.store.get(job.id)
+        assert done is not None and done.state is JobState.SUCCEEDED and len(done.attempts) == 1
+    finally:
+        await h.stop()
+
+
+async def test_a_store_that_refuses_commits_is_not_hammered_by_the_dispatcher() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        await h.run_job(lease_tag="t")
+        original_commit = h.store.commit
+        refused: list[int] = []
+
+        def down(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            refused.append(len(writes))
+            raise StoreError("injected: the database is restarting")
+
+        h.store.commit = down  # type: ignore[method-assign]
+        job = await h.submit(lease_tag="t")
+        await h.run_for(6.0)
+        assert 1 <= len(refused) <= 4, len(refused)  # the fallback tick retries, not a busy loop
+        assert h.store.get(job.id).state is JobState.QUEUED  # type: ignore[union-attr]
+        h.store.commit = original_commit  # type: ignore[method-assign]
+        done = await h.finish(job)
+        assert done.state is JobState.SUCCEEDED and h.paths(done) == ["warm"] and len(done.attempts) == 1
+    finally:
+        await h.stop()
+
+
+async def test_a_submit_stored_before_its_answer_was_lost_runs_when_the_caller_retries_it() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        original_insert = h.store.insert
+        calls: list[str] = []
+
+        def stored_then_lost(job: Job) -> Job:  # the row landed; the answer did not (a database restarting)
+            calls.append(job.id)
+            stored = original_insert(job)
+            if len(calls) == 1:
+                raise StoreError("injected: lost connection after the commit")
+            return stored
+
+        h.store.insert = stored_then_lost  # type: ignore[method-assign]
+        try:
+            await h.submit(idempotency_key="k1")
+        except StoreError:
+            pass
+        again = await h.submit(idempotency_key="k1")  # the caller retries with the same key
+        assert again.id == calls[0]
+        done = await h.finish(again, timeout=30.0)
+        assert done.state is JobState.SUCCEEDED
+    finally:
+        await h.stop()
+
+
+async def test_a_claim_committed_although_its_commit_failed_is_requeued_and_runs_once() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        await h.run_job(lease_tag="t")
+        agent = next(iter(h.backend.agents.values()))
+        launches_before = len(agent.launches)
+        original_commit = h.store.commit
+        lost: list[int] = []
+
+        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            result = original_commit(writes)
+            if not lost:
+                lost.append(len(writes))
+                raise StoreError("injected: lost connection after the commit")
+            return result
+
+        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        job = await h.submit(lease_tag="t")
+        done = await h.finish(job, timeout=30.0)
+        assert lost and done.state is JobState.SUCCEEDED
+        assert [a.state.value for a in done.attempts] == ["LOST", "SUCCEEDED"] and done.retries == 0
+        assert [r.attempt_id for r in agent.launches[launches_before:]] == [f"{job.id}:1"]  # :0 never ran
+    finally:
+        await h.stop()

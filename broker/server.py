@@ -27,10 +27,21 @@ from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
+from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 from broker.running.packages import FilePackageStore, PackageLimits
 
 log = logging.getLogger("firepool.server")
+
+
+@dataclass(frozen=True)
+class KubernetesTarget:
+    namespace: str | None = None
+    """None: the broker's own namespace in a cluster, else `default`."""
+    kubeconfig: str | None = None
+    """None: in-cluster config, else the default kubeconfig."""
+    broker_id: str = "firepool"
+    """The `firepool.io/broker` label value of this broker's pods."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class ServeSettings:
     """Publish per-caller series (holds by owner) on /metrics; off by default so names stay private."""
     max_request_bytes: int = 2 << 20
     """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
+    kubernetes: KubernetesTarget = KubernetesTarget()
+    """Where the kubernetes backend creates pods."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -107,11 +120,18 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
     clock = RealClock()
-    if settings.backend != "local":
-        raise ValueError(f"backend {settings.backend!r} is not available here (choose: local)")
-    from broker.backends.local import LocalBackend
+    backend: Backend
+    if settings.backend == "kubernetes":
+        from broker.backends.kubernetes.setup import kubernetes_backend
 
-    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=settings.sandbox)
+        k8s = settings.kubernetes
+        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id)
+    elif settings.backend == "local":
+        from broker.backends.local import LocalBackend
+
+        backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=settings.sandbox)
+    else:
+        raise ValueError(f"backend {settings.backend!r} is not available here (choose: local, kubernetes)")
     devices = backend.devices()
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")

@@ -1,0 +1,39 @@
+"""HAMi annotations: reading the card an active pod got, the node register, and the exclusivity sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.backends.kubernetes import hami
+
+A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+NODE = {"metadata": {"annotations": {hami.NODE_REGISTER: f"{A},10,81920,100,NVIDIA-H100,0,true:{B},10,81920,100,"
+                                                         "NVIDIA-H100,0,true:"}}}
+
+
+def share(pool: str | None, uuid: str) -> dict[str, Any]:
+    labels = {"firepool.io/pool": pool} if pool else {}
+    return {"metadata": {"labels": labels, "annotations": {hami.ALLOCATED: f"{uuid},NVIDIA,1,0:;"}}}
+
+
+def test_allocated_uuid_is_read_from_the_active_pods_annotation() -> None:
+    assert hami.allocated_uuids({hami.ALLOCATED: f"{A},NVIDIA,81920,100:;"}) == (A,)
+    assert hami.allocated_uuids({hami.ALLOCATED: f"{A},NVIDIA,1,0:{B},NVIDIA,1,0:;"}) == (A, B)
+    assert hami.allocated_uuids({}) == ()
+
+
+def test_card_shared_only_by_the_group_is_exclusive() -> None:
+    assert hami.exclusive(A, NODE, [share("h100", A), share("h100", A), share("other", B)], "h100")
+
+
+def test_card_with_a_foreign_share_is_not_exclusive() -> None:
+    assert not hami.exclusive(A, NODE, [share("h100", A), share(None, A)], "h100")
+
+
+def test_card_missing_from_the_register_is_not_exclusive() -> None:
+    assert not hami.exclusive("GPU-cccc", NODE, [share("h100", "GPU-cccc")], "h100")
+
+
+def test_standby_pin_names_the_card() -> None:
+    assert hami.pin_annotations((A,), "hami") == {hami.USE_UUID: A}

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
+from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
@@ -53,6 +54,13 @@ log = logging.getLogger("firepool.k8s")
 ANN_POD_UID = "firepool.io/pod-uid"
 """On the Secret: the UID of the pod it was made for."""
 SYNC_TIMEOUT_S = 30.0
+
+
+AgentFactory = Callable[[str, str, str], AgentClient]
+
+
+def _http_agent(endpoint: str, secret: str, pod: str) -> AgentClient:
+    return HttpAgentClient(endpoint, secret, pod=pod)
 
 
 class LaunchError(BackendError):
@@ -97,9 +105,12 @@ class KubernetesBackend:
     kind = "kubernetes"
     isolated = True
 
-    def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings()) -> None:
+    def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings(),
+                 agent_factory: AgentFactory | None = None) -> None:
+        """`agent_factory(endpoint, secret, pod)` makes agent clients (tests: fakes); default HTTP."""
         self.clock = clock
         self.api = api
+        self.agent_factory: AgentFactory = agent_factory or _http_agent
         self.settings = settings
         self.selector = f"{LABEL_BROKER}={settings.broker_id}"
         self.cache = PodCache()
@@ -108,7 +119,7 @@ class KubernetesBackend:
         self._task: asyncio.Task[None] | None = None
         self._pods: dict[str, _Pod] = {}
         self._deleting: set[str] = set()
-        self._clients: dict[str, HttpAgentClient] = {}
+        self._clients: dict[str, AgentClient] = {}
         self._templates: dict[str, PodTemplate] = {}
         self._bucket = TokenBucket(clock, settings.rate.qps, settings.rate.burst)
         self._pull_block: dict[str, tuple[float, float, str]] = {}
@@ -213,8 +224,7 @@ class KubernetesBackend:
     async def _wait_running(self, rec: _Pod, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
         """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
         start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + tpl.start_timeout_s
+        deadline = self.clock.now() + tpl.start_timeout_s
         while True:
             rec.changed.clear()
             pod = self.cache.pods.get(rec.name)
@@ -232,12 +242,11 @@ class KubernetesBackend:
                 why = podstatus.ended(pod)
                 if why:
                     raise BackendError(f"pod {rec.name} ended while starting: {why}")
-            left = deadline - loop.time()
+            left = deadline - self.clock.now()
             if left <= 0:
                 raise BackendError(f"pod {rec.name} still not running after {tpl.start_timeout_s:.0f} s "
                                    f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(rec.changed.wait(), left)
+            await self.clock.wait(rec.changed, left)
 
     def _block(self, pool: PoolSpec, reason: str) -> None:
         """No retry storm: creates of this template fail at once for a while, doubling per failure."""
@@ -382,14 +391,14 @@ class KubernetesBackend:
         await with_backoff(self.clock, self.settings.rate, lambda: self.api.patch("Pod", name, body))
         rec.annotations.update(annotations)
 
-    def agent(self, name: str) -> HttpAgentClient:
+    def agent(self, name: str) -> AgentClient:
         rec = self._pods.get(name)
         if rec is None or rec.lost or not rec.ip:
             raise BackendError(f"pod {name} is gone" + (f" ({rec.lost})" if rec is not None and rec.lost else ""))
         client = self._clients.get(name)
         if client is None:
-            client = self._clients[name] = HttpAgentClient(f"tcp:{rec.ip}:{self.settings.agent_port}", rec.secret,
-                                                           pod=name)
+            client = self._clients[name] = self.agent_factory(f"tcp:{rec.ip}:{self.settings.agent_port}", rec.secret,
+                                                              name)
         return client
 
     def rendezvous(self, coordinator: str, world: int) -> Rendezvous:

@@ -1,0 +1,415 @@
+"""The fake kubelet (and scheduler): binds new pods to fake nodes and runs a real pod agent for each.
+
+A pod's life: bound to a node that fits its nodeSelector and GPUs (PodScheduled), its image
+"pulled" after `start_delay_s` (an image containing `:does-not-exist` fails with ErrImagePull then
+ImagePullBackOff), its agent's secret read from its Secret volume, the agent started (Running,
+podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod kills
+the agent and waits until no process of it is left before the pod object goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import logging
+import secrets
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.backends.kubernetes.emulator import nodes as hami
+from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, ContainerError
+from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
+from broker.errors import AgentError
+from broker.running.agent_http import HttpAgentClient
+
+log = logging.getLogger(__name__)
+
+MISSING_IMAGE = ":does-not-exist"
+AGENT_PORT_NAME = "agent"
+SECRET_KEY = "token"
+
+
+@dataclass
+class KubeletConfig:
+    start_delay_s: float = 0.0
+    """Between binding and the container starting: the image pull a pre-pull DaemonSet saves."""
+    pull_backoff_s: float = 0.2
+    """How long a failed pull shows ErrImagePull before it turns into ImagePullBackOff."""
+    agent_port: int = 8471
+    """The agent's port when the pod's container declares no port named `agent`."""
+    sandbox: str = "auto"
+    """auto, bwrap or none, as the local backend: a bubblewrap sandbox per pod, or unisolated."""
+    python_prefix: str = sys.prefix
+    """The pods' "image": the Python environment the agent and jobs run in."""
+    sandbox_uid: int | None = None
+    ready_timeout_s: float = 30.0
+    retry_s: float = 0.05
+    """How often an unschedulable pod or one waiting for its Secret is looked at again."""
+
+
+class _Gone(Exception):
+    """The pod was deleted (or replaced under its name) while the kubelet worked on it."""
+
+
+class Kubelet:
+    def __init__(self, store: Store, state_dir: Path, config: KubeletConfig | None = None) -> None:
+        self.store = store
+        self.config = config or KubeletConfig()
+        self.agents = Agents(state_dir, sandbox=self.config.sandbox, python_prefix=self.config.python_prefix,
+                             sandbox_uid=self.config.sandbox_uid)
+        self._lives: dict[str, asyncio.Task[None]] = {}
+        self._ending: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, AgentProcess] = {}
+        self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._main: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> dict[str, AgentProcess]:
+        """The live agents by pod uid (for tests: their pids and endpoints)."""
+        return dict(self._running)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def listener(event: Event) -> None:
+            if event.resource == "pods":
+                loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+        self.store.graceful_pods = True
+        self._unsubscribe = self.store.subscribe(listener)
+        for pod in self.store.list("pods", None)[0]:
+            self._observe("ADDED", pod)
+        self._main = asyncio.create_task(self._run(), name="emulator-kubelet")
+
+    async def stop(self) -> None:
+        """Stop every pod's work and kill every agent (pod objects stay, as on a node that went away)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self.store.graceful_pods = False
+        tasks = [t for t in (self._main, *self._lives.values(), *self._ending.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(self.agents.kill(a) for a in self._running.values()))
+        self._running.clear()
+
+    async def _run(self) -> None:
+        while True:
+            event = await self._queue.get()
+            self._observe(event.type, event.obj)
+
+    def _observe(self, kind: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            if uid not in self._ending and (uid in self._lives or uid in self._running):
+                self._ending[uid] = asyncio.create_task(self._end(pod, remove=kind != "DELETED"),
+                                                        name=f"emulator-kill-{meta['name']}")
+            elif kind != "DELETED" and uid not in self._ending:
+                self.store.remove("pods", meta.get("namespace", ""), meta["name"])
+            return
+        if uid not in self._lives and pod.get("status", {}).get("phase", "Pending") == "Pending":
+            self._lives[uid] = asyncio.create_task(self._life(meta.get("namespace", ""), meta["name"], uid),
+                                                   name=f"emulator-pod-{meta['name']}")
+
+    async def _end(self, pod: Obj, *, remove: bool) -> None:
+        meta = pod["metadata"]
+        life = self._lives.pop(meta["uid"], None)
+        if life is not None:
+            life.cancel()
+            await asyncio.gather(life, return_exceptions=True)
+        agent = self._running.pop(meta["uid"], None)
+        if agent is not None:
+            await self.agents.kill(agent)
+        if remove:
+            current = self._get(meta.get("namespace", ""), meta["name"])
+            if current is not None and current["metadata"]["uid"] == meta["uid"]:
+                self.store.remove("pods", meta.get("namespace", ""), meta["name"])
+        self._ending.pop(meta["uid"], None)
+
+    # -- one pod's life -------------------------------------------------------------------------
+
+    async def _life(self, ns: str, name: str, uid: str) -> None:
+        try:
+            await self._live(ns, name, uid)
+        except _Gone:
+            pass
+        except Exception:
+            log.exception("emulated kubelet: pod %s/%s failed", ns, name)
+
+    async def _live(self, ns: str, name: str, uid: str) -> None:
+        pod = self._mine(ns, name, uid)
+        node = pod["spec"].get("nodeName")
+        if not node:
+            node = await self._schedule(ns, name, uid)
+        cfg = self.config
+        self._event(ns, name, uid, "Pulling", f"Pulling image {_image(pod)!r}", node)
+        if cfg.start_delay_s > 0:
+            await asyncio.sleep(cfg.start_delay_s)
+        if any(MISSING_IMAGE in c.get("image", "") for c in pod["spec"]["containers"]):
+            message = f"rpc error: code = NotFound desc = failed to pull and unpack image {_image(pod)!r}: not found"
+            self._containers(ns, name, uid, {"waiting": {"reason": "ErrImagePull", "message": message}})
+            self._event(ns, name, uid, "Failed", f"Failed to pull image {_image(pod)!r}: {message}", node, "Warning")
+            await asyncio.sleep(cfg.pull_backoff_s)
+            self._containers(ns, name, uid, {"waiting": {"reason": "ImagePullBackOff",
+                                                         "message": f"Back-off pulling image {_image(pod)!r}"}})
+            self._event(ns, name, uid, "BackOff", f"Back-off pulling image {_image(pod)!r}", node, "Warning")
+            return
+        self._event(ns, name, uid, "Pulled", f"Successfully pulled image {_image(pod)!r}", node)
+        secret = await self._secret(ns, name, uid)
+        pod = self._mine(ns, name, uid)
+        gpus = hami.node_gpus(self._get("", node, "nodes") or {})
+        cuda = ",".join(str(gpus.index(u)) for u in hami.allocated_uuids(pod) if u in gpus)
+        ip = next(self._ips)
+        try:
+            agent = self.agents.spawn(f"{ns}.{name}.{uid[:8]}", name, ip, _agent_port(pod, cfg.agent_port), secret,
+                                      cuda=cuda, kernels=_kernels(pod))
+            self._running[uid] = agent
+            await self.agents.settle(agent)
+        except ContainerError as exc:
+            self._fail(ns, name, uid, "StartError", str(exc), 128)
+            return
+        started = now_iso()
+
+        def running(p: Obj) -> Obj:
+            status = p["status"]
+            status.update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1",
+                          hostIPs=[{"ip": "127.0.0.1"}], startTime=started)
+            for kind in ("PodReadyToStartContainers", "Initialized"):
+                _condition(status, kind, "True")
+            for kind in ("ContainersReady", "Ready"):
+                _condition(status, kind, "False", "ContainersNotReady", "containers with unready status")
+            status["containerStatuses"] = _container_statuses(p, {"running": {"startedAt": started}}, ready=False)
+            return p
+
+        self._write(ns, name, uid, running)
+        self._event(ns, name, uid, "Started", "Started container (firepool agent)", node)
+        await self._await_ready(ns, name, uid, agent, secret)
+        while True:  # restartPolicy Never: an agent that dies fails its pod
+            await asyncio.sleep(0.1)
+            if self.agents.exited(agent):
+                self._fail(ns, name, uid, "Error", f"agent exited: {self.agents.log_tail(agent)}", 1)
+                return
+
+    async def _schedule(self, ns: str, name: str, uid: str) -> str:
+        said = ""
+        while True:
+            pod = self._mine(ns, name, uid)
+            node, uuids, why = self._place(pod)
+            if node is not None:
+                break
+            if why != said:
+                said = why
+                self._write(ns, name, uid, _unschedulable(why))
+                self._event(ns, name, uid, "FailedScheduling", why, "", "Warning", "default-scheduler")
+            await asyncio.sleep(self.config.retry_s)
+        request = hami.gpu_request(pod)
+
+        def bind(p: Obj) -> Obj:
+            p["spec"]["nodeName"] = node
+            if uuids:
+                p["metadata"].setdefault("annotations", {}).update({
+                    hami.ALLOCATED: hami.allocation(uuids, request), hami.ASSIGNED_NODE: node,
+                    "hami.io/bind-phase": "success"})
+            return _with_condition(p, "PodScheduled", "True")
+
+        self._write(ns, name, uid, bind)
+        self._event(ns, name, uid, "Scheduled", f"Successfully assigned {ns}/{name} to {node}", node,
+                    component="default-scheduler")
+        return node
+
+    def _place(self, pod: Obj) -> tuple[str | None, list[str], str]:
+        """A node for the pod and the GPU UUIDs it gets there, or why none fits (HAMi's rules, simplified:
+        a whole-card request takes a card no one shares; a `gpumem` share any card not held whole;
+        `nvidia.com/use-gpuuuid` pins to those cards)."""
+        request = hami.gpu_request(pod)
+        selector = pod["spec"].get("nodeSelector") or {}
+        all_nodes = self.store.list("nodes", "")[0]
+        pods = self.store.list("pods", None)[0]
+        for node in all_nodes:
+            node_name = node["metadata"]["name"]
+            labels = node["metadata"].get("labels") or {}
+            if any(labels.get(k) != v for k, v in selector.items()):
+                continue
+            if request.count == 0:
+                return node_name, [], ""
+            cards = hami.node_gpus(node)
+            if request.pinned:
+                if all(u in cards for u in request.pinned):
+                    return node_name, list(request.pinned), ""
+                continue
+            holders: dict[str, list[bool]] = {u: [] for u in cards}
+            for other in pods:
+                if other["spec"].get("nodeName") == node_name:
+                    for u in hami.allocated_uuids(other):
+                        holders.setdefault(u, []).append(hami.gpu_request(other).exclusive)
+            free = [u for u in cards if not holders[u]] if request.exclusive else \
+                [u for u in cards if not any(holders[u])]
+            if len(free) >= request.count:
+                return node_name, free[:request.count], ""
+        return None, [], (f"0/{len(all_nodes)} nodes are available: no node matches the pod's node selector and "
+                          f"has {request.count} free nvidia.com/gpu")
+
+    async def _secret(self, ns: str, name: str, uid: str) -> str:
+        """The agent's token from the pod's Secret volume (key `token`, else its only key); a missing
+        Secret keeps the pod waiting in CreateContainerConfigError, as a real kubelet does."""
+        said = ""
+        while True:
+            pod = self._mine(ns, name, uid)
+            volumes = [v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
+            why = "the pod mounts no Secret volume for the agent's token"
+            if volumes:
+                secret = self._get(ns, volumes[0], "secrets")
+                data = (secret or {}).get("data") or {}
+                key = SECRET_KEY if SECRET_KEY in data else next(iter(data), None) if len(data) == 1 else None
+                if key is not None:
+                    return base64.b64decode(data[key]).decode()
+                why = f'secret "{volumes[0]}" not found' if secret is None else \
+                    f'couldn\'t find key {SECRET_KEY} in Secret {ns}/{volumes[0]}'
+            if why != said:
+                said = why
+                self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}})
+            await asyncio.sleep(self.config.retry_s)
+
+    async def _await_ready(self, ns: str, name: str, uid: str, agent: AgentProcess, secret: str) -> None:
+        client = HttpAgentClient(agent.endpoint, secret, pod=name, timeout_s=2.0)
+        deadline = asyncio.get_running_loop().time() + self.config.ready_timeout_s
+        try:
+            while True:
+                try:
+                    await client.health()
+                    break
+                except AgentError:
+                    if self.agents.exited(agent) or asyncio.get_running_loop().time() > deadline:
+                        self._fail(ns, name, uid, "Error", f"agent never answered: {self.agents.log_tail(agent)}", 1)
+                        raise _Gone from None
+                await asyncio.sleep(0.005)
+        finally:
+            await client.close()
+
+        def ready(p: Obj) -> Obj:
+            for kind in ("ContainersReady", "Ready"):
+                _condition(p["status"], kind, "True")
+            for status in p["status"].get("containerStatuses", []):
+                status["ready"] = True
+            return p
+
+        self._write(ns, name, uid, ready)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _get(self, ns: str, name: str, resource: str = "pods") -> Obj | None:
+        try:
+            return self.store.get(resource, ns, name)
+        except ApiError:
+            return None
+
+    def _mine(self, ns: str, name: str, uid: str) -> Obj:
+        pod = self._get(ns, name)
+        if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
+            raise _Gone
+        return pod
+
+    def _write(self, ns: str, name: str, uid: str, change: Callable[[Obj], Obj]) -> None:
+        def checked(p: Obj) -> Obj:
+            if p["metadata"]["uid"] != uid:
+                raise _Gone
+            return change(p)
+
+        try:
+            self.store.update("pods", ns, name, checked)
+        except ApiError as exc:
+            raise _Gone from exc
+
+    def _containers(self, ns: str, name: str, uid: str, state: Obj) -> None:
+        def change(p: Obj) -> Obj:
+            p["status"]["containerStatuses"] = _container_statuses(p, state, ready=False)
+            return p
+
+        self._write(ns, name, uid, change)
+
+    def _fail(self, ns: str, name: str, uid: str, reason: str, message: str, code: int) -> None:
+        finished = now_iso()
+
+        def change(p: Obj) -> Obj:
+            p["status"].update(phase="Failed", reason=reason, message=message[-300:])
+            for kind in ("ContainersReady", "Ready"):
+                _condition(p["status"], kind, "False", "PodFailed")
+            p["status"]["containerStatuses"] = _container_statuses(
+                p, {"terminated": {"exitCode": code, "reason": reason, "message": message[-300:],
+                                   "finishedAt": finished}}, ready=False)
+            return p
+
+        with contextlib.suppress(_Gone):
+            self._write(ns, name, uid, change)
+
+    def _event(self, ns: str, name: str, uid: str, reason: str, message: str, node: str, kind: str = "Normal",
+               component: str = "kubelet") -> None:
+        stamp = now_iso()
+        self.store.create("events", ns, {
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": ns},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid, "apiVersion": "v1"},
+            "reason": reason, "message": message, "type": kind, "count": 1,
+            "source": {"component": component, **({"host": node} if node else {})},
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "eventTime": stamp,
+            "reportingComponent": component, "reportingInstance": node or component, "action": reason})
+
+
+def _image(pod: Obj) -> str:
+    return str(pod["spec"]["containers"][0].get("image", ""))
+
+
+def _agent_port(pod: Obj, default: int) -> int:
+    for container in pod["spec"]["containers"]:
+        for port in container.get("ports") or []:
+            if port.get("name") == AGENT_PORT_NAME:
+                return int(port["containerPort"])
+    return default
+
+
+def _kernels(pod: Obj) -> str:
+    """The agent's `--kernels` mode from the first container's command line, if it names one."""
+    container = pod["spec"]["containers"][0]
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    if "--kernels" in argv[:-1]:
+        mode = str(argv[argv.index("--kernels") + 1])
+        if mode in ("cold", "learned", "prestart"):
+            return mode
+    return "cold"
+
+
+def _condition(status: Obj, kind: str, value: str, reason: str | None = None, message: str | None = None) -> None:
+    """Set a condition; its lastTransitionTime moves only when its status changes."""
+    conditions = status.setdefault("conditions", [])
+    for condition in conditions:
+        if condition["type"] == kind:
+            if condition["status"] != value:
+                condition["lastTransitionTime"] = now_iso()
+            condition.update(status=value, reason=reason, message=message)
+            return
+    conditions.append({"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": now_iso(),
+                       "reason": reason, "message": message})
+
+
+def _unschedulable(why: str) -> Callable[[Obj], Obj]:
+    return lambda pod: _with_condition(pod, "PodScheduled", "False", "Unschedulable", why)
+
+
+def _with_condition(pod: Obj, kind: str, value: str, reason: str | None = None, message: str | None = None) -> Obj:
+    _condition(pod.setdefault("status", {}), kind, value, reason, message)
+    return pod
+
+
+def _container_statuses(pod: Obj, state: Obj, *, ready: bool) -> list[Any]:
+    running = "running" in state
+    return [{"name": c["name"], "image": c.get("image", ""), "imageID": f"{c.get('image', '')}@sha256:emulated"
+             if running else "", "containerID": f"firepool://{pod['metadata']['uid'][:12]}" if running else "",
+             "ready": ready, "started": running, "restartCount": 0, "state": state, "lastState": {}}
+            for c in pod["spec"]["containers"]]

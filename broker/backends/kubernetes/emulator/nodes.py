@@ -1,0 +1,119 @@
+"""Fake nodes with fake GPUs, and the HAMi annotations that describe them and their pods' shares.
+
+A node carries `hami.io/node-nvidia-register` in HAMi's classic form, one GPU per `:`-ended entry
+`UUID,count,devmem,devcore,type,numa,healthy`. A pod given a GPU gets
+`hami.io/vgpu-devices-allocated` in HAMi's form, per container `UUID,NVIDIA,usedmem,usedcores:`
+then `;`. GPU UUIDs are stable per node name (`GPU-` + a uuid5 of the node and the index).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from broker.backends.kubernetes.emulator.objects import Obj
+
+GPU = "nvidia.com/gpu"
+GPU_MEM = "nvidia.com/gpumem"
+GPU_CORES = "nvidia.com/gpucores"
+USE_UUID = "nvidia.com/use-gpuuuid"
+NODE_REGISTER = "hami.io/node-nvidia-register"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+ASSIGNED_NODE = "hami.io/vgpu-node"
+SPLIT = 10
+"""Shares HAMi offers per card (its deviceSplitCount): allocatable nvidia.com/gpu is cards × SPLIT."""
+MEMORY_MB = 81_920
+MODEL = "NVIDIA-H100-80GB-HBM3"
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}.firepool.emulator')}"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What a pod asks of GPUs, summed over its containers (limits, else requests)."""
+
+    count: int
+    mem_mb: int | None
+    cores: int | None
+    pinned: tuple[str, ...]
+
+    @property
+    def exclusive(self) -> bool:
+        """`nvidia.com/gpu` without `gpumem` books the whole card, as HAMi does."""
+        return self.count > 0 and self.mem_mb is None
+
+
+def _quantity(value: Any) -> int:
+    text = str(value)
+    for suffix, factor in (("Ki", 1 / 1024), ("Mi", 1), ("Gi", 1024), ("k", 1), ("M", 1)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+def gpu_request(pod: Mapping[str, Any]) -> GpuRequest:
+    count, mem, cores = 0, None, None
+    for container in pod.get("spec", {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        count += _quantity(asked.get(GPU, 0))
+        if GPU_MEM in asked:
+            mem = (mem or 0) + _quantity(asked[GPU_MEM])
+        if GPU_CORES in asked:
+            cores = (cores or 0) + _quantity(asked[GPU_CORES])
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(USE_UUID, "")
+    pinned = tuple(u.strip() for u in raw.split(",") if u.strip())
+    return GpuRequest(count, mem, cores, pinned)
+
+
+def node_gpus(node: Mapping[str, Any]) -> list[str]:
+    """The GPU UUIDs a node registers (from its HAMi annotation)."""
+    raw = (node.get("metadata", {}).get("annotations") or {}).get(NODE_REGISTER, "")
+    return [entry.split(",")[0] for entry in raw.split(":") if entry.strip()]
+
+
+def allocated_uuids(pod: Mapping[str, Any]) -> list[str]:
+    """The GPU UUIDs written into a pod's `hami.io/vgpu-devices-allocated`."""
+    raw = (pod.get("metadata", {}).get("annotations") or {}).get(ALLOCATED, "")
+    return [device.split(",")[0] for container in raw.split(";") for device in container.split(":") if device]
+
+
+def allocation(uuids: Sequence[str], request: GpuRequest) -> str:
+    mem = MEMORY_MB if request.mem_mb is None else request.mem_mb
+    cores = 100 if request.cores is None and request.exclusive else (request.cores or 0)
+    return "".join(f"{u},NVIDIA,{mem},{cores}:" for u in uuids) + ";"
+
+
+def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
+              annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
+              cpu: str = "16", memory: str = "64Gi") -> Obj:
+    """A Ready node with `gpus` HAMi-registered cards (allocatable nvidia.com/gpu = gpus × SPLIT)."""
+    register = "".join(f"{gpu_uuid(name, i)},{SPLIT},{MEMORY_MB},100,{MODEL},0,true:" for i in range(gpus))
+    resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
+    if gpus:
+        resources[GPU] = str(gpus * SPLIT)
+        resources[GPU_MEM] = str(gpus * MEMORY_MB)
+        resources[GPU_CORES] = str(gpus * 100)
+    resources.update(allocatable or {})
+    node_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.firepool.emulator"))
+    meta_annotations = {**({NODE_REGISTER: register} if gpus else {}), **(annotations or {})}
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                              **(labels or {})},
+                     "annotations": meta_annotations},
+        "spec": {},
+        "status": {"capacity": dict(resources), "allocatable": dict(resources),
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                   "message": "kubelet is posting ready status (firepool emulator)"}],
+                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                 {"type": "Hostname", "address": name}],
+                   "nodeInfo": {"kubeletVersion": "v1.31.0-firepool-emulator", "kubeProxyVersion": "",
+                                "architecture": "amd64", "operatingSystem": "linux", "osImage": "firepool emulator",
+                                "kernelVersion": "", "containerRuntimeVersion": "firepool://bwrap",
+                                "machineID": node_id, "systemUUID": node_id, "bootID": node_id}},
+    }

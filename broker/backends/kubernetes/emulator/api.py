@@ -80,7 +80,7 @@ class Faults:
         return None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Watch:
     queue: asyncio.Queue[Event | None]
     loop: asyncio.AbstractEventLoop
@@ -95,7 +95,7 @@ class Api:
     faults: Faults = field(default_factory=Faults)
     bookmark_interval_s: float = 1.0
     """How often a watch with allowWatchBookmarks gets a BOOKMARK (the real server: about a minute)."""
-    _watches: set[Any] = field(default_factory=set)
+    _watches: set[_Watch] = field(default_factory=set)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -259,6 +259,7 @@ class Api:
 
         kind = KINDS[resource]
         unsubscribe = self.store.unsubscriber(listener)
+        self._watches.add(watch)
         try:
             if expire is not None:
                 raise expire
@@ -272,9 +273,9 @@ class Api:
         except ApiError as exc:
             await _send(response, "ERROR", exc.status())
             unsubscribe()
+            self._watches.discard(watch)
             await response.write_eof()
             return response
-        self._watches.add(watch)
         deadline = loop.time() + timeout_s if timeout_s else None
         try:
             while True:

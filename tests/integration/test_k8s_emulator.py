@@ -351,3 +351,24 @@ def test_gpu_pods_get_hami_allocations_and_a_standby_is_pinned_to_its_active_car
         return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
 
     until(unschedulable, 5)
+
+
+def test_delete_collection_by_label_removes_only_the_selected_pods(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("mine", {"firepool.io/broker": "b1"}))
+    core.create_namespaced_pod(NS, pod_body("theirs", {"firepool.io/broker": "b2"}))
+    core.delete_collection_namespaced_pod(NS, label_selector="firepool.io/broker=b1")
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items] == ["theirs"]
+    assert core.read_namespace("default").status.phase == "Active"
+
+
+def test_an_agent_killed_from_outside_fails_its_pod(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "victim")
+    until(lambda: ready(core, "victim"))
+    assert cluster.crash("victim")
+    pod = until(lambda: (p := core.read_namespaced_pod("victim", NS)).status.phase == "Failed" and p)
+    assert pod.status.container_statuses[0].state.terminated is not None
+    assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "False"
+    core.delete_namespaced_pod("victim", NS)
+    until(lambda: not core.list_namespaced_pod(NS).items)

@@ -39,6 +39,9 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -71,6 +74,8 @@ class Emulator:
         self.api = Api(self.store, self.faults, bookmark_interval_s=bookmark_interval_s)
         self.kubelet_config = kubelet if isinstance(kubelet, KubeletConfig) else KubeletConfig()
         self.kubelet: Kubelet | None = Kubelet(self.store, self.state_dir, self.kubelet_config) if kubelet else None
+        self.store.create("namespaces", "", {"metadata": {"name": "default"}, "spec": {"finalizers": ["kubernetes"]},
+                                             "status": {"phase": "Active"}})
         for i in range(nodes):
             self.add_node(f"node-{i}", gpus=gpus)
         self.port = 0
@@ -158,6 +163,15 @@ class Emulator:
     def pod(self, name: str, namespace: str = "default") -> Obj:
         """A pod as stored now (tests read it without a client)."""
         return self.store.get("pods", namespace, name)
+
+    def crash(self, name: str, namespace: str = "default") -> bool:
+        """SIGKILL a pod's agent from outside (an OOM kill, a node fault): the kubelet fails the pod
+        (phase Failed, container terminated). False when no agent of that pod runs."""
+        pids = self.agent_pids(name, namespace)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return bool(pids)
 
     def agent_pids(self, name: str, namespace: str = "default") -> list[int]:
         """The host pids of a pod's running agent (launcher and sandbox PID 1); empty when none runs."""

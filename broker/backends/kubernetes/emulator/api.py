@@ -36,7 +36,7 @@ from broker.backends.kubernetes.emulator.selectors import (
     merge_patch,
 )
 
-VERBS = ("create", "get", "list", "watch", "update", "patch", "delete")
+VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection")
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
            422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -142,7 +142,9 @@ class Api:
         q = request.query
         verb = {"GET": "get" if name else ("watch" if q.get("watch") in ("true", "1") else "list"),
                 "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
-        if verb is None or (verb in ("update", "patch", "delete") and not name) or (verb == "create" and name):
+        if verb == "delete" and not name:
+            verb = "deletecollection"
+        if verb is None or (verb in ("update", "patch") and not name) or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on {request.path}")
         if verb == "create" and namespace is None:
             raise ApiError(405, "MethodNotAllowed", f"create {resource} needs a namespace")
@@ -153,6 +155,13 @@ class Api:
             return await self._watch(request, resource, namespace, expire=fault)
         if verb == "list":
             return web.json_response(self._list(resource, namespace, q))
+        if verb == "deletecollection":
+            body = await request.json() if request.can_read_body else {}
+            for item in self._list(resource, namespace, q)["items"]:
+                meta = item["metadata"]
+                with contextlib.suppress(ApiError):  # gone meanwhile
+                    self._delete(resource, meta.get("namespace", ""), meta["name"], body, q)
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
         assert name is not None or verb == "create"
         ns = namespace or ""
         if verb == "get":

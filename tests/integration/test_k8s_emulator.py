@@ -372,3 +372,37 @@ def test_an_agent_killed_from_outside_fails_its_pod(cluster: Emulator) -> None:
     assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "False"
     core.delete_namespaced_pod("victim", NS)
     until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def _pull_message(core: k8s.CoreV1Api, pod: str) -> str:
+    return next(e.message for e in core.list_namespaced_event(NS).items
+                if e.involved_object.name == pod and e.reason == "Pulled")
+
+
+def test_the_first_pull_of_an_image_on_a_node_is_slow_and_later_ones_find_it_present(tmp_path: Path) -> None:
+    with Emulator(tmp_path, kubelet=KubeletConfig(pull_s=0.5)) as emu:
+        core = core_of(emu)
+        began = time.monotonic()
+        with_agent(core, "first", image="firepool/cpu:1")
+        until(lambda: ready(core, "first"))
+        first = time.monotonic() - began
+        began = time.monotonic()
+        with_agent(core, "second", image="firepool/cpu:1")
+        until(lambda: ready(core, "second"))
+        second = time.monotonic() - began
+        emu.prepull("firepool/cpu:2")
+        with_agent(core, "prepulled", image="firepool/cpu:2")
+        until(lambda: ready(core, "prepulled"))
+        assert first >= 0.5 > second
+        assert "already present" in _pull_message(core, "second")
+        assert "already present" in _pull_message(core, "prepulled")
+
+
+def test_without_agents_pods_go_ready_with_no_process(tmp_path: Path) -> None:
+    with Emulator(tmp_path, kubelet=KubeletConfig(agents=False)) as emu:
+        core = core_of(emu)
+        core.create_namespaced_pod(NS, pod_body("hollow"))
+        pod = until(lambda: ready(core, "hollow"))
+        assert pod.status.pod_ip and not emu.agent_pids("hollow")
+        core.delete_namespaced_pod("hollow", NS)
+        until(lambda: not core.list_namespaced_pod(NS).items)

@@ -19,8 +19,9 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
 - writes `spec.nodeName`, condition PodScheduled, and for a pod requesting `nvidia.com/gpu` HAMi's
   `hami.io/vgpu-devices-allocated` (`UUID,NVIDIA,mem,cores:;`) and `hami.io/vgpu-node`, honouring
   `nvidia.com/use-gpuuuid` (pinned); nodes carry `hami.io/node-nvidia-register`;
-- after `start_delay_s` "pulls" the image: one containing `:does-not-exist` goes ErrImagePull, then
-  ImagePullBackOff, and never starts;
+- after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
+  `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
+  pulls); an image containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, never starts;
 - reads the agent's secret from the pod's first Secret volume (key `token`, else its only key; a
   missing one: waiting CreateContainerConfigError until it appears);
 - starts a real pod agent as the local backend does (bubblewrap sandbox, PID 1 `python -m
@@ -32,6 +33,7 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
   Initialized, PodReadyToStartContainers, then ContainersReady and Ready once /v1/health answers;
   condition times and Events (Scheduled, Pulling, Pulled, Started, Failed, BackOff) carry
   microsecond timestamps, from which ready records are read;
+- with `KubeletConfig(agents=False)` skips the agent: pods go Running and Ready with a podIP at once;
 - on delete (graceful: deletionTimestamp first) kills the agent, waits until none of its processes
   is left, then removes the pod; an agent that dies fails its pod (restartPolicy Never).
 """
@@ -39,6 +41,9 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -71,6 +76,8 @@ class Emulator:
         self.api = Api(self.store, self.faults, bookmark_interval_s=bookmark_interval_s)
         self.kubelet_config = kubelet if isinstance(kubelet, KubeletConfig) else KubeletConfig()
         self.kubelet: Kubelet | None = Kubelet(self.store, self.state_dir, self.kubelet_config) if kubelet else None
+        self.store.create("namespaces", "", {"metadata": {"name": "default"}, "spec": {"finalizers": ["kubernetes"]},
+                                             "status": {"phase": "Active"}})
         for i in range(nodes):
             self.add_node(f"node-{i}", gpus=gpus)
         self.port = 0
@@ -158,6 +165,22 @@ class Emulator:
     def pod(self, name: str, namespace: str = "default") -> Obj:
         """A pod as stored now (tests read it without a client)."""
         return self.store.get("pods", namespace, name)
+
+    def prepull(self, image: str, node: str | None = None) -> None:
+        """Mark `image` present on `node` (every node when None): its next pods skip the pull."""
+        if self.kubelet is None:
+            return
+        for name in [node] if node else [n["metadata"]["name"] for n in self.store.list("nodes", "")[0]]:
+            self.kubelet.prepull(image, name)
+
+    def crash(self, name: str, namespace: str = "default") -> bool:
+        """SIGKILL a pod's agent from outside (an OOM kill, a node fault): the kubelet fails the pod
+        (phase Failed, container terminated). False when no agent of that pod runs."""
+        pids = self.agent_pids(name, namespace)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return bool(pids)
 
     def agent_pids(self, name: str, namespace: str = "default") -> list[int]:
         """The host pids of a pod's running agent (launcher and sandbox PID 1); empty when none runs."""

@@ -36,7 +36,7 @@ from broker.backends.kubernetes.emulator.selectors import (
     merge_patch,
 )
 
-VERBS = ("create", "get", "list", "watch", "update", "patch", "delete")
+VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection")
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
            422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -80,7 +80,7 @@ class Faults:
         return None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Watch:
     queue: asyncio.Queue[Event | None]
     loop: asyncio.AbstractEventLoop
@@ -95,7 +95,7 @@ class Api:
     faults: Faults = field(default_factory=Faults)
     bookmark_interval_s: float = 1.0
     """How often a watch with allowWatchBookmarks gets a BOOKMARK (the real server: about a minute)."""
-    _watches: set[Any] = field(default_factory=set)
+    _watches: set[_Watch] = field(default_factory=set)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -142,7 +142,9 @@ class Api:
         q = request.query
         verb = {"GET": "get" if name else ("watch" if q.get("watch") in ("true", "1") else "list"),
                 "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
-        if verb is None or (verb in ("update", "patch", "delete") and not name) or (verb == "create" and name):
+        if verb == "delete" and not name:
+            verb = "deletecollection"
+        if verb is None or (verb in ("update", "patch") and not name) or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on {request.path}")
         if verb == "create" and namespace is None:
             raise ApiError(405, "MethodNotAllowed", f"create {resource} needs a namespace")
@@ -153,6 +155,13 @@ class Api:
             return await self._watch(request, resource, namespace, expire=fault)
         if verb == "list":
             return web.json_response(self._list(resource, namespace, q))
+        if verb == "deletecollection":
+            body = await request.json() if request.can_read_body else {}
+            for item in self._list(resource, namespace, q)["items"]:
+                meta = item["metadata"]
+                with contextlib.suppress(ApiError):  # gone meanwhile
+                    self._delete(resource, meta.get("namespace", ""), meta["name"], body, q)
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
         assert name is not None or verb == "create"
         ns = namespace or ""
         if verb == "get":
@@ -259,6 +268,7 @@ class Api:
 
         kind = KINDS[resource]
         unsubscribe = self.store.unsubscriber(listener)
+        self._watches.add(watch)
         try:
             if expire is not None:
                 raise expire
@@ -272,9 +282,9 @@ class Api:
         except ApiError as exc:
             await _send(response, "ERROR", exc.status())
             unsubscribe()
+            self._watches.discard(watch)
             await response.write_eof()
             return response
-        self._watches.add(watch)
         deadline = loop.time() + timeout_s if timeout_s else None
         try:
             while True:

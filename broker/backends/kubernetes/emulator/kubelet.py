@@ -1,7 +1,7 @@
 """The fake kubelet (and scheduler): binds new pods to fake nodes and runs a real pod agent for each.
 
 A pod's life: bound to a node that fits its nodeSelector and GPUs (PodScheduled), its image
-"pulled" after `start_delay_s` (an image containing `:does-not-exist` fails with ErrImagePull then
+pulled (`pull_s` the first time on a node; an image containing `:does-not-exist` fails with ErrImagePull then
 ImagePullBackOff), its agent's secret read from its Secret volume, the agent started (Running,
 podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod kills
 the agent and waits until no process of it is left before the pod object goes away.
@@ -37,7 +37,10 @@ SECRET_KEY = "token"
 @dataclass
 class KubeletConfig:
     start_delay_s: float = 0.0
-    """Between binding and the container starting: the image pull a pre-pull DaemonSet saves."""
+    """Between binding and the image pull, for every pod (a slow node, a slow sandbox)."""
+    pull_s: float = 0.0
+    """The first pull of an image on a node (IfNotPresent); later pods there find it present, as after a
+    pre-pull DaemonSet. `Emulator.prepull` marks an image present; imagePullPolicy Always always pulls."""
     pull_backoff_s: float = 0.2
     """How long a failed pull shows ErrImagePull before it turns into ImagePullBackOff."""
     agent_port: int = 8471
@@ -48,6 +51,9 @@ class KubeletConfig:
     """The pods' "image": the Python environment the agent and jobs run in."""
     sandbox_uid: int | None = None
     ready_timeout_s: float = 30.0
+    agents: bool = True
+    """False: pods go Running and Ready without any process (scale tests, the simulator); nothing
+    answers at their pod IPs."""
     retry_s: float = 0.05
     """How often an unschedulable pod or one waiting for its Secret is looked at again."""
 
@@ -67,6 +73,8 @@ class Kubelet:
         self._running: dict[str, AgentProcess] = {}
         self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._images: set[tuple[str, str]] = set()
+        """(node, image) pairs already pulled."""
         self._unsubscribe: Callable[[], None] | None = None
         self._main: asyncio.Task[None] | None = None
 
@@ -74,6 +82,10 @@ class Kubelet:
     def running(self) -> dict[str, AgentProcess]:
         """The live agents by pod uid (for tests: their pids and endpoints)."""
         return dict(self._running)
+
+    def prepull(self, image: str, node: str) -> None:
+        """Mark `image` present on `node` (what a pre-pull DaemonSet achieves)."""
+        self._images.add((node, image))
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,19 +162,33 @@ class Kubelet:
         if not node:
             node = await self._schedule(ns, name, uid)
         cfg = self.config
-        self._event(ns, name, uid, "Pulling", f"Pulling image {_image(pod)!r}", node)
         if cfg.start_delay_s > 0:
             await asyncio.sleep(cfg.start_delay_s)
-        if any(MISSING_IMAGE in c.get("image", "") for c in pod["spec"]["containers"]):
-            message = f"rpc error: code = NotFound desc = failed to pull and unpack image {_image(pod)!r}: not found"
+        image = _image(pod)
+        if MISSING_IMAGE in image:
+            self._event(ns, name, uid, "Pulling", f"Pulling image {image!r}", node)
+            message = f"rpc error: code = NotFound desc = failed to pull and unpack image {image!r}: not found"
             self._containers(ns, name, uid, {"waiting": {"reason": "ErrImagePull", "message": message}})
-            self._event(ns, name, uid, "Failed", f"Failed to pull image {_image(pod)!r}: {message}", node, "Warning")
+            self._event(ns, name, uid, "Failed", f"Failed to pull image {image!r}: {message}", node, "Warning")
             await asyncio.sleep(cfg.pull_backoff_s)
             self._containers(ns, name, uid, {"waiting": {"reason": "ImagePullBackOff",
-                                                         "message": f"Back-off pulling image {_image(pod)!r}"}})
-            self._event(ns, name, uid, "BackOff", f"Back-off pulling image {_image(pod)!r}", node, "Warning")
+                                                         "message": f"Back-off pulling image {image!r}"}})
+            self._event(ns, name, uid, "BackOff", f"Back-off pulling image {image!r}", node, "Warning")
             return
-        self._event(ns, name, uid, "Pulled", f"Successfully pulled image {_image(pod)!r}", node)
+        policy = pod["spec"]["containers"][0].get("imagePullPolicy") or ("Always" if image.endswith(":latest")
+                                                                          or ":" not in image else "IfNotPresent")
+        if (node, image) in self._images and policy != "Always":
+            self._event(ns, name, uid, "Pulled", f"Container image {image!r} already present on machine", node)
+        else:
+            self._event(ns, name, uid, "Pulling", f"Pulling image {image!r}", node)
+            if cfg.pull_s > 0:
+                await asyncio.sleep(cfg.pull_s)
+            self._images.add((node, image))
+            self._event(ns, name, uid, "Pulled", f"Successfully pulled image {image!r} in {cfg.pull_s:.3f}s", node)
+        if not cfg.agents:
+            self._write(ns, name, uid, _running(next(self._ips), now_iso(), ready=True))
+            self._event(ns, name, uid, "Started", "Started container (no agent: KubeletConfig.agents is off)", node)
+            return
         secret = await self._secret(ns, name, uid)
         pod = self._mine(ns, name, uid)
         gpus = hami.node_gpus(self._get("", node, "nodes") or {})
@@ -177,19 +203,7 @@ class Kubelet:
             self._fail(ns, name, uid, "StartError", str(exc), 128)
             return
         started = now_iso()
-
-        def running(p: Obj) -> Obj:
-            status = p["status"]
-            status.update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1",
-                          hostIPs=[{"ip": "127.0.0.1"}], startTime=started)
-            for kind in ("PodReadyToStartContainers", "Initialized"):
-                _condition(status, kind, "True")
-            for kind in ("ContainersReady", "Ready"):
-                _condition(status, kind, "False", "ContainersNotReady", "containers with unready status")
-            status["containerStatuses"] = _container_statuses(p, {"running": {"startedAt": started}}, ready=False)
-            return p
-
-        self._write(ns, name, uid, running)
+        self._write(ns, name, uid, _running(ip, started, ready=False))
         self._event(ns, name, uid, "Started", "Started container (firepool agent)", node)
         await self._await_ready(ns, name, uid, agent, secret)
         while True:  # restartPolicy Never: an agent that dies fails its pod
@@ -360,6 +374,26 @@ class Kubelet:
             "source": {"component": component, **({"host": node} if node else {})},
             "firstTimestamp": stamp, "lastTimestamp": stamp, "eventTime": stamp,
             "reportingComponent": component, "reportingInstance": node or component, "action": reason})
+
+
+def _running(ip: str, started: str, *, ready: bool) -> Callable[[Obj], Obj]:
+    """Phase Running on `ip` with every container running since `started`; Ready only when `ready`."""
+
+    def change(p: Obj) -> Obj:
+        status = p["status"]
+        status.update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1",
+                      hostIPs=[{"ip": "127.0.0.1"}], startTime=started)
+        for kind in ("PodReadyToStartContainers", "Initialized"):
+            _condition(status, kind, "True")
+        for kind in ("ContainersReady", "Ready"):
+            if ready:
+                _condition(status, kind, "True")
+            else:
+                _condition(status, kind, "False", "ContainersNotReady", "containers with unready status")
+        status["containerStatuses"] = _container_statuses(p, {"running": {"startedAt": started}}, ready=ready)
+        return p
+
+    return change
 
 
 def _image(pod: Obj) -> str:

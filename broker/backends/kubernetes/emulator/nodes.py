@@ -8,6 +8,7 @@ then `;`. GPU UUIDs are stable per node name (`GPU-` + a uuid5 of the node and t
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ GPU_MEM = "nvidia.com/gpumem"
 GPU_CORES = "nvidia.com/gpucores"
 USE_UUID = "nvidia.com/use-gpuuuid"
 NODE_REGISTER = "hami.io/node-nvidia-register"
+HANDSHAKE = "hami.io/node-handshake"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 ASSIGNED_NODE = "hami.io/vgpu-node"
 SPLIT = 10
@@ -100,7 +102,8 @@ def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = No
         resources[GPU_CORES] = str(gpus * 100)
     resources.update(allocatable or {})
     node_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.firepool.emulator"))
-    meta_annotations = {**({NODE_REGISTER: register} if gpus else {}), **(annotations or {})}
+    handshake = {HANDSHAKE: f"Reported {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M:%S} +0000 UTC"}
+    meta_annotations = {**({NODE_REGISTER: register, **handshake} if gpus else {}), **(annotations or {})}
     return {
         "kind": "Node", "apiVersion": "v1",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",

@@ -1,0 +1,408 @@
+"""The Kubernetes API emulator and fake kubelet, driven by the official `kubernetes` client over HTTP."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+from kubernetes.client.rest import ApiException
+
+from broker.backends.kubernetes.emulator import Emulator, KubeletConfig, gpu_uuid
+from broker.running.agent_http import HttpAgentClient
+
+pytestmark = pytest.mark.integration
+NS = "default"
+
+
+@pytest.fixture
+def api_only(tmp_path: Path) -> Iterator[Emulator]:
+    with Emulator(tmp_path, kubelet=False, bookmark_interval_s=0.1) as emu:
+        yield emu
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Emulator]:
+    with Emulator(tmp_path, gpus=2, kubelet=KubeletConfig(pull_backoff_s=0.05)) as emu:
+        yield emu
+
+
+def core_of(emu: Emulator) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=emu.url)))
+
+
+def pod_body(name: str, labels: dict[str, str] | None = None, *, image: str = "firepool/agent:1",
+             secret: str | None = None, limits: dict[str, str] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "agent", "image": image, "ports": [{"name": "agent", "containerPort": 8471}],
+                                     "resources": {"limits": limits or {}}}],
+                     "volumes": [{"name": "agent-secret", "secret": {"secretName": secret}}] if secret else []}}
+
+
+def until(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {check}")
+        time.sleep(0.02)
+
+
+def with_agent(core: k8s.CoreV1Api, name: str, **kw: Any) -> str:
+    """Create a pod with its agent's Secret; returns the token."""
+    token = secrets.token_urlsafe(24)
+    core.create_namespaced_secret(NS, {"metadata": {"name": f"{name}-agent"},
+                                       "data": {"token": base64.b64encode(token.encode()).decode()}})
+    core.create_namespaced_pod(NS, pod_body(name, secret=f"{name}-agent", **kw))
+    return token
+
+
+def ready(core: k8s.CoreV1Api, name: str) -> Any:
+    pod = core.read_namespaced_pod(name, NS)
+    conditions = {c.type: c.status for c in pod.status.conditions or []}
+    return pod if conditions.get("Ready") == "True" else None
+
+
+def raw_watch(core: k8s.CoreV1Api, **kw: Any) -> Any:
+    return core.list_namespaced_pod(NS, watch=True, _preload_content=False, **kw)
+
+
+def read_events(response: Any, count: int, *, close: bool = True) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    buffer = b""
+    while len(events) < count:
+        chunk = response.read1(1024) if hasattr(response, "read1") else response.read(1)
+        if not chunk:
+            break
+        buffer += chunk
+        while b"\n" in buffer and len(events) < count:
+            line, buffer = buffer.split(b"\n", 1)
+            events.append(json.loads(line))
+    if close:
+        response.close()
+    return events
+
+
+# -- the API ---------------------------------------------------------------------------------------
+
+
+def test_list_by_label_selector_returns_only_matching_pods_and_a_resource_version(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("a-1", {"firepool.io/pool": "a", "firepool.io/role": "active"}))
+    core.create_namespaced_pod(NS, pod_body("a-2", {"firepool.io/pool": "a", "firepool.io/role": "standby"}))
+    core.create_namespaced_pod(NS, pod_body("b-1", {"firepool.io/pool": "b"}))
+    listed = core.list_namespaced_pod(NS, label_selector="firepool.io/pool=a")
+    assert [p.metadata.name for p in listed.items] == ["a-1", "a-2"]
+    assert int(listed.metadata.resource_version) >= 3
+    both = core.list_namespaced_pod(NS, label_selector="firepool.io/pool in (a,b),firepool.io/role!=standby")
+    assert [p.metadata.name for p in both.items] == ["a-1", "b-1"]
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS, field_selector="metadata.name=b-1").items] == ["b-1"]
+    with pytest.raises(ApiException) as bad:
+        core.list_namespaced_pod(NS, label_selector="a in (b")
+    assert bad.value.status == 400
+
+
+def test_create_of_an_existing_name_is_409_already_exists(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p"))
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod(NS, pod_body("p"))
+    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "AlreadyExists"
+
+
+def test_replace_with_a_stale_resource_version_is_409_conflict(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    created = core.create_namespaced_pod(NS, pod_body("p", {"v": "1"})).to_dict()
+    fresh = core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"v": "2"}}})
+    assert fresh.metadata.resource_version != created["metadata"]["resource_version"]
+    created["metadata"]["labels"] = {"v": "3"}
+    with pytest.raises(ApiException) as exc:
+        core.replace_namespaced_pod("p", NS, created)
+    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "Conflict"
+    current = core.read_namespaced_pod("p", NS).to_dict()
+    current["metadata"]["labels"] = {"v": "3"}
+    assert core.replace_namespaced_pod("p", NS, current).metadata.labels == {"v": "3"}
+
+
+def test_merge_patch_sets_and_removes_labels_and_annotations(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p", {"keep": "1", "drop": "1"}, annotations={"a": "1"}))
+    patched = core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"drop": None, "new": "2"},
+                                                               "annotations": {"firepool.io/caller": "alice"}}})
+    assert patched.metadata.labels == {"keep": "1", "new": "2"}
+    assert patched.metadata.annotations == {"a": "1", "firepool.io/caller": "alice"}
+    as_list = core.patch_namespaced_pod("p", NS, [{"op": "replace", "path": "/metadata/labels/keep", "value": "9"}])
+    assert as_list.metadata.labels["keep"] == "9"
+
+
+def test_watch_from_a_resource_version_sees_added_modified_deleted_in_order(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    start = core.list_namespaced_pod(NS).metadata.resource_version
+    core.create_namespaced_pod(NS, pod_body("w", {"firepool.io/pool": "a"}))
+    core.patch_namespaced_pod("w", NS, {"metadata": {"annotations": {"x": "1"}}})
+    core.delete_namespaced_pod("w", NS)
+    core.create_namespaced_pod(NS, pod_body("other", {"firepool.io/pool": "b"}))
+    seen = []
+    for event in k8s_watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=start,
+                                          label_selector="firepool.io/pool=a", timeout_seconds=2):
+        seen.append((event["type"], event["object"].metadata.name))
+        if len(seen) == 3:
+            break
+    assert seen == [("ADDED", "w"), ("MODIFIED", "w"), ("DELETED", "w")]
+
+
+def test_a_pod_leaving_a_label_selection_is_deleted_for_that_watch(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p", {"firepool.io/role": "standby"}))
+    start = core.list_namespaced_pod(NS).metadata.resource_version
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"firepool.io/role": "active"}}})
+    events = read_events(raw_watch(core, resource_version=start, label_selector="firepool.io/role=standby"), 1)
+    assert [e["type"] for e in events] == ["DELETED"]
+
+
+def test_watch_without_a_version_lists_then_streams_and_sends_bookmarks(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("old"))
+    response = raw_watch(core, allow_watch_bookmarks=True)
+    first = read_events(response, 2)
+    assert first[0]["type"] == "ADDED" and first[0]["object"]["metadata"]["name"] == "old"
+    assert first[1]["type"] == "BOOKMARK"
+    assert first[1]["object"]["metadata"]["resourceVersion"] == str(api_only.store.resource_version)
+
+
+def test_watch_from_a_compacted_version_gets_410_gone(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    old = core.list_namespaced_pod(NS).metadata.resource_version
+    core.create_namespaced_pod(NS, pod_body("p"))
+    api_only.compact()
+    error = read_events(raw_watch(core, resource_version=old), 1)[0]
+    assert error["type"] == "ERROR"
+    assert error["object"]["kind"] == "Status" and error["object"]["code"] == 410
+    with pytest.raises(ApiException) as exc:
+        for _ in k8s_watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=old):
+            pass
+    assert exc.value.status == 410
+    current = core.list_namespaced_pod(NS).metadata.resource_version
+    core.delete_namespaced_pod("p", NS)
+    assert [e["type"] for e in read_events(raw_watch(core, resource_version=current), 1)] == ["DELETED"]
+
+
+def test_injected_410_on_a_watch_arrives_in_the_stream(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    api_only.fail_next("watch", "pods", 410)
+    events = read_events(raw_watch(core, resource_version=core.list_namespaced_pod(NS).metadata.resource_version), 1)
+    assert events[0]["type"] == "ERROR" and events[0]["object"]["code"] == 410
+
+
+def test_a_too_old_continue_token_is_410(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    for i in range(3):
+        core.create_namespaced_pod(NS, pod_body(f"p{i}"))
+    page = core.list_namespaced_pod(NS, limit=2)
+    assert [p.metadata.name for p in page.items] == ["p0", "p1"]
+    rest = core.list_namespaced_pod(NS, limit=2, _continue=page.metadata._continue)
+    assert [p.metadata.name for p in rest.items] == ["p2"]
+    core.create_namespaced_pod(NS, pod_body("p3"))
+    api_only.compact()
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod(NS, limit=2, _continue=page.metadata._continue)
+    assert exc.value.status == 410
+
+
+def test_injected_429_and_500_surface_as_api_exceptions_then_requests_succeed(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    api_only.fail_next("create", "pods", 429, retry_after_s=2)
+    with pytest.raises(ApiException) as throttled:
+        core.create_namespaced_pod(NS, pod_body("p"))
+    assert throttled.value.status == 429 and throttled.value.headers["Retry-After"] == "2"
+    assert json.loads(throttled.value.body)["reason"] == "TooManyRequests"
+    core.create_namespaced_pod(NS, pod_body("p"))
+    api_only.fail_next("list", "*", 500, times=2)
+    for _ in range(2):
+        with pytest.raises(ApiException) as broken:
+            core.list_namespaced_pod(NS)
+        assert broken.value.status == 500
+    assert len(core.list_namespaced_pod(NS).items) == 1
+
+
+def test_dropped_watches_end_mid_stream(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p"))
+    response = raw_watch(core)
+    assert read_events(response, 1, close=False)[0]["type"] == "ADDED"
+    assert api_only.drop_watches() == 1
+    with pytest.raises(Exception) as cut:  # noqa: B017 - urllib3 names the broken chunked body variously
+        read_events(response, 5)
+    assert "ProtocolError" in type(cut.value).__name__ or "IncompleteRead" in repr(cut.value)
+
+
+def test_nodes_list_gpus_and_hami_registration(cluster: Emulator) -> None:
+    node = core_of(cluster).read_node("node-0")
+    assert node.status.allocatable["nvidia.com/gpu"] == "20"
+    assert gpu_uuid("node-0", 1) in node.metadata.annotations["hami.io/node-nvidia-register"]
+
+
+# -- the kubelet -----------------------------------------------------------------------------------
+
+
+def test_a_pod_goes_running_with_a_pod_ip_and_its_agent_answers_health(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    token = with_agent(core, "runs", labels={"firepool.io/pool": "a"})
+    pod = until(lambda: ready(core, "runs"))
+    assert pod.status.phase == "Running" and pod.status.pod_ip.startswith("127.1.")
+    assert pod.spec.node_name == "node-0"
+    conditions = {c.type: c.last_transition_time for c in pod.status.conditions}
+    assert conditions["PodScheduled"] <= conditions["Ready"]
+    assert pod.status.container_statuses[0].state.running.started_at is not None
+    reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name == "runs"]
+    assert {"Scheduled", "Pulled", "Started"} <= set(reasons)
+    import asyncio
+
+    async def health() -> Any:
+        agent = HttpAgentClient(f"tcp:{pod.status.pod_ip}:8471", token, pod="runs")
+        try:
+            return await agent.health()
+        finally:
+            await agent.close()
+
+    answer = asyncio.run(health())
+    assert answer.pod == "runs"
+
+
+def test_deleting_a_pod_kills_its_agent_and_no_process_is_left(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "doomed")
+    until(lambda: ready(core, "doomed"))
+    pids = cluster.agent_pids("doomed")
+    assert pids and all(os.path.exists(f"/proc/{p}") for p in pids)
+    core.delete_namespaced_pod("doomed", NS)
+    until(lambda: not core.list_namespaced_pod(NS).items)
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_an_image_that_does_not_exist_goes_err_image_pull_then_image_pull_backoff(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "bad", image="registry.example/firepool:does-not-exist")
+    reasons: list[str] = []
+
+    def waiting() -> bool:
+        statuses = core.read_namespaced_pod("bad", NS).status.container_statuses or []
+        if statuses and statuses[0].state.waiting and statuses[0].state.waiting.reason not in reasons:
+            reasons.append(statuses[0].state.waiting.reason)
+        return "ImagePullBackOff" in reasons
+
+    until(waiting)
+    assert reasons[-2:] == ["ErrImagePull", "ImagePullBackOff"]
+    pod = core.read_namespaced_pod("bad", NS)
+    assert pod.status.phase == "Pending" and not pod.status.pod_ip and not cluster.agent_pids("bad")
+
+
+def test_a_pod_without_its_secret_waits_in_create_container_config_error(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    core.create_namespaced_pod(NS, pod_body("nosecret", secret="missing"))
+
+    def reason() -> str | None:
+        statuses = core.read_namespaced_pod("nosecret", NS).status.container_statuses or []
+        return statuses[0].state.waiting.reason if statuses and statuses[0].state.waiting else None
+
+    assert until(reason) == "CreateContainerConfigError"
+    token = secrets.token_urlsafe(24)
+    core.create_namespaced_secret(NS, {"metadata": {"name": "missing"}, "string_data": {"token": token}})
+    until(lambda: ready(core, "nosecret"))
+
+
+def test_gpu_pods_get_hami_allocations_and_a_standby_is_pinned_to_its_active_card(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "active", limits={"nvidia.com/gpu": "1"})
+    active = until(lambda: ready(core, "active"))
+    allocated = active.metadata.annotations["hami.io/vgpu-devices-allocated"]
+    card = allocated.split(",")[0]
+    assert card in (gpu_uuid("node-0", 0), gpu_uuid("node-0", 1)) and allocated.endswith(":;")
+    with_agent(core, "standby", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1"},
+               annotations={"nvidia.com/use-gpuuuid": card})
+    standby = until(lambda: ready(core, "standby"))
+    assert standby.metadata.annotations["hami.io/vgpu-devices-allocated"].startswith(f"{card},NVIDIA,1,")
+    with_agent(core, "second", limits={"nvidia.com/gpu": "1"})
+    second = until(lambda: ready(core, "second"))
+    assert second.metadata.annotations["hami.io/vgpu-devices-allocated"].split(",")[0] != card
+    with_agent(core, "third", limits={"nvidia.com/gpu": "1"})
+
+    def unschedulable() -> bool:
+        conditions = core.read_namespaced_pod("third", NS).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    until(unschedulable, 5)
+
+
+def test_delete_collection_by_label_removes_only_the_selected_pods(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("mine", {"firepool.io/broker": "b1"}))
+    core.create_namespaced_pod(NS, pod_body("theirs", {"firepool.io/broker": "b2"}))
+    core.delete_collection_namespaced_pod(NS, label_selector="firepool.io/broker=b1")
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items] == ["theirs"]
+    assert core.read_namespace("default").status.phase == "Active"
+
+
+def test_an_agent_killed_from_outside_fails_its_pod(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "victim")
+    until(lambda: ready(core, "victim"))
+    assert cluster.crash("victim")
+    pod = until(lambda: (p := core.read_namespaced_pod("victim", NS)).status.phase == "Failed" and p)
+    assert pod.status.container_statuses[0].state.terminated is not None
+    assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "False"
+    core.delete_namespaced_pod("victim", NS)
+    until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def _pull_message(core: k8s.CoreV1Api, pod: str) -> str:
+    return next(e.message for e in core.list_namespaced_event(NS).items
+                if e.involved_object.name == pod and e.reason == "Pulled")
+
+
+def test_the_first_pull_of_an_image_on_a_node_is_slow_and_later_ones_find_it_present(tmp_path: Path) -> None:
+    with Emulator(tmp_path, kubelet=KubeletConfig(pull_s=0.5)) as emu:
+        core = core_of(emu)
+        began = time.monotonic()
+        with_agent(core, "first", image="firepool/cpu:1")
+        until(lambda: ready(core, "first"))
+        first = time.monotonic() - began
+        began = time.monotonic()
+        with_agent(core, "second", image="firepool/cpu:1")
+        until(lambda: ready(core, "second"))
+        second = time.monotonic() - began
+        emu.prepull("firepool/cpu:2")
+        with_agent(core, "prepulled", image="firepool/cpu:2")
+        until(lambda: ready(core, "prepulled"))
+        assert first >= 0.5 > second
+        assert "already present" in _pull_message(core, "second")
+        assert "already present" in _pull_message(core, "prepulled")
+
+
+def test_without_agents_pods_go_ready_with_no_process(tmp_path: Path) -> None:
+    with Emulator(tmp_path, kubelet=KubeletConfig(agents=False)) as emu:
+        core = core_of(emu)
+        core.create_namespaced_pod(NS, pod_body("hollow"))
+        pod = until(lambda: ready(core, "hollow"))
+        assert pod.status.pod_ip and not emu.agent_pids("hollow")
+        core.delete_namespaced_pod("hollow", NS)
+        until(lambda: not core.list_namespaced_pod(NS).items)

@@ -9,6 +9,7 @@ models on the hot list/watch paths. Errors are translated here, once: 404 → No
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import threading
@@ -201,8 +202,9 @@ class KubeApi:
                 yield value
         finally:
             stop.set()
-            if holder:
-                holder[0].shutdown() if hasattr(holder[0], "shutdown") else holder[0].close()
+            if holder:  # unblocks the reading thread, which then ends
+                with contextlib.suppress(Exception):
+                    holder[0].close()
 
     def close(self) -> None:
         closing: Any = self.api.close

@@ -70,14 +70,20 @@ def labels(pool: PoolSpec, broker: str, *, standby: bool, gang: str = "") -> dic
 
 def _resources(pool: PoolSpec, template: PodTemplate, standby: bool) -> dict[str, Any]:
     chosen = template.standby_resources if standby else template.resources
-    if standby and not chosen:
-        raise TemplateError(f"pool {pool.name}: standby pods need template.standby.resources "
-                            f"(a fractional share, e.g. nvidia.com/gpu: 1 with nvidia.com/gpumem: 1)")
+    sharing = template.sharing
     out: dict[str, Any] = {part: {str(k): str(v) for k, v in values.items()}
                            for part, values in chosen.items() if isinstance(values, Mapping)}
-    if not out and pool.gpus and template.sharing == "none":
-        out = {"limits": {"nvidia.com/gpu": str(pool.gpus)}, "requests": {"nvidia.com/gpu": str(pool.gpus)}}
-    problem = hami.resource_problem(out, standby=standby, sharing=template.sharing)
+    if not out and pool.gpus and not template.resources:
+        # A catalog written for the local backend: whole cards, and HAMi's 1 MiB share for standbys.
+        out = {part: {"nvidia.com/gpu": str(pool.gpus)} for part in ("requests", "limits")}
+        if standby:
+            sharing = "hami" if sharing == "none" else sharing
+            for part in out.values():
+                part["nvidia.com/gpumem"] = "1"
+    elif standby and not out:
+        raise TemplateError(f"pool {pool.name}: standby pods need template.standby.resources "
+                            f"(a fractional share, e.g. nvidia.com/gpu: 1 with nvidia.com/gpumem: 1)")
+    problem = hami.resource_problem(out, standby=standby, sharing=sharing)
     if problem:
         raise TemplateError(f"pool {pool.name}: {problem}")
     return out

@@ -157,7 +157,7 @@ class KubernetesBackend:
             rec.ip = podstatus.pod_ip(change.pod) or rec.ip
             why = podstatus.ended(change.pod) if rec.up else ""
             if why and name not in self._deleting and not rec.lost:
-                rec.lost = why
+                rec.lost = f"{why} (not by this broker)"
                 log.warning("pod %s lost: %s", name, why)
         rec.changed.set()
 

@@ -37,3 +37,15 @@ def test_card_missing_from_the_register_is_not_exclusive() -> None:
 
 def test_standby_pin_names_the_card() -> None:
     assert hami.pin_annotations((A,), "hami") == {hami.USE_UUID: A}
+
+
+def test_a_card_the_backend_found_foreign_shares_on_stays_fenced() -> None:
+    from broker.ports.backend import PodInfo
+    from broker.warmth.standby import exclusive_cards
+
+    def info(name: str, **details: Any) -> PodInfo:
+        return PodInfo(name=name, pool="h100", gpus=(A,), template="t", created_at=0.0, isolated=True,
+                       details=details)
+
+    assert exclusive_cards([info("active"), info("standby")]) == {A}
+    assert exclusive_cards([info("active", foreign=(A,)), info("standby")]) == set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import functools
 import logging
 import secrets
@@ -322,10 +323,35 @@ class KubernetesBackend:
             else:
                 log.warning("pod %s does not answer; deleting it", name)
                 await self._destroy(name)
+        await self._sweep_cards(live)
         for name in by_name.keys() - {secret_name(n) for n in self.cache.pods}:
             with contextlib.suppress(BackendError, Retryable):
                 await self.api.delete("Secret", name)  # a Secret whose pod is gone
         return live
+
+    async def _sweep_cards(self, live: list[PodInfo]) -> None:
+        """Mark the cards of shared (standby) groups that hold a share of anyone else (`details.foreign`).
+
+        Reads each node's HAMi register and every pod on it; a failed read marks the node's cards foreign,
+        so promotions stay fenced until a sweep succeeds. Only pools with standbys share cards.
+        """
+        nodes: dict[str, list[int]] = {}
+        for i, info in enumerate(live):
+            if info.gpus and info.details.get("node") and any(
+                    p.gpus == info.gpus and p.name != info.name for p in live):
+                nodes.setdefault(str(info.details["node"]), []).append(i)
+        for node, indexes in nodes.items():
+            try:
+                node_obj = await self.api.node(node)
+                on_node = await self.api.pods_on_node(node)
+            except (BackendError, Retryable) as exc:
+                log.warning("card sweep of node %s failed; its cards stay fenced: %s", node, exc)
+                node_obj, on_node = None, []
+            for i in indexes:
+                info = live[i]
+                foreign = [g for g in info.gpus if node_obj is None or not hami.exclusive(g, node_obj, on_node, info.pool)]
+                if foreign:
+                    live[i] = dataclasses.replace(info, details={**info.details, "foreign": tuple(foreign)})
 
     def _adopt(self, pod: Mapping[str, Any], secret_obj: Mapping[str, Any] | None) -> _Pod | None:
         """A pod a previous broker made: trusted only when running and named by its Secret's UID record."""

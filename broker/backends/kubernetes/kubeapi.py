@@ -145,6 +145,20 @@ class KubeApi:
             return None
         return result
 
+    async def node(self, name: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._call(f"get node {name}", lambda: _json(
+                self.core.read_node(name, _preload_content=False)))
+        except NotFound:
+            return None
+        return result
+
+    async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """Every pod on `node`, in every namespace (the card sweep: who else holds a share)."""
+        page: dict[str, Any] = await self._call(f"list pods on {node}", lambda: _json(
+            self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False)))
+        return list(page.get("items") or [])
+
     async def list(self, kind: str, selector: str) -> tuple[list[dict[str, Any]], str]:
         """Every object matching `selector` (pages followed) and the list's resourceVersion."""
         lister = self.core.list_namespaced_pod if kind == "Pod" else self.core.list_namespaced_secret

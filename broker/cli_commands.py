@@ -22,7 +22,7 @@ from broker.locations import read_broker_file, state_dir_for
 if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
-BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter")
+BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter", "k8s")
 """The benchmarks built so far (modules of `bench/`); dispatch, loops, frontier and recovery come later."""
 
 EXIT_TIMEOUT = 124

@@ -153,5 +153,9 @@ def test_a_pod_deleted_from_outside_during_a_job_ends_the_attempt_pod_lost_and_i
     assert final["state"] == "SUCCEEDED" and final["retries"] == 1, final
     assert final["attempts"][0].get("error_class") == "PodLost", final["attempts"]
     assert c.get(f"/v1/jobs/{job['id']}/logs").text == "ran\n"
-    pods = {p["name"] for p in c.get("/v1/pods").json()["pods"]}
+    pods = {p["name"]: p for p in c.get("/v1/pods").json()["pods"]}
     assert view["bound_pods"][0] not in pods
+    # Every pod's ready record: seconds from its create call to each stage, in order.
+    for pod in pods.values():
+        stages = [pod["ready"][s] for s in ("scheduled", "image_pulled", "container_started", "agent_answered")]
+        assert None not in stages and stages == sorted(stages), pod

@@ -39,6 +39,8 @@ def test_ready_record_notes_each_stage_once_from_the_create() -> None:
     rec.observe(status("Running", spec={"nodeName": "n1"}), 109.0)
     rec.answered(104.5)
     assert rec.view() == {"scheduled": 1.0, "image_pulled": 4.0, "container_started": 4.0, "agent_answered": 4.5}
+    assert podstatus.ReadyRecord.loads(100.0, rec.dumps()).view() == rec.view()  # survives a restart
+    assert podstatus.ReadyRecord.loads(100.0, "not json").view()["scheduled"] is None
 
 
 async def test_token_bucket_allows_a_burst_then_paces_at_qps() -> None:

@@ -380,8 +380,8 @@ class KubernetesBackend:
             created = 0.0
         rec = _Pod(name=name, pool=str(labels.get(LABEL_POOL, "")), secret=value,
                    template=str(labels.get(LABEL_TEMPLATE, "")), created_at=created,
-                   ready=podstatus.ReadyRecord(created), uid=podstatus.uid(pod), ip=podstatus.pod_ip(pod),
-                   gpus=gpus, annotations=ann, up=True)
+                   ready=podstatus.ReadyRecord.loads(created, ann.get(ANN_READY, "")), uid=podstatus.uid(pod),
+                   ip=podstatus.pod_ip(pod), gpus=gpus, annotations=ann, up=True)
         self._pods[name] = rec
         return rec
 

@@ -93,5 +93,16 @@ class ReadyRecord:
     def view(self) -> dict[str, float | None]:
         return {stage: self.stages.get(stage) for stage in STAGES}
 
+    @classmethod
+    def loads(cls, created: float, text: str) -> ReadyRecord:
+        """A record as `dumps` wrote it into the pod's annotation (a restarted broker's view)."""
+        try:
+            raw = json.loads(text) if text else {}
+        except ValueError:
+            raw = {}
+        stages = {k: float(v) for k, v in raw.items() if k in STAGES and isinstance(v, int | float)} \
+            if isinstance(raw, dict) else {}
+        return cls(created, stages)
+
     def dumps(self) -> str:
         return json.dumps(self.view(), separators=(",", ":"))

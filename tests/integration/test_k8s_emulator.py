@@ -406,3 +406,32 @@ def test_without_agents_pods_go_ready_with_no_process(tmp_path: Path) -> None:
         assert pod.status.pod_ip and not emu.agent_pids("hollow")
         core.delete_namespaced_pod("hollow", NS)
         until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def test_a_pod_replaced_under_its_name_gets_a_new_uid_and_a_new_agent(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "reborn")
+    old = until(lambda: ready(core, "reborn"))
+    old_pids = cluster.agent_pids("reborn")
+    core.delete_namespaced_pod("reborn", NS)
+    core.delete_namespaced_secret("reborn-agent", NS)
+    until(lambda: not core.list_namespaced_pod(NS).items)
+    with_agent(core, "reborn")
+    new = until(lambda: ready(core, "reborn"))
+    assert new.metadata.uid != old.metadata.uid and new.status.pod_ip != old.status.pod_ip
+    assert set(cluster.agent_pids("reborn")).isdisjoint(old_pids)
+
+
+def test_stopping_the_emulator_kills_every_agent(tmp_path: Path) -> None:
+    emu = Emulator(tmp_path).start()
+    try:
+        core = core_of(emu)
+        for name in ("s1", "s2"):
+            with_agent(core, name)
+        for name in ("s1", "s2"):
+            until(lambda n=name: ready(core, n))
+        pids = emu.agent_pids("s1") + emu.agent_pids("s2")
+    finally:
+        emu.stop()
+    assert len(pids) == 4
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]

@@ -435,3 +435,24 @@ def test_stopping_the_emulator_kills_every_agent(tmp_path: Path) -> None:
         emu.stop()
     assert len(pids) == 4
     assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+
+def test_expired_watches_get_410_mid_stream_and_cannot_resume_from_their_last_version(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p"))
+    response = raw_watch(core, resource_version="0")
+    added = read_events(response, 1, close=False)[0]
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"after": "1"}}})
+    assert api_only.expire_watches() == 1
+    modified, error = read_events(response, 2)
+    assert modified["type"] == "MODIFIED"
+    assert error["type"] == "ERROR" and error["object"]["code"] == 410
+    resumed = read_events(raw_watch(core, resource_version=added["object"]["metadata"]["resourceVersion"]), 1)
+    assert resumed[0]["type"] == "ERROR"
+    relisted = core.list_namespaced_pod(NS)
+    assert relisted.items[0].metadata.labels == {"after": "1"}
+
+
+def test_discovery_names_the_served_resources(api_only: Emulator) -> None:
+    resources = core_of(api_only).get_api_resources()
+    assert {"pods", "secrets", "nodes", "events"} <= {r.name for r in resources.resources}

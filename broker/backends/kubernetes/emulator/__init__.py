@@ -12,7 +12,8 @@ allowWatchBookmarks, timeoutSeconds), replace (409 on a stale resourceVersion), 
 strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions). Faults for tests:
 `fail_next(verb, resource, status, times)` (429 with Retry-After, 500, 409, 410 ...; a 410 on
 `watch` arrives as an ERROR event in the stream, as from a real server), `compact()` (watches from
-older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream).
+older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
+`expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
 
 The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector and GPUs, then:
 
@@ -155,6 +156,10 @@ class Emulator:
     def drop_watches(self) -> int:
         """Cut every open watch stream mid-stream; returns how many were open."""
         return self.api.drop_watches()
+
+    def expire_watches(self) -> int:
+        """Compact, then end every open watch with an ERROR 410 Gone event; returns how many were open."""
+        return self.api.expire_watches()
 
     def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
                  annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None) -> Obj:

@@ -39,6 +39,8 @@ from broker.backends.kubernetes.emulator.selectors import (
 VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection")
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
            422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_DROP = "drop"
+_EXPIRE = "expire"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -82,7 +84,7 @@ class Faults:
 
 @dataclass(eq=False)
 class _Watch:
-    queue: asyncio.Queue[Event | None]
+    queue: asyncio.Queue[Event | str]
     loop: asyncio.AbstractEventLoop
     request: web.Request
 
@@ -100,19 +102,40 @@ class Api:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/version", self._version)
+        app.router.add_get("/api", self._versions)
+        app.router.add_get("/api/v1", self._resources)
+        app.router.add_get("/api/v1/", self._resources)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
     def drop_watches(self) -> int:
         """Cut every open watch stream mid-stream (no final chunk, as a dropped connection); returns how many."""
+        return self._tell_watches(_DROP)
+
+    def expire_watches(self) -> int:
+        """Send every open watch an ERROR 410 Gone and end it, as a server does to a watcher whose position
+        was compacted away; the store is compacted first, so resuming from any older version fails too."""
+        self.store.compact()
+        return self._tell_watches(_EXPIRE)
+
+    def _tell_watches(self, what: str) -> int:
         watches = list(self._watches)
         for watch in watches:
-            watch.loop.call_soon_threadsafe(watch.queue.put_nowait, None)
+            watch.loop.call_soon_threadsafe(watch.queue.put_nowait, what)
         return len(watches)
 
     async def _version(self, _request: web.Request) -> web.Response:
         return web.json_response({"major": "1", "minor": "31", "gitVersion": "v1.31.0-firepool-emulator",
                                   "platform": "linux/amd64"})
+
+    async def _versions(self, _request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+
+    async def _resources(self, _request: web.Request) -> web.Response:
+        resources = [{"name": name, "singularName": kind.lower(), "namespaced": name not in CLUSTER_SCOPED,
+                      "kind": kind, "verbs": list(VERBS)} for name, kind in KINDS.items()]
+        return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -301,10 +324,15 @@ class Api:
                         await _send(response, "BOOKMARK", {"kind": kind, "apiVersion": "v1",
                                                            "metadata": {"resourceVersion": str(self.store.resource_version)}})
                     continue
-                if event is None:  # drop_watches(): cut the connection without ending the chunked body
+                if event == _DROP:  # cut the connection without ending the chunked body
                     if request.transport is not None:
                         request.transport.abort()
                     return response
+                if event == _EXPIRE:
+                    await _send(response, "ERROR", ApiError(410, "Expired", "too old resource version: "
+                                                            f"{self.store.compacted}").status())
+                    break
+                assert isinstance(event, Event)
                 if event.resource != resource or (namespace and event.namespace != namespace):
                     continue
                 kind_sent = _as_seen(event, matches)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -268,17 +269,30 @@ def test_a_pod_goes_running_with_a_pod_ip_and_its_agent_answers_health(cluster: 
     assert pod.status.container_statuses[0].state.running.started_at is not None
     reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name == "runs"]
     assert {"Scheduled", "Pulled", "Started"} <= set(reasons)
-    import asyncio
+    assert agent_health(pod.status.pod_ip, token).pod == "runs"
 
+
+def agent_health(ip: str, token: str) -> Any:
     async def health() -> Any:
-        agent = HttpAgentClient(f"tcp:{pod.status.pod_ip}:8471", token, pod="runs")
+        agent = HttpAgentClient(f"tcp:{ip}:8471", token)
         try:
             return await agent.health()
         finally:
             await agent.close()
 
-    answer = asyncio.run(health())
-    assert answer.pod == "runs"
+    return asyncio.run(health())
+
+
+def test_the_agent_token_is_the_key_the_secret_volume_names(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    token = secrets.token_urlsafe(24)
+    core.create_namespaced_secret(NS, {"metadata": {"name": "two-keys"},
+                                       "string_data": {"other": "x" * 20, "secret": token}})
+    body = pod_body("keyed", secret="two-keys")
+    body["spec"]["volumes"][0]["secret"]["items"] = [{"key": "secret", "path": "secret"}]
+    core.create_namespaced_pod(NS, body)
+    pod = until(lambda: ready(core, "keyed"))
+    assert agent_health(pod.status.pod_ip, token).pod == "keyed"
 
 
 def test_deleting_a_pod_kills_its_agent_and_no_process_is_left(cluster: Emulator) -> None:

@@ -23,8 +23,8 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
 - after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
   `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
   pulls); an image containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, never starts;
-- reads the agent's secret from the pod's first Secret volume (key `token`, else its only key; a
-  missing one: waiting CreateContainerConfigError until it appears);
+- reads the agent's secret from the pod's first Secret volume (the key its `items` name, else `token`
+  or `secret`, else the only key; a missing one: waiting CreateContainerConfigError until it appears);
 - starts a real pod agent as the local backend does (bubblewrap sandbox, PID 1 `python -m
   firepool_agent`, the agent's `--kernels` taken from the container's command if given) listening on
   `tcp:<podIP>:<port>`, where podIP is a loopback address of its own (127.1.x.y) and the port the

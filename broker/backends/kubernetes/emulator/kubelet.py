@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 MISSING_IMAGE = ":does-not-exist"
 AGENT_PORT_NAME = "agent"
-SECRET_KEY = "token"
+SECRET_KEYS = ("token", "secret")
 
 
 @dataclass
@@ -272,21 +272,23 @@ class Kubelet:
                           f"has {request.count} free nvidia.com/gpu")
 
     async def _secret(self, ns: str, name: str, uid: str) -> str:
-        """The agent's token from the pod's Secret volume (key `token`, else its only key); a missing
-        Secret keeps the pod waiting in CreateContainerConfigError, as a real kubelet does."""
+        """The agent's token from the pod's first Secret volume: the key its `items` name first, else
+        `token` or `secret`, else the Secret's only key. A missing Secret keeps the pod waiting in
+        CreateContainerConfigError, as a real kubelet does."""
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            volumes = [v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
+            volumes = [v["secret"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
             why = "the pod mounts no Secret volume for the agent's token"
             if volumes:
-                secret = self._get(ns, volumes[0], "secrets")
+                secret_name = volumes[0].get("secretName", "")
+                secret = self._get(ns, secret_name, "secrets")
                 data = (secret or {}).get("data") or {}
-                key = SECRET_KEY if SECRET_KEY in data else next(iter(data), None) if len(data) == 1 else None
+                key = _secret_key(volumes[0], data)
                 if key is not None:
                     return base64.b64decode(data[key]).decode()
-                why = f'secret "{volumes[0]}" not found' if secret is None else \
-                    f'couldn\'t find key {SECRET_KEY} in Secret {ns}/{volumes[0]}'
+                why = f'secret "{secret_name}" not found' if secret is None else \
+                    f"couldn't find the agent's key in Secret {ns}/{secret_name}"
             if why != said:
                 said = why
                 self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}})
@@ -394,6 +396,16 @@ def _running(ip: str, started: str, *, ready: bool) -> Callable[[Obj], Obj]:
         return p
 
     return change
+
+
+def _secret_key(volume: Obj, data: Obj) -> str | None:
+    items = volume.get("items") or []
+    if items:
+        return str(items[0]["key"]) if items[0].get("key") in data else None
+    for key in SECRET_KEYS:
+        if key in data:
+            return key
+    return next(iter(data)) if len(data) == 1 else None
 
 
 def _image(pod: Obj) -> str:

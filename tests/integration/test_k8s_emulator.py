@@ -470,3 +470,9 @@ def test_expired_watches_get_410_mid_stream_and_cannot_resume_from_their_last_ve
 def test_discovery_names_the_served_resources(api_only: Emulator) -> None:
     resources = core_of(api_only).get_api_resources()
     assert {"pods", "secrets", "nodes", "events"} <= {r.name for r in resources.resources}
+
+
+def test_a_watch_its_client_closed_is_forgotten_by_the_next_bookmark(api_only: Emulator) -> None:
+    response = raw_watch(core_of(api_only), allow_watch_bookmarks=True)
+    assert read_events(response, 1)[0]["type"] == "BOOKMARK"
+    until(lambda: api_only.api.open_watches == 0, 5)

@@ -108,6 +108,11 @@ class Api:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
+    @property
+    def open_watches(self) -> int:
+        """Watch streams being served now (a closed client's goes at the next event or bookmark)."""
+        return len(self._watches)
+
     def drop_watches(self) -> int:
         """Cut every open watch stream mid-stream (no final chunk, as a dropped connection); returns how many."""
         return self._tell_watches(_DROP)
@@ -338,6 +343,8 @@ class Api:
                 kind_sent = _as_seen(event, matches)
                 if kind_sent is not None:
                     await _send(response, kind_sent, event.obj)
+        except ConnectionResetError:  # the client went away (a watcher closing its response): nothing to end
+            return response
         finally:
             unsubscribe()
             self._watches.discard(watch)

@@ -476,3 +476,25 @@ def test_a_watch_its_client_closed_is_forgotten_by_the_next_bookmark(api_only: E
     response = raw_watch(core_of(api_only), allow_watch_bookmarks=True)
     assert read_events(response, 1)[0]["type"] == "BOOKMARK"
     until(lambda: api_only.api.open_watches == 0, 5)
+
+
+def test_a_watch_sees_each_ready_stage_in_order(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    start = core.list_namespaced_pod(NS).metadata.resource_version
+    with_agent(core, "staged")
+    stages: list[str] = []
+    for event in k8s_watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=start, timeout_seconds=30,
+                                          deserialize=False):
+        pod = event["object"]
+        containers = pod["status"].get("containerStatuses") or [{}]
+        conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        reached = [stage for stage, seen in (
+            ("scheduled", bool(pod["spec"].get("nodeName"))),
+            ("image_pulled", bool(containers[0].get("imageID"))),
+            ("container_started", "running" in (containers[0].get("state") or {})),
+            ("ready", conditions.get("Ready") == "True")) if seen]
+        if reached and reached[-1] not in stages:
+            stages.append(reached[-1])
+        if "ready" in stages:
+            break
+    assert stages == ["scheduled", "image_pulled", "container_started", "ready"]

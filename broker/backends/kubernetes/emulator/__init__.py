@@ -22,7 +22,8 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
   `nvidia.com/use-gpuuuid` (pinned); nodes carry `hami.io/node-nvidia-register`;
 - after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
   `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
-  pulls); an image containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, never starts;
+  pulls), then shows the container waiting in ContainerCreating with its imageID set; an image
+  containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, and never starts;
 - reads the agent's secret from the pod's first Secret volume (the key its `items` name, else `token`
   or `secret`, else the only key; a missing one: waiting CreateContainerConfigError until it appears);
 - starts a real pod agent as the local backend does (bubblewrap sandbox, PID 1 `python -m

@@ -185,6 +185,7 @@ class Kubelet:
                 await asyncio.sleep(cfg.pull_s)
             self._images.add((node, image))
             self._event(ns, name, uid, "Pulled", f"Successfully pulled image {image!r} in {cfg.pull_s:.3f}s", node)
+        self._containers(ns, name, uid, {"waiting": {"reason": "ContainerCreating"}}, pulled=True)
         if not cfg.agents:
             self._write(ns, name, uid, _running(next(self._ips), now_iso(), ready=True))
             self._event(ns, name, uid, "Started", "Started container (no agent: KubeletConfig.agents is off)", node)
@@ -291,7 +292,8 @@ class Kubelet:
                     f"couldn't find the agent's key in Secret {ns}/{secret_name}"
             if why != said:
                 said = why
-                self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}})
+                self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}},
+                                 pulled=True)
             await asyncio.sleep(self.config.retry_s)
 
     async def _await_ready(self, ns: str, name: str, uid: str, agent: AgentProcess, secret: str) -> None:
@@ -344,9 +346,9 @@ class Kubelet:
         except ApiError as exc:
             raise _Gone from exc
 
-    def _containers(self, ns: str, name: str, uid: str, state: Obj) -> None:
+    def _containers(self, ns: str, name: str, uid: str, state: Obj, *, pulled: bool = False) -> None:
         def change(p: Obj) -> Obj:
-            p["status"]["containerStatuses"] = _container_statuses(p, state, ready=False)
+            p["status"]["containerStatuses"] = _container_statuses(p, state, ready=False, pulled=pulled)
             return p
 
         self._write(ns, name, uid, change)
@@ -453,9 +455,10 @@ def _with_condition(pod: Obj, kind: str, value: str, reason: str | None = None, 
     return pod
 
 
-def _container_statuses(pod: Obj, state: Obj, *, ready: bool) -> list[Any]:
+def _container_statuses(pod: Obj, state: Obj, *, ready: bool, pulled: bool = False) -> list[Any]:
+    """Every container in `state`; imageID is set once the image is present (ready records read it)."""
     running = "running" in state
     return [{"name": c["name"], "image": c.get("image", ""), "imageID": f"{c.get('image', '')}@sha256:emulated"
-             if running else "", "containerID": f"firepool://{pod['metadata']['uid'][:12]}" if running else "",
+             if running or pulled else "", "containerID": f"firepool://{pod['metadata']['uid'][:12]}" if running else "",
              "ready": ready, "started": running, "restartCount": 0, "state": state, "lastState": {}}
             for c in pod["spec"]["containers"]]

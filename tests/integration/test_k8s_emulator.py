@@ -498,3 +498,22 @@ def test_a_watch_sees_each_ready_stage_in_order(cluster: Emulator) -> None:
         if "ready" in stages:
             break
     assert stages == ["scheduled", "image_pulled", "container_started", "ready"]
+
+
+def test_an_evicted_pod_fails_with_reason_evicted_and_its_agent_is_gone(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "pressed")
+    until(lambda: ready(core, "pressed"))
+    pids = cluster.agent_pids("pressed")
+    assert cluster.evict("pressed")
+    pod = core.read_namespaced_pod("pressed", NS)
+    assert pod.status.phase == "Failed" and pod.status.reason == "Evicted"
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+
+def test_the_eviction_api_deletes_the_pod_gracefully(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "drained")
+    until(lambda: ready(core, "drained"))
+    core.create_namespaced_pod_eviction("drained", NS, {"metadata": {"name": "drained", "namespace": NS}})
+    until(lambda: not core.list_namespaced_pod(NS).items)

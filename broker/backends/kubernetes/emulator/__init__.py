@@ -179,6 +179,15 @@ class Emulator:
         for name in [node] if node else [n["metadata"]["name"] for n in self.store.list("nodes", "")[0]]:
             self.kubelet.prepull(image, name)
 
+    def evict(self, name: str, namespace: str = "default",
+              message: str = "The node was low on resource: memory.") -> bool:
+        """Evict a pod as a kubelet under node pressure does: its agent killed, phase Failed with reason
+        Evicted, the object left for its owner to delete. False when no agent of that pod runs."""
+        if self.kubelet is None or self._loop is None:
+            return False
+        done = asyncio.run_coroutine_threadsafe(self.kubelet.evict(namespace, name, message), self._loop)
+        return done.result(START_TIMEOUT_S)
+
     def crash(self, name: str, namespace: str = "default") -> bool:
         """SIGKILL a pod's agent from outside (an OOM kill, a node fault): the kubelet fails the pod
         (phase Failed, container terminated). False when no agent of that pod runs."""

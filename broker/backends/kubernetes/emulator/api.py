@@ -36,7 +36,7 @@ from broker.backends.kubernetes.emulator.selectors import (
     merge_patch,
 )
 
-VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection")
+VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection", "evict")
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
            422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _DROP = "drop"
@@ -162,7 +162,7 @@ class Api:
         namespace: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        if not rest or rest[0] not in KINDS or len(rest) > 3 or (len(rest) == 3 and rest[2] != "status"):
+        if not rest or rest[0] not in KINDS or len(rest) > 3 or (len(rest) == 3 and rest[2] not in ("status", "eviction")):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
         if resource in CLUSTER_SCOPED:
@@ -172,6 +172,8 @@ class Api:
                 "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
         if verb == "delete" and not name:
             verb = "deletecollection"
+        if verb == "create" and sub == "eviction" and resource == "pods":
+            verb = "evict"
         if verb is None or (verb in ("update", "patch") and not name) or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on {request.path}")
         if verb == "create" and namespace is None:
@@ -197,6 +199,10 @@ class Api:
         body = await request.json() if request.can_read_body else {}
         if verb == "create":
             return web.json_response(self._create(resource, ns, body), status=201)
+        if verb == "evict":  # the Eviction API: a graceful delete (no PodDisruptionBudgets here)
+            self._delete(resource, ns, name or "", body.get("deleteOptions") or {}, {})
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                      "code": 201}, status=201)
         if verb == "update":
             return web.json_response(self._update(resource, ns, name or "", sub, body))
         if verb == "patch":

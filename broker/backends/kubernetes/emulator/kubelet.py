@@ -112,6 +112,23 @@ class Kubelet:
         await asyncio.gather(*(self.agents.kill(a) for a in self._running.values()))
         self._running.clear()
 
+    async def evict(self, ns: str, name: str, message: str) -> bool:
+        """Node-pressure eviction: kill the pod's agent and fail the pod (phase Failed, reason Evicted);
+        the object stays until someone deletes it. False when the pod has no running agent here."""
+        pod = self._get(ns, name)
+        uid = pod["metadata"]["uid"] if pod is not None else ""
+        agent = self._running.pop(uid, None)
+        if agent is None:
+            return False
+        life = self._lives.get(uid)
+        if life is not None:
+            life.cancel()
+            await asyncio.gather(life, return_exceptions=True)
+        await self.agents.kill(agent)
+        self._fail(ns, name, uid, "Evicted", message, 137)
+        self._event(ns, name, uid, "Evicted", message, pod["spec"].get("nodeName", "") if pod else "", "Warning")
+        return True
+
     async def _run(self) -> None:
         while True:
             event = await self._queue.get()

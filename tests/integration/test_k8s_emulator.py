@@ -45,8 +45,8 @@ def pod_body(name: str, labels: dict[str, str] | None = None, *, image: str = "f
              annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
             "spec": {"restartPolicy": "Never",
-                     "containers": [{"name": "agent", "image": image, "ports": [{"name": "agent", "containerPort": 8471}],
-                                     "resources": {"limits": limits or {}}}],
+                     "containers": [{"name": "agent", "image": image, "resources": {"limits": limits or {}},
+                                     "ports": [{"name": "agent", "containerPort": 8471}]}],
                      "volumes": [{"name": "agent-secret", "secret": {"secretName": secret}}] if secret else []}}
 
 

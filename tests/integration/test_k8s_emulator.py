@@ -517,3 +517,18 @@ def test_the_eviction_api_deletes_the_pod_gracefully(cluster: Emulator) -> None:
     until(lambda: ready(core, "drained"))
     core.create_namespaced_pod_eviction("drained", NS, {"metadata": {"name": "drained", "namespace": NS}})
     until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def test_a_bad_label_or_an_overcommitted_gpu_is_422_invalid_through_the_client(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    for body in (pod_body("bad-label", {"firepool.io/caller": "alice@example.com"}),
+                 pod_body("bad-gpu", limits={"nvidia.com/gpu": "1"})):
+        if body["metadata"]["name"] == "bad-gpu":
+            body["spec"]["containers"][0]["resources"]["requests"] = {"nvidia.com/gpu": "2"}
+        with pytest.raises(ApiException) as exc:
+            core.create_namespaced_pod(NS, body)
+        assert exc.value.status == 422 and json.loads(exc.value.body)["reason"] == "Invalid"
+    core.create_namespaced_pod(NS, pod_body("ok", {"firepool.io/caller": "alice"}))
+    with pytest.raises(ApiException) as patched:
+        core.patch_namespaced_pod("ok", NS, {"metadata": {"labels": {"firepool.io/caller": "a b"}}})
+    assert patched.value.status == 422

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.backends.kubernetes.emulator import validation
 from broker.backends.kubernetes.emulator.objects import CLUSTER_SCOPED, KINDS, ApiError, Obj, Store
 from broker.backends.kubernetes.emulator.selectors import (
     Predicate,
@@ -229,6 +230,10 @@ class Api:
                            "'-' or '.'")
         if resource == "pods" and not (body.get("spec") or {}).get("containers"):
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+        body.setdefault("kind", KINDS[resource])
+        if resource == "pods":
+            validation.default_pod(body)
+        validation.check(body)
         if resource == "secrets":
             for key, value in (body.get("stringData") or {}).items():  # the server folds stringData into data
                 body.setdefault("data", {})[key] = base64.b64encode(str(value).encode()).decode()
@@ -276,8 +281,11 @@ def _spliced(old: Obj, new: Obj, sub: str | None, resource: str) -> Obj:
     if not isinstance(new, dict):
         raise ApiError(400, "BadRequest", "the body must be a JSON object")
     if sub == "status":
-        return {**old, "status": new.get("status", {})}
-    if resource in ("pods", "nodes"):
-        return {**new, "status": old.get("status", {})}
-    return new
+        result = {**old, "status": new.get("status", {})}
+    elif resource in ("pods", "nodes"):
+        result = {**new, "status": old.get("status", {})}
+    else:
+        result = new
+    validation.check(result)
+    return result
 

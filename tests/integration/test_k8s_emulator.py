@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -44,8 +45,8 @@ def pod_body(name: str, labels: dict[str, str] | None = None, *, image: str = "f
              annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
             "spec": {"restartPolicy": "Never",
-                     "containers": [{"name": "agent", "image": image, "ports": [{"name": "agent", "containerPort": 8471}],
-                                     "resources": {"limits": limits or {}}}],
+                     "containers": [{"name": "agent", "image": image, "resources": {"limits": limits or {}},
+                                     "ports": [{"name": "agent", "containerPort": 8471}]}],
                      "volumes": [{"name": "agent-secret", "secret": {"secretName": secret}}] if secret else []}}
 
 
@@ -268,17 +269,30 @@ def test_a_pod_goes_running_with_a_pod_ip_and_its_agent_answers_health(cluster: 
     assert pod.status.container_statuses[0].state.running.started_at is not None
     reasons = [e.reason for e in core.list_namespaced_event(NS).items if e.involved_object.name == "runs"]
     assert {"Scheduled", "Pulled", "Started"} <= set(reasons)
-    import asyncio
+    assert agent_health(pod.status.pod_ip, token).pod == "runs"
 
+
+def agent_health(ip: str, token: str) -> Any:
     async def health() -> Any:
-        agent = HttpAgentClient(f"tcp:{pod.status.pod_ip}:8471", token, pod="runs")
+        agent = HttpAgentClient(f"tcp:{ip}:8471", token)
         try:
             return await agent.health()
         finally:
             await agent.close()
 
-    answer = asyncio.run(health())
-    assert answer.pod == "runs"
+    return asyncio.run(health())
+
+
+def test_the_agent_token_is_the_key_the_secret_volume_names(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    token = secrets.token_urlsafe(24)
+    core.create_namespaced_secret(NS, {"metadata": {"name": "two-keys"},
+                                       "string_data": {"other": "x" * 20, "secret": token}})
+    body = pod_body("keyed", secret="two-keys")
+    body["spec"]["volumes"][0]["secret"]["items"] = [{"key": "secret", "path": "secret"}]
+    core.create_namespaced_pod(NS, body)
+    pod = until(lambda: ready(core, "keyed"))
+    assert agent_health(pod.status.pod_ip, token).pod == "keyed"
 
 
 def test_deleting_a_pod_kills_its_agent_and_no_process_is_left(cluster: Emulator) -> None:
@@ -406,3 +420,115 @@ def test_without_agents_pods_go_ready_with_no_process(tmp_path: Path) -> None:
         assert pod.status.pod_ip and not emu.agent_pids("hollow")
         core.delete_namespaced_pod("hollow", NS)
         until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def test_a_pod_replaced_under_its_name_gets_a_new_uid_and_a_new_agent(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "reborn")
+    old = until(lambda: ready(core, "reborn"))
+    old_pids = cluster.agent_pids("reborn")
+    core.delete_namespaced_pod("reborn", NS)
+    core.delete_namespaced_secret("reborn-agent", NS)
+    until(lambda: not core.list_namespaced_pod(NS).items)
+    with_agent(core, "reborn")
+    new = until(lambda: ready(core, "reborn"))
+    assert new.metadata.uid != old.metadata.uid and new.status.pod_ip != old.status.pod_ip
+    assert set(cluster.agent_pids("reborn")).isdisjoint(old_pids)
+
+
+def test_stopping_the_emulator_kills_every_agent(tmp_path: Path) -> None:
+    emu = Emulator(tmp_path).start()
+    try:
+        core = core_of(emu)
+        for name in ("s1", "s2"):
+            with_agent(core, name)
+        for name in ("s1", "s2"):
+            until(lambda n=name: ready(core, n))
+        pids = emu.agent_pids("s1") + emu.agent_pids("s2")
+    finally:
+        emu.stop()
+    assert len(pids) == 4
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+
+def test_expired_watches_get_410_mid_stream_and_cannot_resume_from_their_last_version(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    core.create_namespaced_pod(NS, pod_body("p"))
+    response = raw_watch(core, resource_version="0")
+    added = read_events(response, 1, close=False)[0]
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"after": "1"}}})
+    assert api_only.expire_watches() == 1
+    modified, error = read_events(response, 2)
+    assert modified["type"] == "MODIFIED"
+    assert error["type"] == "ERROR" and error["object"]["code"] == 410
+    resumed = read_events(raw_watch(core, resource_version=added["object"]["metadata"]["resourceVersion"]), 1)
+    assert resumed[0]["type"] == "ERROR"
+    relisted = core.list_namespaced_pod(NS)
+    assert relisted.items[0].metadata.labels == {"after": "1"}
+
+
+def test_discovery_names_the_served_resources(api_only: Emulator) -> None:
+    resources = core_of(api_only).get_api_resources()
+    assert {"pods", "secrets", "nodes", "events"} <= {r.name for r in resources.resources}
+
+
+def test_a_watch_its_client_closed_is_forgotten_by_the_next_bookmark(api_only: Emulator) -> None:
+    response = raw_watch(core_of(api_only), allow_watch_bookmarks=True)
+    assert read_events(response, 1)[0]["type"] == "BOOKMARK"
+    until(lambda: api_only.api.open_watches == 0, 5)
+
+
+def test_a_watch_sees_each_ready_stage_in_order(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    start = core.list_namespaced_pod(NS).metadata.resource_version
+    with_agent(core, "staged")
+    stages: list[str] = []
+    for event in k8s_watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=start, timeout_seconds=30,
+                                          deserialize=False):
+        pod = event["object"]
+        containers = pod["status"].get("containerStatuses") or [{}]
+        conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        reached = [stage for stage, seen in (
+            ("scheduled", bool(pod["spec"].get("nodeName"))),
+            ("image_pulled", bool(containers[0].get("imageID"))),
+            ("container_started", "running" in (containers[0].get("state") or {})),
+            ("ready", conditions.get("Ready") == "True")) if seen]
+        if reached and reached[-1] not in stages:
+            stages.append(reached[-1])
+        if "ready" in stages:
+            break
+    assert stages == ["scheduled", "image_pulled", "container_started", "ready"]
+
+
+def test_an_evicted_pod_fails_with_reason_evicted_and_its_agent_is_gone(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "pressed")
+    until(lambda: ready(core, "pressed"))
+    pids = cluster.agent_pids("pressed")
+    assert cluster.evict("pressed")
+    pod = core.read_namespaced_pod("pressed", NS)
+    assert pod.status.phase == "Failed" and pod.status.reason == "Evicted"
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+
+def test_the_eviction_api_deletes_the_pod_gracefully(cluster: Emulator) -> None:
+    core = core_of(cluster)
+    with_agent(core, "drained")
+    until(lambda: ready(core, "drained"))
+    core.create_namespaced_pod_eviction("drained", NS, {"metadata": {"name": "drained", "namespace": NS}})
+    until(lambda: not core.list_namespaced_pod(NS).items)
+
+
+def test_a_bad_label_or_an_overcommitted_gpu_is_422_invalid_through_the_client(api_only: Emulator) -> None:
+    core = core_of(api_only)
+    for body in (pod_body("bad-label", {"firepool.io/caller": "alice@example.com"}),
+                 pod_body("bad-gpu", limits={"nvidia.com/gpu": "1"})):
+        if body["metadata"]["name"] == "bad-gpu":
+            body["spec"]["containers"][0]["resources"]["requests"] = {"nvidia.com/gpu": "2"}
+        with pytest.raises(ApiException) as exc:
+            core.create_namespaced_pod(NS, body)
+        assert exc.value.status == 422 and json.loads(exc.value.body)["reason"] == "Invalid"
+    core.create_namespaced_pod(NS, pod_body("ok", {"firepool.io/caller": "alice"}))
+    with pytest.raises(ApiException) as patched:
+        core.patch_namespaced_pod("ok", NS, {"metadata": {"labels": {"firepool.io/caller": "a b"}}})
+    assert patched.value.status == 422

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker.backends.kubernetes.emulator import validation
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Store
 from broker.backends.kubernetes.emulator.selectors import (
     SelectorError,
@@ -129,3 +130,41 @@ def test_a_bound_pod_under_a_kubelet_terminates_first_and_a_wrong_uid_preconditi
     with pytest.raises(ApiError) as gone:
         store.get("pods", "ns", "a")
     assert gone.value.code == 404
+
+
+def gpu_pod(resources: dict[str, object], **labels: str) -> dict[str, object]:
+    return {"kind": "Pod", "metadata": {"name": "p", "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "img:1", "resources": resources}]}}
+
+
+@pytest.mark.parametrize(("labels", "annotations"), [
+    ({"firepool.io/pool": "a b"}, {}),
+    ({"Firepool.IO/pool": "a"}, {}),
+    ({"x" * 64: "a"}, {}),
+    ({"a": "-starts-with-dash"}, {}),
+    ({}, {"firepool.io/": "empty name"}),
+])
+def test_label_and_annotation_syntax_the_api_server_refuses_is_422(labels: dict[str, str],
+                                                                   annotations: dict[str, str]) -> None:
+    with pytest.raises(ApiError) as exc:
+        validation.check({"kind": "Pod", "metadata": {"name": "p", "labels": labels, "annotations": annotations}})
+    assert exc.value.code == 422
+
+
+def test_extended_resources_need_requests_equal_to_limits() -> None:
+    validation.check(gpu_pod({"limits": {"nvidia.com/gpu": "1"}}))
+    validation.check(gpu_pod({"requests": {"nvidia.com/gpu": "1", "cpu": "2"}, "limits": {"nvidia.com/gpu": "1"}}))
+    for resources in ({"requests": {"nvidia.com/gpu": "1"}},
+                      {"requests": {"nvidia.com/gpumem": "1"}, "limits": {"nvidia.com/gpumem": "2"}}):
+        with pytest.raises(ApiError) as exc:
+            validation.check(gpu_pod(resources))
+        assert exc.value.code == 422
+
+
+def test_a_new_pod_gets_the_api_servers_defaults() -> None:
+    pod = gpu_pod({"limits": {"nvidia.com/gpu": "1"}})
+    validation.default_pod(pod)
+    container = pod["spec"]["containers"][0]  # type: ignore[index]
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30  # type: ignore[index]

@@ -12,7 +12,8 @@ allowWatchBookmarks, timeoutSeconds), replace (409 on a stale resourceVersion), 
 strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions). Faults for tests:
 `fail_next(verb, resource, status, times)` (429 with Retry-After, 500, 409, 410 ...; a 410 on
 `watch` arrives as an ERROR event in the stream, as from a real server), `compact()` (watches from
-older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream).
+older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
+`expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
 
 The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector and GPUs, then:
 
@@ -21,9 +22,10 @@ The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector
   `nvidia.com/use-gpuuuid` (pinned); nodes carry `hami.io/node-nvidia-register`;
 - after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
   `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
-  pulls); an image containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, never starts;
-- reads the agent's secret from the pod's first Secret volume (key `token`, else its only key; a
-  missing one: waiting CreateContainerConfigError until it appears);
+  pulls), then shows the container waiting in ContainerCreating with its imageID set; an image
+  containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, and never starts;
+- reads the agent's secret from the pod's first Secret volume (the key its `items` name, else `token`
+  or `secret`, else the only key; a missing one: waiting CreateContainerConfigError until it appears);
 - starts a real pod agent as the local backend does (bubblewrap sandbox, PID 1 `python -m
   firepool_agent`, the agent's `--kernels` taken from the container's command if given) listening on
   `tcp:<podIP>:<port>`, where podIP is a loopback address of its own (127.1.x.y) and the port the
@@ -156,6 +158,10 @@ class Emulator:
         """Cut every open watch stream mid-stream; returns how many were open."""
         return self.api.drop_watches()
 
+    def expire_watches(self) -> int:
+        """Compact, then end every open watch with an ERROR 410 Gone event; returns how many were open."""
+        return self.api.expire_watches()
+
     def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
                  annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None) -> Obj:
         """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
@@ -172,6 +178,15 @@ class Emulator:
             return
         for name in [node] if node else [n["metadata"]["name"] for n in self.store.list("nodes", "")[0]]:
             self.kubelet.prepull(image, name)
+
+    def evict(self, name: str, namespace: str = "default",
+              message: str = "The node was low on resource: memory.") -> bool:
+        """Evict a pod as a kubelet under node pressure does: its agent killed, phase Failed with reason
+        Evicted, the object left for its owner to delete. False when no agent of that pod runs."""
+        if self.kubelet is None or self._loop is None:
+            return False
+        done = asyncio.run_coroutine_threadsafe(self.kubelet.evict(namespace, name, message), self._loop)
+        return done.result(START_TIMEOUT_S)
 
     def crash(self, name: str, namespace: str = "default") -> bool:
         """SIGKILL a pod's agent from outside (an OOM kill, a node fault): the kubelet fails the pod

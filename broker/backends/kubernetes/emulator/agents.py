@@ -8,6 +8,7 @@ own loopback IP (127.1.x.y, host network), as a real agent serves on its pod IP.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -140,5 +141,5 @@ class Agents:
         gone = await self.procs.kill(agent.record, KILL_TIMEOUT_S)
         if not gone:
             log.error("emulated pod %s: processes alive %.0f s after SIGKILL", agent.pod, KILL_TIMEOUT_S)
-        remove_tree(agent.dirs.root)
+        await asyncio.to_thread(remove_tree, agent.dirs.root)  # a big workspace must not stall the API's loop
         return gone

@@ -1,14 +1,13 @@
 """The emulator's HTTP API: the core/v1 REST paths the `kubernetes` client calls, served by aiohttp.
 
-Paths: `/api/v1/namespaces/{ns}/{resource}[/{name}[/status]]` and `/api/v1/{resource}[/{name}]`
+Paths: `/api/v1/namespaces/{ns}/{resource}[/{name}[/status|/eviction]]`, `/api/v1/{resource}[/{name}]`
 (cluster-scoped nodes, or a list across namespaces); `/apis/{group}/{version}/...` serves the same
 store (events.k8s.io events). Errors are `Status` objects, so the client raises `ApiException`
-with the right code. Watches stream JSON lines from a resourceVersion; `Faults` injects errors.
+with the right code. Watches are streamed by `watching`; `Faults` injects errors.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -19,14 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.backends.kubernetes.emulator.objects import (
-    CLUSTER_SCOPED,
-    KINDS,
-    ApiError,
-    Event,
-    Obj,
-    Store,
-)
+from broker.backends.kubernetes.emulator import validation
+from broker.backends.kubernetes.emulator.objects import CLUSTER_SCOPED, KINDS, ApiError, Obj, Store
 from broker.backends.kubernetes.emulator.selectors import (
     Predicate,
     SelectorError,
@@ -35,8 +28,10 @@ from broker.backends.kubernetes.emulator.selectors import (
     label_selector,
     merge_patch,
 )
+from broker.backends.kubernetes.emulator.watching import Watches
 
-VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection")
+SUBRESOURCES = ("status", "eviction")
+VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection", "evict")
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
            422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -75,16 +70,9 @@ class Faults:
                     if fault.times <= 0:
                         self._pending.remove(fault)
                     retry = fault.retry_after_s if fault.status == 429 else None
-                    return ApiError(fault.status, REASONS[fault.status], f"injected {fault.status} for {verb} {resource}",
-                                    retry_after_s=retry)
+                    return ApiError(fault.status, REASONS[fault.status],
+                                    f"injected {fault.status} for {verb} {resource}", retry_after_s=retry)
         return None
-
-
-@dataclass(eq=False)
-class _Watch:
-    queue: asyncio.Queue[Event | None]
-    loop: asyncio.AbstractEventLoop
-    request: web.Request
 
 
 @dataclass
@@ -95,24 +83,45 @@ class Api:
     faults: Faults = field(default_factory=Faults)
     bookmark_interval_s: float = 1.0
     """How often a watch with allowWatchBookmarks gets a BOOKMARK (the real server: about a minute)."""
-    _watches: set[_Watch] = field(default_factory=set)
+    watches: Watches = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watches = Watches(self.store, self.bookmark_interval_s)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/version", self._version)
+        app.router.add_get("/api", self._versions)
+        app.router.add_get("/api/v1", self._resources)
+        app.router.add_get("/api/v1/", self._resources)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
+    @property
+    def open_watches(self) -> int:
+        """Watch streams being served now (a closed client's goes at the next event or bookmark)."""
+        return self.watches.open
+
     def drop_watches(self) -> int:
         """Cut every open watch stream mid-stream (no final chunk, as a dropped connection); returns how many."""
-        watches = list(self._watches)
-        for watch in watches:
-            watch.loop.call_soon_threadsafe(watch.queue.put_nowait, None)
-        return len(watches)
+        return self.watches.drop()
+
+    def expire_watches(self) -> int:
+        """Compact, then end every open watch with an ERROR 410 Gone; returns how many."""
+        return self.watches.expire()
 
     async def _version(self, _request: web.Request) -> web.Response:
         return web.json_response({"major": "1", "minor": "31", "gitVersion": "v1.31.0-firepool-emulator",
                                   "platform": "linux/amd64"})
+
+    async def _versions(self, _request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+
+    async def _resources(self, _request: web.Request) -> web.Response:
+        resources = [{"name": name, "singularName": kind.lower(), "namespaced": name not in CLUSTER_SCOPED,
+                      "kind": kind, "verbs": list(VERBS)} for name, kind in KINDS.items()]
+        return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -134,7 +143,7 @@ class Api:
         namespace: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        if not rest or rest[0] not in KINDS or len(rest) > 3 or (len(rest) == 3 and rest[2] != "status"):
+        if not rest or rest[0] not in KINDS or len(rest) > 3 or (len(rest) == 3 and rest[2] not in SUBRESOURCES):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
         if resource in CLUSTER_SCOPED:
@@ -144,6 +153,8 @@ class Api:
                 "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
         if verb == "delete" and not name:
             verb = "deletecollection"
+        if verb == "create" and sub == "eviction" and resource == "pods":
+            verb = "evict"
         if verb is None or (verb in ("update", "patch") and not name) or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on {request.path}")
         if verb == "create" and namespace is None:
@@ -152,7 +163,7 @@ class Api:
         if fault is not None and not (verb == "watch" and fault.code == 410):
             raise fault
         if verb == "watch":
-            return await self._watch(request, resource, namespace, expire=fault)
+            return await self.watches.serve(request, resource, namespace, _selector(q), expire=fault)
         if verb == "list":
             return web.json_response(self._list(resource, namespace, q))
         if verb == "deletecollection":
@@ -169,6 +180,10 @@ class Api:
         body = await request.json() if request.can_read_body else {}
         if verb == "create":
             return web.json_response(self._create(resource, ns, body), status=201)
+        if verb == "evict":  # the Eviction API: a graceful delete (no PodDisruptionBudgets here)
+            self._delete(resource, ns, name or "", body.get("deleteOptions") or {}, {})
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                      "code": 201}, status=201)
         if verb == "update":
             return web.json_response(self._update(resource, ns, name or "", sub, body))
         if verb == "patch":
@@ -215,6 +230,10 @@ class Api:
                            "'-' or '.'")
         if resource == "pods" and not (body.get("spec") or {}).get("containers"):
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+        body.setdefault("kind", KINDS[resource])
+        if resource == "pods":
+            validation.default_pod(body)
+        validation.check(body)
         if resource == "secrets":
             for key, value in (body.get("stringData") or {}).items():  # the server folds stringData into data
                 body.setdefault("data", {})[key] = base64.b64encode(str(value).encode()).decode()
@@ -246,95 +265,6 @@ class Api:
         return self.store.delete(resource, namespace, name, grace_s=None if grace is None else int(grace),
                                  uid=pre.get("uid"), rv=pre.get("resourceVersion"))
 
-    # -- watch ----------------------------------------------------------------------------------
-
-    async def _watch(self, request: web.Request, resource: str, namespace: str | None,
-                     expire: ApiError | None) -> web.StreamResponse:
-        q = request.query
-        matches = _selector(q)
-        since = q.get("resourceVersion", "")
-        if since and not since.isdigit():
-            raise ApiError(400, "BadRequest", f"invalid resource version: {since!r}")
-        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
-        timeout_s = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
-        loop = asyncio.get_running_loop()
-        watch = _Watch(asyncio.Queue(), loop, request)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-
-        def listener(event: Event) -> None:
-            loop.call_soon_threadsafe(watch.queue.put_nowait, event)
-
-        kind = KINDS[resource]
-        unsubscribe = self.store.unsubscriber(listener)
-        self._watches.add(watch)
-        try:
-            if expire is not None:
-                raise expire
-            if since in ("", "0"):
-                items, _ = self.store.snapshot(resource, namespace, listener)
-                for item in items:
-                    if matches(item):
-                        await _send(response, "ADDED", item)
-            else:
-                self.store.replay(resource, int(since), listener)
-        except ApiError as exc:
-            await _send(response, "ERROR", exc.status())
-            unsubscribe()
-            self._watches.discard(watch)
-            await response.write_eof()
-            return response
-        deadline = loop.time() + timeout_s if timeout_s else None
-        try:
-            while True:
-                wait = self.bookmark_interval_s if bookmarks else None
-                if deadline is not None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    wait = min(wait, left) if wait is not None else left
-                try:
-                    event = await asyncio.wait_for(watch.queue.get(), wait)
-                except TimeoutError:
-                    if bookmarks:
-                        await _send(response, "BOOKMARK", {"kind": kind, "apiVersion": "v1",
-                                                           "metadata": {"resourceVersion": str(self.store.resource_version)}})
-                    continue
-                if event is None:  # drop_watches(): cut the connection without ending the chunked body
-                    if request.transport is not None:
-                        request.transport.abort()
-                    return response
-                if event.resource != resource or (namespace and event.namespace != namespace):
-                    continue
-                kind_sent = _as_seen(event, matches)
-                if kind_sent is not None:
-                    await _send(response, kind_sent, event.obj)
-        finally:
-            unsubscribe()
-            self._watches.discard(watch)
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
-        return response
-
-
-def _as_seen(event: Event, matches: Predicate) -> str | None:
-    """The event a selector watch sees: entering the selection is ADDED, leaving it is DELETED."""
-    now = event.type != "DELETED" and matches(event.obj)
-    before = event.prev is not None and matches(event.prev)
-    if event.type == "ADDED":
-        return "ADDED" if now else None
-    if event.type == "DELETED":
-        return "DELETED" if before or matches(event.obj) else None
-    if now:
-        return "MODIFIED" if before else "ADDED"
-    return "DELETED" if before else None
-
-
-async def _send(response: web.StreamResponse, kind: str, obj: Obj) -> None:
-    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
-
-
 def _selector(q: Any) -> Predicate:
     labels = label_selector(q.get("labelSelector"))
     fields = field_selector(q.get("fieldSelector"))
@@ -351,8 +281,11 @@ def _spliced(old: Obj, new: Obj, sub: str | None, resource: str) -> Obj:
     if not isinstance(new, dict):
         raise ApiError(400, "BadRequest", "the body must be a JSON object")
     if sub == "status":
-        return {**old, "status": new.get("status", {})}
-    if resource in ("pods", "nodes"):
-        return {**new, "status": old.get("status", {})}
-    return new
+        result = {**old, "status": new.get("status", {})}
+    elif resource in ("pods", "nodes"):
+        result = {**new, "status": old.get("status", {})}
+    else:
+        result = new
+    validation.check(result)
+    return result
 

@@ -19,9 +19,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from broker.backends.kubernetes.emulator import nodes as hami
+from broker.backends.kubernetes.emulator import podfields as fields
 from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, ContainerError
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
 from broker.errors import AgentError
@@ -30,8 +30,6 @@ from broker.running.agent_http import HttpAgentClient
 log = logging.getLogger(__name__)
 
 MISSING_IMAGE = ":does-not-exist"
-AGENT_PORT_NAME = "agent"
-SECRET_KEY = "token"
 
 
 @dataclass
@@ -112,6 +110,23 @@ class Kubelet:
         await asyncio.gather(*(self.agents.kill(a) for a in self._running.values()))
         self._running.clear()
 
+    async def evict(self, ns: str, name: str, message: str) -> bool:
+        """Node-pressure eviction: kill the pod's agent and fail the pod (phase Failed, reason Evicted);
+        the object stays until someone deletes it. False when the pod has no running agent here."""
+        pod = self._get(ns, name)
+        uid = pod["metadata"]["uid"] if pod is not None else ""
+        agent = self._running.pop(uid, None)
+        if agent is None:
+            return False
+        life = self._lives.get(uid)
+        if life is not None:
+            life.cancel()
+            await asyncio.gather(life, return_exceptions=True)
+        await self.agents.kill(agent)
+        self._fail(ns, name, uid, "Evicted", message, 137)
+        self._event(ns, name, uid, "Evicted", message, pod["spec"].get("nodeName", "") if pod else "", "Warning")
+        return True
+
     async def _run(self) -> None:
         while True:
             event = await self._queue.get()
@@ -164,7 +179,7 @@ class Kubelet:
         cfg = self.config
         if cfg.start_delay_s > 0:
             await asyncio.sleep(cfg.start_delay_s)
-        image = _image(pod)
+        image = fields.image(pod)
         if MISSING_IMAGE in image:
             self._event(ns, name, uid, "Pulling", f"Pulling image {image!r}", node)
             message = f"rpc error: code = NotFound desc = failed to pull and unpack image {image!r}: not found"
@@ -185,8 +200,9 @@ class Kubelet:
                 await asyncio.sleep(cfg.pull_s)
             self._images.add((node, image))
             self._event(ns, name, uid, "Pulled", f"Successfully pulled image {image!r} in {cfg.pull_s:.3f}s", node)
+        self._containers(ns, name, uid, {"waiting": {"reason": "ContainerCreating"}}, pulled=True)
         if not cfg.agents:
-            self._write(ns, name, uid, _running(next(self._ips), now_iso(), ready=True))
+            self._write(ns, name, uid, fields.running(next(self._ips), now_iso(), ready=True))
             self._event(ns, name, uid, "Started", "Started container (no agent: KubeletConfig.agents is off)", node)
             return
         secret = await self._secret(ns, name, uid)
@@ -195,15 +211,15 @@ class Kubelet:
         cuda = ",".join(str(gpus.index(u)) for u in hami.allocated_uuids(pod) if u in gpus)
         ip = next(self._ips)
         try:
-            agent = self.agents.spawn(f"{ns}.{name}.{uid[:8]}", name, ip, _agent_port(pod, cfg.agent_port), secret,
-                                      cuda=cuda, kernels=_kernels(pod))
+            agent = self.agents.spawn(f"{ns}.{name}.{uid[:8]}", name, ip, fields.agent_port(pod, cfg.agent_port),
+                                      secret, cuda=cuda, kernels=fields.kernels(pod))
             self._running[uid] = agent
             await self.agents.settle(agent)
         except ContainerError as exc:
             self._fail(ns, name, uid, "StartError", str(exc), 128)
             return
         started = now_iso()
-        self._write(ns, name, uid, _running(ip, started, ready=False))
+        self._write(ns, name, uid, fields.running(ip, started, ready=False))
         self._event(ns, name, uid, "Started", "Started container (firepool agent)", node)
         await self._await_ready(ns, name, uid, agent, secret)
         while True:  # restartPolicy Never: an agent that dies fails its pod
@@ -216,12 +232,12 @@ class Kubelet:
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            node, uuids, why = self._place(pod)
+            node, uuids, why = hami.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
             if node is not None:
                 break
             if why != said:
                 said = why
-                self._write(ns, name, uid, _unschedulable(why))
+                self._write(ns, name, uid, fields.unschedulable(why))
                 self._event(ns, name, uid, "FailedScheduling", why, "", "Warning", "default-scheduler")
             await asyncio.sleep(self.config.retry_s)
         request = hami.gpu_request(pod)
@@ -232,64 +248,35 @@ class Kubelet:
                 p["metadata"].setdefault("annotations", {}).update({
                     hami.ALLOCATED: hami.allocation(uuids, request), hami.ASSIGNED_NODE: node,
                     "hami.io/bind-phase": "success"})
-            return _with_condition(p, "PodScheduled", "True")
+            return fields.with_condition(p, "PodScheduled", "True")
 
         self._write(ns, name, uid, bind)
         self._event(ns, name, uid, "Scheduled", f"Successfully assigned {ns}/{name} to {node}", node,
                     component="default-scheduler")
         return node
 
-    def _place(self, pod: Obj) -> tuple[str | None, list[str], str]:
-        """A node for the pod and the GPU UUIDs it gets there, or why none fits (HAMi's rules, simplified:
-        a whole-card request takes a card no one shares; a `gpumem` share any card not held whole;
-        `nvidia.com/use-gpuuuid` pins to those cards)."""
-        request = hami.gpu_request(pod)
-        selector = pod["spec"].get("nodeSelector") or {}
-        all_nodes = self.store.list("nodes", "")[0]
-        pods = self.store.list("pods", None)[0]
-        for node in all_nodes:
-            node_name = node["metadata"]["name"]
-            labels = node["metadata"].get("labels") or {}
-            if any(labels.get(k) != v for k, v in selector.items()):
-                continue
-            if request.count == 0:
-                return node_name, [], ""
-            cards = hami.node_gpus(node)
-            if request.pinned:
-                if all(u in cards for u in request.pinned):
-                    return node_name, list(request.pinned), ""
-                continue
-            holders: dict[str, list[bool]] = {u: [] for u in cards}
-            for other in pods:
-                if other["spec"].get("nodeName") == node_name:
-                    for u in hami.allocated_uuids(other):
-                        holders.setdefault(u, []).append(hami.gpu_request(other).exclusive)
-            free = [u for u in cards if not holders[u]] if request.exclusive else \
-                [u for u in cards if not any(holders[u])]
-            if len(free) >= request.count:
-                return node_name, free[:request.count], ""
-        return None, [], (f"0/{len(all_nodes)} nodes are available: no node matches the pod's node selector and "
-                          f"has {request.count} free nvidia.com/gpu")
-
     async def _secret(self, ns: str, name: str, uid: str) -> str:
-        """The agent's token from the pod's Secret volume (key `token`, else its only key); a missing
-        Secret keeps the pod waiting in CreateContainerConfigError, as a real kubelet does."""
+        """The agent's token from the pod's first Secret volume: the key its `items` name first, else
+        `token` or `secret`, else the Secret's only key. A missing Secret keeps the pod waiting in
+        CreateContainerConfigError, as a real kubelet does."""
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            volumes = [v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
+            volumes = [v["secret"] for v in pod["spec"].get("volumes") or [] if v.get("secret")]
             why = "the pod mounts no Secret volume for the agent's token"
             if volumes:
-                secret = self._get(ns, volumes[0], "secrets")
+                secret_name = volumes[0].get("secretName", "")
+                secret = self._get(ns, secret_name, "secrets")
                 data = (secret or {}).get("data") or {}
-                key = SECRET_KEY if SECRET_KEY in data else next(iter(data), None) if len(data) == 1 else None
+                key = fields.secret_key(volumes[0], data)
                 if key is not None:
                     return base64.b64decode(data[key]).decode()
-                why = f'secret "{volumes[0]}" not found' if secret is None else \
-                    f'couldn\'t find key {SECRET_KEY} in Secret {ns}/{volumes[0]}'
+                why = f'secret "{secret_name}" not found' if secret is None else \
+                    f"couldn't find the agent's key in Secret {ns}/{secret_name}"
             if why != said:
                 said = why
-                self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}})
+                self._containers(ns, name, uid, {"waiting": {"reason": "CreateContainerConfigError", "message": why}},
+                                 pulled=True)
             await asyncio.sleep(self.config.retry_s)
 
     async def _await_ready(self, ns: str, name: str, uid: str, agent: AgentProcess, secret: str) -> None:
@@ -310,7 +297,7 @@ class Kubelet:
 
         def ready(p: Obj) -> Obj:
             for kind in ("ContainersReady", "Ready"):
-                _condition(p["status"], kind, "True")
+                fields.condition(p["status"], kind, "True")
             for status in p["status"].get("containerStatuses", []):
                 status["ready"] = True
             return p
@@ -342,9 +329,9 @@ class Kubelet:
         except ApiError as exc:
             raise _Gone from exc
 
-    def _containers(self, ns: str, name: str, uid: str, state: Obj) -> None:
+    def _containers(self, ns: str, name: str, uid: str, state: Obj, *, pulled: bool = False) -> None:
         def change(p: Obj) -> Obj:
-            p["status"]["containerStatuses"] = _container_statuses(p, state, ready=False)
+            p["status"]["containerStatuses"] = fields.container_statuses(p, state, ready=False, pulled=pulled)
             return p
 
         self._write(ns, name, uid, change)
@@ -355,8 +342,8 @@ class Kubelet:
         def change(p: Obj) -> Obj:
             p["status"].update(phase="Failed", reason=reason, message=message[-300:])
             for kind in ("ContainersReady", "Ready"):
-                _condition(p["status"], kind, "False", "PodFailed")
-            p["status"]["containerStatuses"] = _container_statuses(
+                fields.condition(p["status"], kind, "False", "PodFailed")
+            p["status"]["containerStatuses"] = fields.container_statuses(
                 p, {"terminated": {"exitCode": code, "reason": reason, "message": message[-300:],
                                    "finishedAt": finished}}, ready=False)
             return p
@@ -374,76 +361,3 @@ class Kubelet:
             "source": {"component": component, **({"host": node} if node else {})},
             "firstTimestamp": stamp, "lastTimestamp": stamp, "eventTime": stamp,
             "reportingComponent": component, "reportingInstance": node or component, "action": reason})
-
-
-def _running(ip: str, started: str, *, ready: bool) -> Callable[[Obj], Obj]:
-    """Phase Running on `ip` with every container running since `started`; Ready only when `ready`."""
-
-    def change(p: Obj) -> Obj:
-        status = p["status"]
-        status.update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1",
-                      hostIPs=[{"ip": "127.0.0.1"}], startTime=started)
-        for kind in ("PodReadyToStartContainers", "Initialized"):
-            _condition(status, kind, "True")
-        for kind in ("ContainersReady", "Ready"):
-            if ready:
-                _condition(status, kind, "True")
-            else:
-                _condition(status, kind, "False", "ContainersNotReady", "containers with unready status")
-        status["containerStatuses"] = _container_statuses(p, {"running": {"startedAt": started}}, ready=ready)
-        return p
-
-    return change
-
-
-def _image(pod: Obj) -> str:
-    return str(pod["spec"]["containers"][0].get("image", ""))
-
-
-def _agent_port(pod: Obj, default: int) -> int:
-    for container in pod["spec"]["containers"]:
-        for port in container.get("ports") or []:
-            if port.get("name") == AGENT_PORT_NAME:
-                return int(port["containerPort"])
-    return default
-
-
-def _kernels(pod: Obj) -> str:
-    """The agent's `--kernels` mode from the first container's command line, if it names one."""
-    container = pod["spec"]["containers"][0]
-    argv = [*(container.get("command") or []), *(container.get("args") or [])]
-    if "--kernels" in argv[:-1]:
-        mode = str(argv[argv.index("--kernels") + 1])
-        if mode in ("cold", "learned", "prestart"):
-            return mode
-    return "cold"
-
-
-def _condition(status: Obj, kind: str, value: str, reason: str | None = None, message: str | None = None) -> None:
-    """Set a condition; its lastTransitionTime moves only when its status changes."""
-    conditions = status.setdefault("conditions", [])
-    for condition in conditions:
-        if condition["type"] == kind:
-            if condition["status"] != value:
-                condition["lastTransitionTime"] = now_iso()
-            condition.update(status=value, reason=reason, message=message)
-            return
-    conditions.append({"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": now_iso(),
-                       "reason": reason, "message": message})
-
-
-def _unschedulable(why: str) -> Callable[[Obj], Obj]:
-    return lambda pod: _with_condition(pod, "PodScheduled", "False", "Unschedulable", why)
-
-
-def _with_condition(pod: Obj, kind: str, value: str, reason: str | None = None, message: str | None = None) -> Obj:
-    _condition(pod.setdefault("status", {}), kind, value, reason, message)
-    return pod
-
-
-def _container_statuses(pod: Obj, state: Obj, *, ready: bool) -> list[Any]:
-    running = "running" in state
-    return [{"name": c["name"], "image": c.get("image", ""), "imageID": f"{c.get('image', '')}@sha256:emulated"
-             if running else "", "containerID": f"firepool://{pod['metadata']['uid'][:12]}" if running else "",
-             "ready": ready, "started": running, "restartCount": 0, "state": state, "lastState": {}}
-            for c in pod["spec"]["containers"]]

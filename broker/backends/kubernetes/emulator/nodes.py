@@ -120,3 +120,34 @@ def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = No
                                 "kernelVersion": "", "containerRuntimeVersion": "firepool://bwrap",
                                 "machineID": node_id, "systemUUID": node_id, "bootID": node_id}},
     }
+
+
+def place(pod: Obj, all_nodes: list[Obj], pods: list[Obj]) -> tuple[str | None, list[str], str]:
+    """A node for the pod and the GPU UUIDs it gets there, or why none fits (HAMi's rules, simplified:
+    a whole-card request takes a card no one shares; a `gpumem` share any card not held whole;
+    `nvidia.com/use-gpuuuid` pins to those cards)."""
+    request = gpu_request(pod)
+    selector = pod["spec"].get("nodeSelector") or {}
+    for node in all_nodes:
+        node_name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        if request.count == 0:
+            return node_name, [], ""
+        cards = node_gpus(node)
+        if request.pinned:
+            if all(u in cards for u in request.pinned):
+                return node_name, list(request.pinned), ""
+            continue
+        holders: dict[str, list[bool]] = {u: [] for u in cards}
+        for other in pods:
+            if other["spec"].get("nodeName") == node_name:
+                for u in allocated_uuids(other):
+                    holders.setdefault(u, []).append(gpu_request(other).exclusive)
+        free = [u for u in cards if not holders[u]] if request.exclusive else \
+            [u for u in cards if not any(holders[u])]
+        if len(free) >= request.count:
+            return node_name, free[:request.count], ""
+    return None, [], (f"0/{len(all_nodes)} nodes are available: no node matches the pod's node selector and "
+                      f"has {request.count} free nvidia.com/gpu")

@@ -238,8 +238,9 @@ class Store:
                 if meta.get("deletionTimestamp"):
                     return copy.deepcopy(current)
                 new = copy.deepcopy(current)
+                default = current.get("spec", {}).get("terminationGracePeriodSeconds", 30)
                 new["metadata"].update(deletionTimestamp=now_iso(),
-                                       deletionGracePeriodSeconds=30 if grace_s is None else grace_s)
+                                       deletionGracePeriodSeconds=default if grace_s is None else grace_s)
                 self._bump(new)
                 self._objects[key] = copy.deepcopy(new)
                 self._emit("MODIFIED", key, new, current)

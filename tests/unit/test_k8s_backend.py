@@ -12,7 +12,7 @@ import pytest
 from broker.backends.kubernetes.backend import ANN_POD_UID, KubernetesBackend, LaunchError
 from broker.backends.kubernetes.manifests import ANN_GPUS, ANN_READY
 from broker.clock import VirtualClock
-from broker.errors import BackendError
+from broker.errors import AgentError, BackendError
 from broker.pods import ANNOTATION_PREFIX
 from broker.pools import parse_pool
 from broker.ports.agent import FakeAgent
@@ -113,11 +113,13 @@ async def test_creates_are_retried_on_429_and_5xx(h: Harness) -> None:
 
 async def test_pod_deleted_from_outside_is_lost_and_its_agent_unreachable(h: Harness) -> None:
     await start(h, "cpu-0005")
-    h.backend.agent("cpu-0005")
+    client = h.backend.agent("cpu-0005")
     await h.api.delete("Pod", "cpu-0005")
     await settle()
     with pytest.raises(BackendError, match="deleted from outside"):
         h.backend.agent("cpu-0005")
+    with pytest.raises(AgentError, match="was lost"):  # a client held by a running attempt: PodLost, not a result
+        await client.status("job-1:0")
 
 
 async def test_deletion_during_a_410_is_found_by_the_relist(h: Harness) -> None:

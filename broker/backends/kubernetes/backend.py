@@ -18,7 +18,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
 from broker.backends.kubernetes.kubeapi import KubeApi
@@ -45,7 +45,7 @@ from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
-from broker.ports.agent import AgentClient
+from broker.ports.agent import AgentClient, AttemptStatus
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
@@ -58,10 +58,45 @@ SYNC_TIMEOUT_S = 30.0
 
 
 AgentFactory = Callable[[str, str, str], AgentClient]
+LOST_GRACE_S = 0.5
+"""How long a signal-killed attempt waits for the watch to say whether its pod was deleted from outside."""
 
 
 def _http_agent(endpoint: str, secret: str, pod: str) -> AgentClient:
     return HttpAgentClient(endpoint, secret, pod=pod)
+
+
+class _PodAgent:
+    """A pod's agent client that reports a lost pod as unreachable (so the attempt ends `PodLost`).
+
+    Deleting a pod kills the agent's job first: the agent may still answer "killed by a signal" before
+    it dies itself. Such an answer waits briefly for the watch; if the pod is lost, the pod is to blame.
+    """
+
+    def __init__(self, inner: AgentClient, lost: Callable[[], str]) -> None:
+        self._inner = inner
+        self._lost = lost
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _checked(self, status: AttemptStatus | None) -> AttemptStatus | None:
+        if status is not None and not status.running and status.signal is not None and not self._lost():
+            for _ in range(int(LOST_GRACE_S / 0.05)):
+                await asyncio.sleep(0.05)
+                if self._lost():
+                    break
+        if self._lost():
+            raise AgentError(f"pod {getattr(self._inner, 'pod', '')} was lost: {self._lost()}")
+        return status
+
+    async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
+        status = await self._checked(await self._inner.wait(attempt_id, timeout_s))
+        assert status is not None
+        return status
+
+    async def status(self, attempt_id: str) -> AttemptStatus | None:
+        return await self._checked(await self._inner.status(attempt_id))
 
 
 class LaunchError(BackendError):
@@ -423,8 +458,13 @@ class KubernetesBackend:
             raise BackendError(f"pod {name} is gone" + (f" ({rec.lost})" if rec is not None and rec.lost else ""))
         client = self._clients.get(name)
         if client is None:
-            client = self._clients[name] = self.agent_factory(f"tcp:{rec.ip}:{self.settings.agent_port}", rec.secret,
-                                                              name)
+            inner = self.agent_factory(f"tcp:{rec.ip}:{self.settings.agent_port}", rec.secret, name)
+            record = rec
+
+            def lost() -> str:
+                return record.lost
+
+            client = self._clients[name] = cast(AgentClient, _PodAgent(inner, lost))
         return client
 
     def rendezvous(self, coordinator: str, world: int) -> Rendezvous:

@@ -125,7 +125,8 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
         from broker.backends.kubernetes.setup import kubernetes_backend
 
         k8s = settings.kubernetes
-        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id)
+        rate = build_catalog(settings, 0, "gpu").create_rate  # the catalog paces the creates
+        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id, rate.qps, rate.burst)
     elif settings.backend == "local":
         from broker.backends.local import LocalBackend
 

@@ -84,3 +84,13 @@ async def test_backoff_retries_429_then_surfaces_after_the_limit() -> None:
         clock.advance_to(clock.now())
     with pytest.raises(Retryable):
         await asyncio.wait_for(failing, 1)
+
+
+def test_the_catalog_sets_the_create_rate_and_refuses_a_zero_qps() -> None:
+    from broker.pools import CatalogError, CreateRate, parse_catalog
+
+    pools = [{"name": "cpu"}]
+    assert parse_catalog({"pools": pools}).create_rate == CreateRate()
+    assert parse_catalog({"pools": pools, "create_rate": {"qps": 5.0, "burst": 2}}).create_rate == CreateRate(5.0, 2)
+    with pytest.raises(CatalogError, match="create_rate.qps"):
+        parse_catalog({"pools": pools, "create_rate": {"qps": 0.0}})

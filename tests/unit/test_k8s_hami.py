@@ -49,3 +49,8 @@ def test_a_card_the_backend_found_foreign_shares_on_stays_fenced() -> None:
 
     assert exclusive_cards([info("active"), info("standby")]) == {A}
     assert exclusive_cards([info("active", foreign=(A,)), info("standby")]) == set()
+
+
+def test_allocated_memory_is_read_per_card() -> None:
+    assert hami.allocated_memory_mb({hami.ALLOCATED: f"{A},NVIDIA,81920,0:{B},NVIDIA,1,0:;"}) == {A: 81920, B: 1}
+    assert hami.allocated_memory_mb({hami.ALLOCATED: "garbage"}) == {}

@@ -161,6 +161,7 @@ class KubernetesBackend:
         self._pull_block: dict[str, tuple[float, float, str]] = {}
         """template hash -> (until, pause, reason) after an image pull error."""
         self._port = DEFAULT_MASTER_PORT
+        self._devices: dict[str, Device] = {}
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -200,7 +201,16 @@ class KubernetesBackend:
     # -- create ---------------------------------------------------------------------------------
 
     def devices(self) -> list[Device]:
-        return []  # the cluster's scheduler (HAMi, the device plugin) binds devices, not the broker
+        """The cards the broker's active pods got, as HAMi reported them (the job's memory limit needs
+        each card's size); the cluster's scheduler binds devices, never the broker."""
+        return list(self._devices.values())
+
+    def _learn_devices(self, pod: Mapping[str, Any], standby: bool) -> None:
+        if standby:
+            return  # a standby's allocation is its 1 MiB share, not the card
+        for index, (uuid, memory) in enumerate(hami.allocated_memory_mb(podstatus.meta(pod).get("annotations") or {})
+                                               .items()):
+            self._devices[uuid] = Device(key=uuid, index=index, model="gpu", memory_mb=memory)
 
     def template(self, pool: PoolSpec) -> PodTemplate:
         tpl = self._templates.get(pool.template_hash)
@@ -239,6 +249,7 @@ class KubernetesBackend:
                 "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
             pod = await self._wait_running(rec, tpl, pool)
             await self._wait_agent(rec)
+            self._learn_devices(pod, standby=bool(request.gpus))
             if not rec.gpus and pool.gpus:
                 rec.gpus = hami.allocated_uuids(podstatus.meta(pod).get("annotations") or {}) or \
                     tuple(f"{name}/gpu{i}" for i in range(pool.gpus))  # no HAMi: the pod's own, never shared
@@ -418,6 +429,7 @@ class KubernetesBackend:
                    ready=podstatus.ReadyRecord.loads(created, ann.get(ANN_READY, "")), uid=podstatus.uid(pod),
                    ip=podstatus.pod_ip(pod), gpus=gpus, annotations=ann, up=True)
         self._pods[name] = rec
+        self._learn_devices(pod, standby=labels.get(LABEL_ROLE) == "standby")
         return rec
 
     async def _healthy(self, name: str) -> bool:

@@ -55,6 +55,17 @@ def allocated_uuids(annotations: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def allocated_memory_mb(annotations: Mapping[str, str]) -> dict[str, int]:
+    """Memory (MiB) HAMi allocated per card; for an active pod (gpumem unset) that is the whole card."""
+    out: dict[str, int] = {}
+    for container in annotations.get(ALLOCATED, "").split(";"):
+        for device in container.split(":"):
+            fields = [f.strip() for f in device.split(",")]
+            if len(fields) >= 3 and fields[0] and fields[2].isdigit():
+                out[fields[0]] = max(out.get(fields[0], 0), int(fields[2]))
+    return out
+
+
 def registered_uuids(node_annotations: Mapping[str, str]) -> set[str]:
     """Cards a node's device plugin registered (`hami.io/node-nvidia-register`: `UUID,COUNT,MEM,...:` each)."""
     raw = node_annotations.get(NODE_REGISTER, "")

@@ -29,6 +29,8 @@ from broker.pools import PoolSpec, parse_pool
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 K8S_VERSION = "1.33.0"
+K8S_VERSIONS = ("1.33.0", "1.37.0")
+"""The oldest the deploy docs name as validated and the newest the schemas ship."""
 UUID = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 OWNER = {ANNOTATION_PREFIX + "caller": "alice", ANNOTATION_PREFIX + "queue": "default",
          ANNOTATION_PREFIX + "lease-tag": "conv-1", ANNOTATION_PREFIX + "hold-until": "1800000300.0"}
@@ -78,7 +80,8 @@ def test_manifest_matches_its_snapshot_and_the_api_schema(variant: str) -> None:
     if os.environ.get("FIREPOOL_UPDATE_SNAPSHOTS"):
         path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     assert json.loads(path.read_text()) == manifest, f"{path.name} changed: review, then rerun with FIREPOOL_UPDATE_SNAPSHOTS=1"
-    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(manifest, version, strict=True)
 
 
 def test_secret_manifest_passes_the_api_schema() -> None:

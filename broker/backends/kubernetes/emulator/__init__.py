@@ -15,7 +15,8 @@ strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions
 older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
 `expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
 
-The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector and GPUs, then:
+The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, taints
+and tolerations, CPU and memory requests, pod affinity, GPUs), then:
 
 - writes `spec.nodeName`, condition PodScheduled, and for a pod requesting `nvidia.com/gpu` HAMi's
   `hami.io/vgpu-devices-allocated` (`UUID,NVIDIA,mem,cores:;`) and `hami.io/vgpu-node`, honouring
@@ -48,7 +49,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -164,10 +165,11 @@ class Emulator:
         return self.api.expire_watches()
 
     def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
-                 annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None) -> Obj:
+                 annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
+                 taints: Sequence[Mapping[str, str]] = ()) -> Obj:
         """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
         return self.store.create("nodes", "", make_node(name, gpus=gpus, labels=labels, annotations=annotations,
-                                                        allocatable=allocatable))
+                                                        allocatable=allocatable, taints=taints))
 
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""

@@ -1,6 +1,6 @@
 """The fake kubelet (and scheduler): binds new pods to fake nodes and runs a real pod agent for each.
 
-A pod's life: bound to a node that fits its nodeSelector and GPUs (PodScheduled), its image
+A pod's life: bound to a node `scheduling` chooses (PodScheduled, HAMi's GPU annotations), its image
 pulled (`pull_s` the first time on a node; an image containing `:does-not-exist` fails with ErrImagePull then
 ImagePullBackOff), its agent's secret read from its Secret volume, the agent started (Running,
 podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod kills
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from broker.backends.kubernetes.emulator import nodes as hami
 from broker.backends.kubernetes.emulator import podfields as fields
+from broker.backends.kubernetes.emulator import scheduling
 from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, ContainerError
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
 from broker.errors import AgentError
@@ -232,7 +233,7 @@ class Kubelet:
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            node, uuids, why = hami.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
+            node, uuids, why = scheduling.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
             if node is not None:
                 break
             if why != said:

@@ -92,8 +92,9 @@ def allocation(uuids: Sequence[str], request: GpuRequest) -> str:
 
 def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
               annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
-              taints: Sequence[Mapping[str, str]] = (), cpu: str = "16", memory: str = "64Gi") -> Obj:
-    """A Ready node with `gpus` HAMi-registered cards (allocatable nvidia.com/gpu = gpus × SPLIT)."""
+              taints: Sequence[Mapping[str, str]] = (), cpu: str = "256", memory: str = "2Ti") -> Obj:
+    """A Ready node with `gpus` HAMi-registered cards (allocatable nvidia.com/gpu = gpus × SPLIT); CPU and
+    memory are ample by default, so only a test that sets them meets Insufficient cpu or memory."""
     register = "".join(f"{gpu_uuid(name, i)},{SPLIT},{MEMORY_MB},100,{MODEL},0,true:" for i in range(gpus))
     resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
     if gpus:

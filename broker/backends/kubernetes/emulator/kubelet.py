@@ -70,6 +70,7 @@ class Kubelet:
         self._lives: dict[str, asyncio.Task[None]] = {}
         self._ending: dict[str, asyncio.Task[None]] = {}
         self._running: dict[str, AgentProcess] = {}
+        self._ended: set[str] = set()
         self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._images: set[tuple[str, str]] = set()
@@ -104,10 +105,12 @@ class Kubelet:
         if self._unsubscribe is not None:
             self._unsubscribe()
         self.store.graceful_pods = False
-        tasks = [t for t in (self._main, *self._lives.values(), *self._ending.values()) if t is not None]
+        tasks = [t for t in (self._main, *self._lives.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Pods being deleted finish their kill: cancelled midway, they would leave a directory behind.
+        await asyncio.gather(*self._ending.values(), return_exceptions=True)
         await asyncio.gather(*(self.agents.kill(a) for a in self._running.values()))
         self._running.clear()
 
@@ -143,7 +146,7 @@ class Kubelet:
             elif kind != "DELETED" and uid not in self._ending:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
             return
-        if uid not in self._lives and pod.get("status", {}).get("phase", "Pending") == "Pending":
+        if uid not in self._lives and uid not in self._ended and pod.get("status", {}).get("phase", "Pending") == "Pending":
             self._lives[uid] = asyncio.create_task(self._life(meta.get("namespace", ""), meta["name"], uid),
                                                    name=f"emulator-pod-{meta['name']}")
 
@@ -161,6 +164,7 @@ class Kubelet:
             if current is not None and current["metadata"]["uid"] == meta["uid"]:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
         self._ending.pop(meta["uid"], None)
+        self._ended.add(meta["uid"])  # a late event of this pod must not start it again
 
     # -- one pod's life -------------------------------------------------------------------------
 

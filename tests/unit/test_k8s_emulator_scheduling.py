@@ -66,5 +66,6 @@ def test_whole_cards_are_exclusive_shares_are_not_and_a_pin_names_the_card() -> 
     assert place(pod("c", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1"}), [node], [active])[1] == [card1]
     pinned = pod("s", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1"}, annotations={USE_UUID: card0})
     assert place(pinned, [node], [active])[1] == [card0]
-    both = [active, pod("b", node="n", limits={"nvidia.com/gpu": "1"}, annotations={ALLOCATED: f"{card1},NVIDIA,0,100:;"})]
+    second = pod("b", node="n", limits={"nvidia.com/gpu": "1"}, annotations={ALLOCATED: f"{card1},NVIDIA,0,100:;"})
+    both = [active, second]
     assert place(pod("d", limits={"nvidia.com/gpu": "1"}), [node], both)[0] is None

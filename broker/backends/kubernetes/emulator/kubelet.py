@@ -146,7 +146,8 @@ class Kubelet:
             elif kind != "DELETED" and uid not in self._ending:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
             return
-        if uid not in self._lives and uid not in self._ended and pod.get("status", {}).get("phase", "Pending") == "Pending":
+        pending = pod.get("status", {}).get("phase", "Pending") == "Pending"
+        if pending and uid not in self._lives and uid not in self._ended:
             self._lives[uid] = asyncio.create_task(self._life(meta.get("namespace", ""), meta["name"], uid),
                                                    name=f"emulator-pod-{meta['name']}")
 

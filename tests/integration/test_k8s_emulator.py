@@ -532,3 +532,10 @@ def test_a_bad_label_or_an_overcommitted_gpu_is_422_invalid_through_the_client(a
     with pytest.raises(ApiException) as patched:
         core.patch_namespaced_pod("ok", NS, {"metadata": {"labels": {"firepool.io/caller": "a b"}}})
     assert patched.value.status == 422
+
+
+def test_the_emulators_kubeconfig_loads_in_the_official_client(api_only: Emulator) -> None:
+    from kubernetes import config as k8s_config
+
+    core = k8s.CoreV1Api(k8s_config.new_client_from_config_dict(api_only.kubeconfig()))
+    assert [n.metadata.name for n in core.list_node().items] == ["node-0"]

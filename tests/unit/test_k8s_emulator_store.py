@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.backends.kubernetes.emulator import validation
+from broker.backends.kubernetes.emulator import objects, validation
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Store
 from broker.backends.kubernetes.emulator.selectors import (
     SelectorError,
@@ -168,3 +168,11 @@ def test_a_new_pod_gets_the_api_servers_defaults() -> None:
     assert container["imagePullPolicy"] == "IfNotPresent"
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "1"}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30  # type: ignore[index]
+
+
+def test_events_past_the_kept_number_go_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(objects, "EVENTS_KEPT", 2)
+    store = Store()
+    for i in range(3):
+        store.create("events", "ns", {"metadata": {"name": f"e{i}"}, "involvedObject": {}})
+    assert [e["metadata"]["name"] for e in store.list("events", "ns")[0]] == ["e1", "e2"]

@@ -15,7 +15,8 @@ strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions
 older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
 `expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
 
-The kubelet (`kubelet.py`) binds each new pod to a node fitting its nodeSelector and GPUs, then:
+The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, taints
+and tolerations, CPU and memory requests, pod affinity, GPUs), then:
 
 - writes `spec.nodeName`, condition PodScheduled, and for a pod requesting `nvidia.com/gpu` HAMi's
   `hami.io/vgpu-devices-allocated` (`UUID,NVIDIA,mem,cores:;`) and `hami.io/vgpu-node`, honouring
@@ -48,7 +49,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -69,7 +70,7 @@ class Emulator:
     """The API server and kubelet on a thread of their own (the official client is synchronous)."""
 
     def __init__(self, state_dir: Path | None = None, *, gpus: int = 0, nodes: int = 1,
-                 kubelet: KubeletConfig | bool = True, bookmark_interval_s: float = 1.0) -> None:
+                 kubelet: KubeletConfig | bool = True, bookmark_interval_s: float = 1.0, port: int = 0) -> None:
         """`nodes` fake nodes node-0.. with `gpus` cards each; `kubelet=False` serves the API alone."""
         self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="firepool-k8semu-")
         self.state_dir = Path(state_dir if state_dir is not None else self._tmp.name)  # type: ignore[union-attr]
@@ -82,7 +83,8 @@ class Emulator:
                                              "status": {"phase": "Active"}})
         for i in range(nodes):
             self.add_node(f"node-{i}", gpus=gpus)
-        self.port = 0
+        self.port = port
+        """The API's TCP port on 127.0.0.1 (0 until started: a free one is chosen)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -131,7 +133,7 @@ class Emulator:
         runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", self.port)
             await site.start()
             self.port = int(runner.addresses[0][1])
             if self.kubelet is not None:
@@ -163,10 +165,19 @@ class Emulator:
         return self.api.expire_watches()
 
     def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
-                 annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None) -> Obj:
+                 annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
+                 taints: Sequence[Mapping[str, str]] = ()) -> Obj:
         """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
         return self.store.create("nodes", "", make_node(name, gpus=gpus, labels=labels, annotations=annotations,
-                                                        allocatable=allocatable))
+                                                        allocatable=allocatable, taints=taints))
+
+    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""
+        return {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+                "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                "users": [{"name": "emulator", "user": {"token": "emulator"}}],
+                "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator",
+                                                              "namespace": namespace}}]}
 
     def pod(self, name: str, namespace: str = "default") -> Obj:
         """A pod as stored now (tests read it without a client)."""

@@ -1,6 +1,6 @@
 """The fake kubelet (and scheduler): binds new pods to fake nodes and runs a real pod agent for each.
 
-A pod's life: bound to a node that fits its nodeSelector and GPUs (PodScheduled), its image
+A pod's life: bound to a node `scheduling` chooses (PodScheduled, HAMi's GPU annotations), its image
 pulled (`pull_s` the first time on a node; an image containing `:does-not-exist` fails with ErrImagePull then
 ImagePullBackOff), its agent's secret read from its Secret volume, the agent started (Running,
 podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod kills
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from broker.backends.kubernetes.emulator import nodes as hami
 from broker.backends.kubernetes.emulator import podfields as fields
+from broker.backends.kubernetes.emulator import scheduling
 from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, ContainerError
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
 from broker.errors import AgentError
@@ -69,6 +70,7 @@ class Kubelet:
         self._lives: dict[str, asyncio.Task[None]] = {}
         self._ending: dict[str, asyncio.Task[None]] = {}
         self._running: dict[str, AgentProcess] = {}
+        self._ended: set[str] = set()
         self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._images: set[tuple[str, str]] = set()
@@ -103,10 +105,12 @@ class Kubelet:
         if self._unsubscribe is not None:
             self._unsubscribe()
         self.store.graceful_pods = False
-        tasks = [t for t in (self._main, *self._lives.values(), *self._ending.values()) if t is not None]
+        tasks = [t for t in (self._main, *self._lives.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Pods being deleted finish their kill: cancelled midway, they would leave a directory behind.
+        await asyncio.gather(*self._ending.values(), return_exceptions=True)
         await asyncio.gather(*(self.agents.kill(a) for a in self._running.values()))
         self._running.clear()
 
@@ -142,7 +146,8 @@ class Kubelet:
             elif kind != "DELETED" and uid not in self._ending:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
             return
-        if uid not in self._lives and pod.get("status", {}).get("phase", "Pending") == "Pending":
+        pending = pod.get("status", {}).get("phase", "Pending") == "Pending"
+        if pending and uid not in self._lives and uid not in self._ended:
             self._lives[uid] = asyncio.create_task(self._life(meta.get("namespace", ""), meta["name"], uid),
                                                    name=f"emulator-pod-{meta['name']}")
 
@@ -160,6 +165,7 @@ class Kubelet:
             if current is not None and current["metadata"]["uid"] == meta["uid"]:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
         self._ending.pop(meta["uid"], None)
+        self._ended.add(meta["uid"])  # a late event of this pod must not start it again
 
     # -- one pod's life -------------------------------------------------------------------------
 
@@ -232,7 +238,7 @@ class Kubelet:
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            node, uuids, why = hami.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
+            node, uuids, why = scheduling.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
             if node is not None:
                 break
             if why != said:

@@ -92,8 +92,9 @@ def allocation(uuids: Sequence[str], request: GpuRequest) -> str:
 
 def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
               annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
-              cpu: str = "16", memory: str = "64Gi") -> Obj:
-    """A Ready node with `gpus` HAMi-registered cards (allocatable nvidia.com/gpu = gpus × SPLIT)."""
+              taints: Sequence[Mapping[str, str]] = (), cpu: str = "256", memory: str = "2Ti") -> Obj:
+    """A Ready node with `gpus` HAMi-registered cards (allocatable nvidia.com/gpu = gpus × SPLIT); CPU and
+    memory are ample by default, so only a test that sets them meets Insufficient cpu or memory."""
     register = "".join(f"{gpu_uuid(name, i)},{SPLIT},{MEMORY_MB},100,{MODEL},0,true:" for i in range(gpus))
     resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
     if gpus:
@@ -109,7 +110,7 @@ def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = No
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                                               **(labels or {})},
                      "annotations": meta_annotations},
-        "spec": {},
+        "spec": {"taints": [dict(t) for t in taints]} if taints else {},
         "status": {"capacity": dict(resources), "allocatable": dict(resources),
                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                    "message": "kubelet is posting ready status (firepool emulator)"}],
@@ -122,32 +123,19 @@ def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = No
     }
 
 
-def place(pod: Obj, all_nodes: list[Obj], pods: list[Obj]) -> tuple[str | None, list[str], str]:
-    """A node for the pod and the GPU UUIDs it gets there, or why none fits (HAMi's rules, simplified:
-    a whole-card request takes a card no one shares; a `gpumem` share any card not held whole;
-    `nvidia.com/use-gpuuuid` pins to those cards)."""
-    request = gpu_request(pod)
-    selector = pod["spec"].get("nodeSelector") or {}
-    for node in all_nodes:
-        node_name = node["metadata"]["name"]
-        labels = node["metadata"].get("labels") or {}
-        if any(labels.get(k) != v for k, v in selector.items()):
-            continue
-        if request.count == 0:
-            return node_name, [], ""
-        cards = node_gpus(node)
-        if request.pinned:
-            if all(u in cards for u in request.pinned):
-                return node_name, list(request.pinned), ""
-            continue
-        holders: dict[str, list[bool]] = {u: [] for u in cards}
-        for other in pods:
-            if other["spec"].get("nodeName") == node_name:
-                for u in allocated_uuids(other):
-                    holders.setdefault(u, []).append(gpu_request(other).exclusive)
-        free = [u for u in cards if not holders[u]] if request.exclusive else \
-            [u for u in cards if not any(holders[u])]
-        if len(free) >= request.count:
-            return node_name, free[:request.count], ""
-    return None, [], (f"0/{len(all_nodes)} nodes are available: no node matches the pod's node selector and "
-                      f"has {request.count} free nvidia.com/gpu")
+def gpu_fit(request: GpuRequest, node: Obj, pods: Sequence[Obj]) -> list[str] | None:
+    """The cards of `node` a pod asking `request` gets, or None when they are not free (HAMi's rules,
+    simplified: a whole-card request takes a card no one shares; a `gpumem` share any card not held
+    whole; `nvidia.com/use-gpuuuid` pins to those cards)."""
+    if request.count == 0:
+        return []
+    cards = node_gpus(node)
+    if request.pinned:
+        return list(request.pinned) if all(u in cards for u in request.pinned) else None
+    holders: dict[str, list[bool]] = {u: [] for u in cards}
+    for other in pods:
+        if other["spec"].get("nodeName") == node["metadata"]["name"]:
+            for u in allocated_uuids(other):
+                holders.setdefault(u, []).append(gpu_request(other).exclusive)
+    free = [u for u in cards if not holders[u]] if request.exclusive else [u for u in cards if not any(holders[u])]
+    return free[:request.count] if len(free) >= request.count else None

@@ -27,6 +27,7 @@ Key = tuple[str, str, str]
 KINDS = {"pods": "Pod", "secrets": "Secret", "nodes": "Node", "events": "Event", "configmaps": "ConfigMap",
          "namespaces": "Namespace", "services": "Service"}
 CLUSTER_SCOPED = {"nodes", "namespaces"}
+EVENTS_KEPT = 10_000
 
 
 def now_iso() -> str:
@@ -80,6 +81,8 @@ class Store:
         self._objects: dict[Key, Obj] = {}
         self._log: deque[Event] = deque(maxlen=window)
         self._listeners: list[Listener] = []
+        self._event_keys: deque[Key] = deque()
+        """Event objects oldest first: past `EVENTS_KEPT` the oldest go, as the server's event TTL does."""
         self.graceful_pods = False
         """Set while a kubelet runs: a bound pod's graceful delete marks it Terminating for the kubelet to end."""
 
@@ -161,9 +164,10 @@ class Store:
     def list(self, resource: str, namespace: str | None, matches: Predicate = lambda _o: True) -> tuple[list[Obj], int]:
         """Matching objects (all namespaces when `namespace` is None) in name order, and the list's version."""
         with self._lock:
-            items = [copy.deepcopy(obj) for (res, ns, _n), obj in sorted(self._objects.items())
-                     if res == resource and (namespace is None or ns == namespace) and matches(obj)]
-            return items, self._rv
+            chosen = [(key, obj) for key, obj in self._objects.items()
+                      if key[0] == resource and (namespace is None or key[1] == namespace) and matches(obj)]
+            chosen.sort(key=lambda pair: pair[0])  # sort only what is returned: events outnumber pods
+            return [copy.deepcopy(obj) for _key, obj in chosen], self._rv
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -190,6 +194,8 @@ class Store:
             self._bump(obj)
             self._objects[key] = copy.deepcopy(obj)
             self._emit("ADDED", key, obj, None)
+            if resource == "events":
+                self._expire_events(key)
             return copy.deepcopy(obj)
 
     def update(self, resource: str, namespace: str, name: str, change: Callable[[Obj], Obj],
@@ -246,6 +252,13 @@ class Store:
                 self._emit("MODIFIED", key, new, current)
                 return new
             return self._remove(key, current)
+
+    def _expire_events(self, key: Key) -> None:
+        self._event_keys.append(key)
+        while len(self._event_keys) > EVENTS_KEPT:
+            old = self._event_keys.popleft()
+            if old in self._objects:
+                self._remove(old, self._objects[old])
 
     def remove(self, resource: str, namespace: str, name: str) -> None:
         """The end of a Terminating pod (the kubelet's call once its processes are gone)."""

@@ -72,7 +72,7 @@ def _check_extended(obj: Obj, field: str, resources: Mapping[str, Any]) -> None:
         if name not in limits:
             raise _invalid(obj, f"{field}.limits[{name}]", None, "Limit must be set for non overcommitable resources")
         if str(limits[name]) != str(value):
-            raise _invalid(obj, f"{field}.requests[{name}]", value, "must be equal to " f"{name} limit of {limits[name]}")
+            raise _invalid(obj, f"{field}.requests[{name}]", value, f"must be equal to {name} limit of {limits[name]}")
 
 
 def default_pod(pod: Obj) -> None:

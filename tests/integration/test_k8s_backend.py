@@ -159,3 +159,28 @@ def test_a_pod_deleted_from_outside_during_a_job_ends_the_attempt_pod_lost_and_i
     for pod in pods.values():
         stages = [pod["ready"][s] for s in ("scheduled", "image_pulled", "container_started", "agent_answered")]
         assert None not in stages and stages == sorted(stages), pod
+
+
+async def test_a_pod_pending_past_its_start_timeout_is_deleted(tmp_path: Path) -> None:
+    from broker.backends.kubernetes.emulator import KubeletConfig
+
+    slow = parse_pool({"name": "slow", "template": {"image": "firepool/sandbox-cpu:0.1.0", "start_timeout_s": 0.5}})
+    with Emulator(tmp_path / "k8s", kubelet=KubeletConfig(start_delay_s=5.0)) as emulator:
+        b = new_backend(emulator)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(BackendError, match="still not running") as caught:
+                await b.create(PodRequest(name="slow-1", pool=slow))
+            assert time.monotonic() - t0 < 4.0
+            assert caught.value.details["ready"]["scheduled"] is not None  # where it got stuck
+            pods = await asyncio.to_thread(core(emulator).list_namespaced_pod, "default")
+            assert [p.metadata.name for p in pods.items if not p.metadata.deletion_timestamp] == []
+        finally:
+            await b.close()
+
+
+async def test_an_agent_killed_from_outside_makes_its_pod_lost(backend: KubernetesBackend, emu: Emulator) -> None:
+    await backend.create(PodRequest(name="cpu-oom", pool=CPU))
+    assert emu.crash("cpu-oom")
+    assert "not by this broker" in await until_gone(backend, "cpu-oom")
+    assert await backend.list_pods() == []  # and the failed pod is deleted

@@ -10,34 +10,31 @@ is marked lost, so its agent calls fail and the attempt ends `PodLost` (and foll
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import functools
 import logging
 import secrets
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_PORT,
-    ANN_CREATED,
     ANN_GPUS,
     ANN_ORIGIN,
     ANN_READY,
     LABEL_BROKER,
-    LABEL_POOL,
     LABEL_ROLE,
-    LABEL_TEMPLATE,
-    SECRET_KEY,
     pod_manifest,
     secret_manifest,
     secret_name,
 )
+from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
 from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
+from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
 from broker.backends.kubernetes.templates import PodTemplate, parse_template
 from broker.backends.kubernetes.watching import Change, PodCache, Watcher
 from broker.backends.local import agent_kernels
@@ -45,58 +42,13 @@ from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.pools import PoolSpec
-from broker.ports.agent import AgentClient, AttemptStatus
+from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
-from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
 
 log = logging.getLogger("firepool.k8s")
 
-ANN_POD_UID = "firepool.io/pod-uid"
-"""On the Secret: the UID of the pod it was made for."""
 SYNC_TIMEOUT_S = 30.0
-
-
-AgentFactory = Callable[[str, str, str], AgentClient]
-LOST_GRACE_S = 0.5
-"""How long a signal-killed attempt waits for the watch to say whether its pod was deleted from outside."""
-
-
-def _http_agent(endpoint: str, secret: str, pod: str) -> AgentClient:
-    return HttpAgentClient(endpoint, secret, pod=pod)
-
-
-class _PodAgent:
-    """A pod's agent client that reports a lost pod as unreachable (so the attempt ends `PodLost`).
-
-    Deleting a pod kills the agent's job first: the agent may still answer "killed by a signal" before
-    it dies itself. Such an answer waits briefly for the watch; if the pod is lost, the pod is to blame.
-    """
-
-    def __init__(self, inner: AgentClient, lost: Callable[[], str]) -> None:
-        self._inner = inner
-        self._lost = lost
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def _checked(self, status: AttemptStatus | None) -> AttemptStatus | None:
-        if status is not None and not status.running and status.signal is not None and not self._lost():
-            for _ in range(int(LOST_GRACE_S / 0.05)):
-                await asyncio.sleep(0.05)
-                if self._lost():
-                    break
-        if self._lost():
-            raise AgentError(f"pod {getattr(self._inner, 'pod', '')} was lost: {self._lost()}")
-        return status
-
-    async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
-        status = await self._checked(await self._inner.wait(attempt_id, timeout_s))
-        assert status is not None
-        return status
-
-    async def status(self, attempt_id: str) -> AttemptStatus | None:
-        return await self._checked(await self._inner.status(attempt_id))
 
 
 class LaunchError(BackendError):
@@ -118,25 +70,6 @@ class KubernetesSettings:
     """After an image pull error, new pods of that template fail at once for this long (doubling)."""
 
 
-@dataclass
-class _Pod:
-    name: str
-    pool: str
-    secret: str
-    template: str
-    created_at: float
-    ready: podstatus.ReadyRecord
-    uid: str = ""
-    ip: str = ""
-    gpus: tuple[str, ...] = ()
-    annotations: dict[str, str] = field(default_factory=dict)
-    up: bool = False
-    """Created and answered: listed, reachable."""
-    lost: str = ""
-    """Why the pod can no longer be trusted (deleted from outside, replaced, failed)."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-
 class KubernetesBackend:
     kind = "kubernetes"
     isolated = True
@@ -146,14 +79,14 @@ class KubernetesBackend:
         """`agent_factory(endpoint, secret, pod)` makes agent clients (tests: fakes); default HTTP."""
         self.clock = clock
         self.api = api
-        self.agent_factory: AgentFactory = agent_factory or _http_agent
+        self.agent_factory: AgentFactory = agent_factory or http_agent
         self.settings = settings
         self.selector = f"{LABEL_BROKER}={settings.broker_id}"
         self.cache = PodCache()
         self.watcher = Watcher(self.cache, lambda: self.api.list("Pod", self.selector),
                                lambda rv: self.api.watch(self.selector, rv), self._on_change)
         self._task: asyncio.Task[None] | None = None
-        self._pods: dict[str, _Pod] = {}
+        self._pods: dict[str, PodRecord] = {}
         self._deleting: set[str] = set()
         self._clients: dict[str, AgentClient] = {}
         self._templates: dict[str, PodTemplate] = {}
@@ -233,7 +166,7 @@ class KubernetesBackend:
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
-        rec = _Pod(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
+        rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))
         self._pods[name] = rec
@@ -268,7 +201,7 @@ class KubernetesBackend:
         log.info("pod %s up: %s", name, rec.ready.view())
         return self._info(rec)
 
-    async def _wait_running(self, rec: _Pod, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
+    async def _wait_running(self, rec: PodRecord, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
         """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
         start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
         deadline = self.clock.now() + tpl.start_timeout_s
@@ -301,7 +234,7 @@ class KubernetesBackend:
         pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
         self._pull_block[pool.template_hash] = (self.clock.now() + pause, pause, reason)
 
-    async def _wait_agent(self, rec: _Pod) -> None:
+    async def _wait_agent(self, rec: PodRecord) -> None:
         client = self.agent(rec.name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.agent_timeout_s
@@ -356,10 +289,12 @@ class KubernetesBackend:
             if rec is not None and not rec.up:
                 continue  # still being created by this broker
             if rec is None:
-                rec = self._adopt(pod, by_name.get(secret_name(name)))
+                rec = adopt(pod, by_name.get(secret_name(name)))
                 if rec is None:
                     await self._destroy(name)
                     continue
+                self._pods[name] = rec
+                self._learn_devices(pod, standby=(podstatus.meta(pod).get("labels") or {}).get(LABEL_ROLE) == "standby")
             if rec.lost or podstatus.uid(pod) != rec.uid:
                 log.warning("pod %s is not trusted (%s); deleting it", name, rec.lost or "UID changed")
                 await self._destroy(name)
@@ -383,54 +318,19 @@ class KubernetesBackend:
         """
         nodes: dict[str, list[int]] = {}
         for i, info in enumerate(live):
-            if info.gpus and info.details.get("node") and any(
-                    p.gpus == info.gpus and p.name != info.name for p in live):
+            if info.gpus and info.details.get("node") and any(p.gpus == info.gpus and p.name != info.name
+                                                              for p in live):
                 nodes.setdefault(str(info.details["node"]), []).append(i)
         for node, indexes in nodes.items():
             try:
-                node_obj = await self.api.node(node)
-                on_node = await self.api.pods_on_node(node)
+                node_obj, on_node = await self.api.node(node), await self.api.pods_on_node(node)
             except (BackendError, Retryable) as exc:
                 log.warning("card sweep of node %s failed; its cards stay fenced: %s", node, exc)
                 node_obj, on_node = None, []
             for i in indexes:
-                info = live[i]
-                foreign = [g for g in info.gpus if node_obj is None or not hami.exclusive(g, node_obj, on_node, info.pool)]
+                foreign = hami.foreign_cards(live[i].gpus, live[i].pool, node_obj, on_node)
                 if foreign:
-                    live[i] = dataclasses.replace(info, details={**info.details, "foreign": tuple(foreign)})
-
-    def _adopt(self, pod: Mapping[str, Any], secret_obj: Mapping[str, Any] | None) -> _Pod | None:
-        """A pod a previous broker made: trusted only when running and named by its Secret's UID record."""
-        meta = podstatus.meta(pod)
-        name = str(meta.get("name"))
-        if secret_obj is None:
-            log.warning("pod %s has no agent Secret: not trusted", name)
-            return None
-        recorded = (podstatus.meta(secret_obj).get("annotations") or {}).get(ANN_POD_UID, "")
-        if recorded != podstatus.uid(pod):
-            log.warning("pod %s has UID %s, its Secret was made for %s: not trusted", name, podstatus.uid(pod),
-                        recorded or "(none)")
-            return None
-        if not podstatus.running(pod) or podstatus.ended(pod):
-            return None
-        try:
-            value = base64.b64decode((secret_obj.get("data") or {}).get(SECRET_KEY, "")).decode()
-        except ValueError:
-            return None
-        labels = meta.get("labels") or {}
-        ann = dict(meta.get("annotations") or {})
-        gpus = tuple(g for g in ann.get(ANN_GPUS, "").split(",") if g) or hami.allocated_uuids(ann)
-        try:
-            created = float(ann.get(ANN_CREATED) or 0.0)
-        except ValueError:
-            created = 0.0
-        rec = _Pod(name=name, pool=str(labels.get(LABEL_POOL, "")), secret=value,
-                   template=str(labels.get(LABEL_TEMPLATE, "")), created_at=created,
-                   ready=podstatus.ReadyRecord.loads(created, ann.get(ANN_READY, "")), uid=podstatus.uid(pod),
-                   ip=podstatus.pod_ip(pod), gpus=gpus, annotations=ann, up=True)
-        self._pods[name] = rec
-        self._learn_devices(pod, standby=labels.get(LABEL_ROLE) == "standby")
-        return rec
+                    live[i] = dataclasses.replace(live[i], details={**live[i].details, "foreign": foreign})
 
     async def _healthy(self, name: str) -> bool:
         for _ in range(2):
@@ -441,7 +341,7 @@ class KubernetesBackend:
                 continue
         return False
 
-    def _info(self, rec: _Pod) -> PodInfo:
+    def _info(self, rec: PodRecord) -> PodInfo:
         pod = self.cache.pods.get(rec.name) or {}
         labels = podstatus.meta(pod).get("labels") or {}
         return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
@@ -476,7 +376,7 @@ class KubernetesBackend:
             def lost() -> str:
                 return record.lost
 
-            client = self._clients[name] = cast(AgentClient, _PodAgent(inner, lost))
+            client = self._clients[name] = cast(AgentClient, PodAgent(inner, name, lost))
         return client
 
     def rendezvous(self, coordinator: str, world: int) -> Rendezvous:

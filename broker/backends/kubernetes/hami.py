@@ -90,3 +90,10 @@ def exclusive(uuid: str, node: Mapping[str, Any], pods: Iterable[Mapping[str, An
                 (meta.get("labels") or {}).get("firepool.io/pool") != group:
             return False
     return True
+
+
+def foreign_cards(info_gpus: tuple[str, ...], pool: str, node: Mapping[str, Any] | None,
+                  pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The cards of a pod that are not its group's alone (all of them when the node could not be read)."""
+    on_node = list(pods)
+    return tuple(g for g in info_gpus if node is None or not exclusive(g, node, on_node, pool))

@@ -159,8 +159,13 @@ def test_job_runs_non_root_without_privilege_escalation_and_secret_only_in_agent
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert "env" not in container  # the secret never reaches an environment
     secret_volume = next(v for v in pod["spec"]["volumes"] if "secret" in v)
-    assert secret_volume["secret"]["defaultMode"] == 0o400
-    assert any(m["mountPath"] == SECRET_DIR and m["readOnly"] for m in container["volumeMounts"])
+    # The Secret itself is mounted only into the init container that hands the agent a copy it unlinks.
+    assert all(m["name"] != secret_volume["name"] for m in container["volumeMounts"])
+    (init,) = pod["spec"]["initContainers"]
+    assert any(m["name"] == secret_volume["name"] for m in init["volumeMounts"])
+    copy = next(m for m in container["volumeMounts"] if m["mountPath"] == SECRET_DIR)
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == copy["name"])["emptyDir"]["medium"] == "Memory"
+    assert init["securityContext"] == sc
 
 
 def test_gang_is_kept_on_one_node_when_it_fits_else_preferred() -> None:

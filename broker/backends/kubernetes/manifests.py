@@ -2,7 +2,8 @@
 
 Labels select (pool, role, template hash, owning broker); annotations carry what a restarted broker
 needs (the control plane's owner record verbatim, plus the backend's own: GPU UUID, ready record).
-The agent is the image's entrypoint; its bearer secret is a Secret volume readable by its uid only.
+The agent is the image's entrypoint; its bearer secret reaches it through an init container and a memory
+emptyDir, and it unlinks it at start.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from broker.pools import PoolSpec
 
 AGENT_PORT = 7070
 SECRET_DIR = "/run/firepool-secret"
+SECRET_IN = "/run/firepool-secret-in"
+_COPY_SECRET = (f"import os, shutil; shutil.copyfile('{SECRET_IN}/secret', '{SECRET_DIR}/secret'); "
+                f"os.chmod('{SECRET_DIR}/secret', 0o400)")
 SECRET_KEY = "secret"
 LABEL_POOL = "firepool.io/pool"
 LABEL_ROLE = "firepool.io/role"
@@ -120,9 +124,19 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
     pod_labels = labels(pool, broker, standby=standby, gang=gang)
     if not all(valid_label_value(v) for v in pod_labels.values()):
         raise TemplateError(f"pod {name}: a label value is not valid ({pod_labels})")
-    mounts: list[dict[str, Any]] = [{"name": "agent-secret", "mountPath": SECRET_DIR, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "agent-secret", "secret": {
-        "secretName": secret_name(name), "defaultMode": 0o400, "items": [{"key": SECRET_KEY, "path": SECRET_KEY}]}}]
+    # The Secret is mounted into an init container only, which copies it into a memory-backed emptyDir of
+    # the agent's; the agent reads and unlinks that copy at start, so no job (same uid) ever finds it.
+    mounts: list[dict[str, Any]] = [{"name": "agent-secret-copy", "mountPath": SECRET_DIR}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "agent-secret", "secret": {"secretName": secret_name(name), "defaultMode": 0o440,
+                                            "items": [{"key": SECRET_KEY, "path": SECRET_KEY}]}},
+        {"name": "agent-secret-copy", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    copy = {"name": "agent-secret", "image": template.image, "imagePullPolicy": template.pull_policy,
+            "command": ["python", "-S", "-c", _COPY_SECRET],
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "50m", "memory": "32Mi"}},
+            "securityContext": _security(template),
+            "volumeMounts": [{"name": "agent-secret", "mountPath": SECRET_IN, "readOnly": True},
+                             {"name": "agent-secret-copy", "mountPath": SECRET_DIR}]}
     if template.read_only_root:  # the agent and the job still need their own writable places
         for vol, path in (("workspace", "/workspace"), ("pkg", "/pkg"), ("run", "/run/firepool"), ("tmp", "/tmp")):
             volumes.append({"name": f"fp-{vol}", "emptyDir": {}})
@@ -140,7 +154,7 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 5, "containers": [container], "volumes": volumes,
+        "terminationGracePeriodSeconds": 5, "initContainers": [copy], "containers": [container], "volumes": volumes,
         "securityContext": {"runAsNonRoot": True, "runAsUser": template.run_as_user,
                             "runAsGroup": template.run_as_user, "fsGroup": template.run_as_user},
     }

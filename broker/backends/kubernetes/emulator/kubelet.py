@@ -251,9 +251,10 @@ class Kubelet:
         def bind(p: Obj) -> Obj:
             p["spec"]["nodeName"] = node
             if uuids:
+                allocated = hami.allocation(uuids, request)
                 p["metadata"].setdefault("annotations", {}).update({
-                    hami.ALLOCATED: hami.allocation(uuids, request), hami.ASSIGNED_NODE: node,
-                    "hami.io/bind-phase": "success"})
+                    hami.ALLOCATED: allocated, hami.ASSIGNED_NODE: node, "hami.io/bind-phase": "success",
+                    **({hami.VOLCANO_ALLOCATED: allocated} if request.volcano else {})})
             return fields.with_condition(p, "PodScheduled", "True")
 
         self._write(ns, name, uid, bind)

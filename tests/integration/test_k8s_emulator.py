@@ -539,3 +539,14 @@ def test_the_emulators_kubeconfig_loads_in_the_official_client(api_only: Emulato
 
     core = k8s.CoreV1Api(k8s_config.new_client_from_config_dict(api_only.kubeconfig()))
     assert [n.metadata.name for n in core.list_node().items] == ["node-0"]
+
+
+def test_a_volcano_pod_gets_its_vgpu_allocation_under_both_annotations(tmp_path: Path) -> None:
+    with Emulator(tmp_path, gpus=1, kubelet=KubeletConfig(agents=False)) as emu:
+        core = core_of(emu)
+        body = pod_body("vc", limits={"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1024"})
+        body["spec"]["schedulerName"] = "volcano"
+        core.create_namespaced_pod(NS, body)
+        annotations = until(lambda: ready(core, "vc")).metadata.annotations
+        assert annotations["volcano.sh/vgpu-ids-new"] == annotations["hami.io/vgpu-devices-allocated"]
+        assert annotations["volcano.sh/vgpu-ids-new"].startswith(f"{gpu_uuid('node-0', 0)},NVIDIA,1024,")

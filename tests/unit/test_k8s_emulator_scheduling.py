@@ -69,3 +69,16 @@ def test_whole_cards_are_exclusive_shares_are_not_and_a_pin_names_the_card() -> 
     second = pod("b", node="n", limits={"nvidia.com/gpu": "1"}, annotations={ALLOCATED: f"{card1},NVIDIA,0,100:;"})
     both = [active, second]
     assert place(pod("d", limits={"nvidia.com/gpu": "1"}), [node], both)[0] is None
+
+
+def test_volcano_vgpu_requests_count_as_cards_and_shares() -> None:
+    node = make_node("n", gpus=1)
+    card = gpu_uuid("n", 0)
+    assert node["metadata"]["annotations"]["volcano.sh/node-vgpu-register"].startswith(card)
+    whole = pod("v", limits={"volcano.sh/vgpu-number": "1"}, schedulerName="volcano")
+    assert place(whole, [node], [])[1] == [card]
+    holder = pod("a", node="n", limits={"volcano.sh/vgpu-number": "1"}, annotations={ALLOCATED: f"{card},NVIDIA,0,100:;"})
+    share = pod("s", limits={"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1"},
+                annotations={USE_UUID: card})
+    assert place(share, [node], [holder])[1] == [card]
+    assert place(whole, [node], [holder])[0] is None

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.backends.kubernetes.emulator import nodes as hami
 from broker.backends.kubernetes.emulator import podfields as fields
@@ -27,6 +28,7 @@ from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, Con
 from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
 from broker.errors import AgentError
 from broker.running.agent_http import HttpAgentClient
+from broker.tasks import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,8 @@ class Kubelet:
         self.config = config or KubeletConfig()
         self.agents = Agents(state_dir, sandbox=self.config.sandbox, python_prefix=self.config.python_prefix,
                              sandbox_uid=self.config.sandbox_uid)
-        self._lives: dict[str, asyncio.Task[None]] = {}
-        self._ending: dict[str, asyncio.Task[None]] = {}
+        self._lives: dict[str, asyncio.Task[Any]] = {}
+        self._ending: dict[str, asyncio.Task[Any]] = {}
         self._running: dict[str, AgentProcess] = {}
         self._ended: set[str] = set()
         self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
@@ -76,7 +78,8 @@ class Kubelet:
         self._images: set[tuple[str, str]] = set()
         """(node, image) pairs already pulled."""
         self._unsubscribe: Callable[[], None] | None = None
-        self._main: asyncio.Task[None] | None = None
+        self._main: asyncio.Task[Any] | None = None
+        self._tasks = Supervisor()  # names every task and logs any failure
 
     @property
     def running(self) -> dict[str, AgentProcess]:
@@ -98,7 +101,7 @@ class Kubelet:
         self._unsubscribe = self.store.subscribe(listener)
         for pod in self.store.list("pods", None)[0]:
             self._observe("ADDED", pod)
-        self._main = asyncio.create_task(self._run(), name="emulator-kubelet")
+        self._main = self._tasks.spawn("emulator-kubelet", self._run())
 
     async def stop(self) -> None:
         """Stop every pod's work and kill every agent (pod objects stay, as on a node that went away)."""
@@ -141,15 +144,15 @@ class Kubelet:
         uid = meta["uid"]
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             if uid not in self._ending and (uid in self._lives or uid in self._running):
-                self._ending[uid] = asyncio.create_task(self._end(pod, remove=kind != "DELETED"),
-                                                        name=f"emulator-kill-{meta['name']}")
+                self._ending[uid] = self._tasks.spawn(f"emulator-kill-{meta['name']}",
+                                                      self._end(pod, remove=kind != "DELETED"))
             elif kind != "DELETED" and uid not in self._ending:
                 self.store.remove("pods", meta.get("namespace", ""), meta["name"])
             return
         pending = pod.get("status", {}).get("phase", "Pending") == "Pending"
         if pending and uid not in self._lives and uid not in self._ended:
-            self._lives[uid] = asyncio.create_task(self._life(meta.get("namespace", ""), meta["name"], uid),
-                                                   name=f"emulator-pod-{meta['name']}")
+            self._lives[uid] = self._tasks.spawn(f"emulator-pod-{meta['name']}",
+                                                 self._life(meta.get("namespace", ""), meta["name"], uid))
 
     async def _end(self, pod: Obj, *, remove: bool) -> None:
         meta = pod["metadata"]
@@ -251,9 +254,10 @@ class Kubelet:
         def bind(p: Obj) -> Obj:
             p["spec"]["nodeName"] = node
             if uuids:
+                allocated = hami.allocation(uuids, request)
                 p["metadata"].setdefault("annotations", {}).update({
-                    hami.ALLOCATED: hami.allocation(uuids, request), hami.ASSIGNED_NODE: node,
-                    "hami.io/bind-phase": "success"})
+                    hami.ALLOCATED: allocated, hami.ASSIGNED_NODE: node, "hami.io/bind-phase": "success",
+                    **({hami.VOLCANO_ALLOCATED: allocated} if request.volcano else {})})
             return fields.with_condition(p, "PodScheduled", "True")
 
         self._write(ns, name, uid, bind)

@@ -4,6 +4,9 @@ A node carries `hami.io/node-nvidia-register` in HAMi's classic form, one GPU pe
 `UUID,count,devmem,devcore,type,numa,healthy`. A pod given a GPU gets
 `hami.io/vgpu-devices-allocated` in HAMi's form, per container `UUID,NVIDIA,usedmem,usedcores:`
 then `;`. GPU UUIDs are stable per node name (`GPU-` + a uuid5 of the node and the index).
+Volcano's vGPU plugin (a HAMi fork) is served alike: `volcano.sh/vgpu-number` and `-memory` count
+as `nvidia.com/gpu` and `gpumem`, nodes also carry `volcano.sh/node-vgpu-register`, and a Volcano
+pod also gets `volcano.sh/vgpu-ids-new` (same format as HAMi's allocation).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ NODE_REGISTER = "hami.io/node-nvidia-register"
 HANDSHAKE = "hami.io/node-handshake"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 ASSIGNED_NODE = "hami.io/vgpu-node"
+VOLCANO_GPU = "volcano.sh/vgpu-number"
+VOLCANO_MEM = "volcano.sh/vgpu-memory"
+VOLCANO_CORES = "volcano.sh/vgpu-cores"
+VOLCANO_REGISTER = "volcano.sh/node-vgpu-register"
+VOLCANO_ALLOCATED = "volcano.sh/vgpu-ids-new"
 SPLIT = 10
 """Shares HAMi offers per card (its deviceSplitCount): allocatable nvidia.com/gpu is cards × SPLIT."""
 MEMORY_MB = 81_920
@@ -42,6 +50,8 @@ class GpuRequest:
     mem_mb: int | None
     cores: int | None
     pinned: tuple[str, ...]
+    volcano: bool = False
+    """Asked through Volcano's `volcano.sh/vgpu-*` resources."""
 
     @property
     def exclusive(self) -> bool:
@@ -58,18 +68,21 @@ def _quantity(value: Any) -> int:
 
 
 def gpu_request(pod: Mapping[str, Any]) -> GpuRequest:
-    count, mem, cores = 0, None, None
+    count, mem, cores, volcano = 0, None, None, False
     for container in pod.get("spec", {}).get("containers") or []:
         resources = container.get("resources") or {}
         asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        count += _quantity(asked.get(GPU, 0))
-        if GPU_MEM in asked:
-            mem = (mem or 0) + _quantity(asked[GPU_MEM])
-        if GPU_CORES in asked:
-            cores = (cores or 0) + _quantity(asked[GPU_CORES])
+        volcano = volcano or VOLCANO_GPU in asked
+        count += _quantity(asked.get(GPU, 0)) + _quantity(asked.get(VOLCANO_GPU, 0))
+        for name in (GPU_MEM, VOLCANO_MEM):
+            if name in asked:
+                mem = (mem or 0) + _quantity(asked[name])
+        for name in (GPU_CORES, VOLCANO_CORES):
+            if name in asked:
+                cores = (cores or 0) + _quantity(asked[name])
     raw = (pod.get("metadata", {}).get("annotations") or {}).get(USE_UUID, "")
     pinned = tuple(u.strip() for u in raw.split(",") if u.strip())
-    return GpuRequest(count, mem, cores, pinned)
+    return GpuRequest(count, mem, cores, pinned, volcano)
 
 
 def node_gpus(node: Mapping[str, Any]) -> list[str]:
@@ -101,10 +114,13 @@ def make_node(name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = No
         resources[GPU] = str(gpus * SPLIT)
         resources[GPU_MEM] = str(gpus * MEMORY_MB)
         resources[GPU_CORES] = str(gpus * 100)
+        resources[VOLCANO_GPU] = str(gpus * SPLIT)
+        resources[VOLCANO_MEM] = str(gpus * MEMORY_MB)
     resources.update(allocatable or {})
     node_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.firepool.emulator"))
     handshake = {HANDSHAKE: f"Reported {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M:%S} +0000 UTC"}
-    meta_annotations = {**({NODE_REGISTER: register, **handshake} if gpus else {}), **(annotations or {})}
+    registers = {NODE_REGISTER: register, VOLCANO_REGISTER: register, **handshake} if gpus else {}
+    meta_annotations = {**registers, **(annotations or {})}
     return {
         "kind": "Node", "apiVersion": "v1",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",

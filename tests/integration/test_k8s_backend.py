@@ -184,3 +184,15 @@ async def test_an_agent_killed_from_outside_makes_its_pod_lost(backend: Kubernet
     assert emu.crash("cpu-oom")
     assert "not by this broker" in await until_gone(backend, "cpu-oom")
     assert await backend.list_pods() == []  # and the failed pod is deleted
+
+
+async def test_an_evicted_pod_is_lost_and_a_410_mid_stream_forgets_nothing(
+        backend: KubernetesBackend, emu: Emulator) -> None:
+    await backend.create(PodRequest(name="cpu-keep", pool=CPU))
+    await backend.create(PodRequest(name="cpu-evict", pool=CPU))
+    relists = backend.watcher.relists
+    assert emu.expire_watches() >= 1  # ERROR 410 in the open stream: the backend re-lists
+    assert emu.evict("cpu-evict")
+    assert "Evicted" in await until_gone(backend, "cpu-evict")
+    assert backend.watcher.relists > relists
+    assert [p.name for p in await backend.list_pods()] == ["cpu-keep"]  # the evicted pod's object is deleted

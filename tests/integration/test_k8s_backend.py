@@ -196,3 +196,41 @@ async def test_an_evicted_pod_is_lost_and_a_410_mid_stream_forgets_nothing(
     assert "Evicted" in await until_gone(backend, "cpu-evict")
     assert backend.watcher.relists > relists
     assert [p.name for p in await backend.list_pods()] == ["cpu-keep"]  # the evicted pod's object is deleted
+
+
+@pytest.mark.parametrize("sharing", ["hami", "volcano"])
+async def test_a_standby_lands_on_its_active_pods_card(backend: KubernetesBackend, sharing: str) -> None:
+    card, share = (("nvidia.com/gpu", "nvidia.com/gpumem") if sharing == "hami"
+                   else ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory"))
+    pool = parse_pool({"name": "h100", "gpus": 1, "standbys_per_active": 1, "template": {
+        "image": "firepool/sandbox-gpu:0.1.0", "schedulerName": "volcano" if sharing == "volcano" else "hami-scheduler",
+        "resources": {"requests": {card: 1}, "limits": {card: 1}},
+        "standby": {"resources": {"requests": {card: 1, share: 1}, "limits": {card: 1, share: 1}}}}})
+    active = await backend.create(PodRequest(name="h100-active", pool=pool))
+    assert len(active.gpus) == 1 and active.gpus[0].startswith("GPU-")
+    standby = await backend.create(PodRequest(name="h100-standby", pool=pool, gpus=active.gpus))
+    assert standby.gpus == active.gpus and standby.details["node"] == active.details["node"]
+    assert [d.key for d in backend.devices()] == list(active.gpus)  # the card's size, from the active pod only
+    infos = {i.name: i for i in await backend.list_pods()}
+    assert "foreign" not in infos["h100-active"].details  # the sweep finds the card the group's alone
+
+
+async def test_a_share_held_outside_the_group_fences_the_card(backend: KubernetesBackend, emu: Emulator) -> None:
+    pool = parse_pool({"name": "h100", "gpus": 1, "standbys_per_active": 1,
+                       "template": {"image": "firepool/sandbox-gpu:0.1.0"}})
+    active = await backend.create(PodRequest(name="h100-active", pool=pool))
+    await backend.create(PodRequest(name="h100-standby", pool=pool, gpus=active.gpus))
+    stranger = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stranger", "annotations": {
+        "nvidia.com/use-gpuuuid": active.gpus[0]}}, "spec": {"containers": [{"name": "c", "image": "other:1",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}}}]}}
+    await asyncio.to_thread(core(emu).create_namespaced_pod, "default", stranger)
+    deadline = time.monotonic() + 10
+    while "hami.io/vgpu-devices-allocated" not in (emu.pod("stranger")["metadata"].get("annotations") or {}):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    infos = {i.name: i for i in await backend.list_pods()}
+    assert infos["h100-active"].details["foreign"] == active.gpus
+    from broker.warmth.standby import exclusive_cards
+
+    assert exclusive_cards(infos.values()) == set()  # promotions on that card stay fenced
+    await asyncio.to_thread(core(emu).delete_namespaced_pod, "stranger", "default")

@@ -54,3 +54,9 @@ def test_a_card_the_backend_found_foreign_shares_on_stays_fenced() -> None:
 def test_allocated_memory_is_read_per_card() -> None:
     assert hami.allocated_memory_mb({hami.ALLOCATED: f"{A},NVIDIA,81920,0:{B},NVIDIA,1,0:;"}) == {A: 81920, B: 1}
     assert hami.allocated_memory_mb({hami.ALLOCATED: "garbage"}) == {}
+
+
+def test_volcano_allocations_and_register_are_read_alike() -> None:
+    assert hami.allocated_uuids({hami.VOLCANO_ALLOCATED: f"{A},NVIDIA,81920,0:;"}) == (A,)
+    node = {"metadata": {"annotations": {hami.VOLCANO_REGISTER: f"{A},10,81920,100,NVIDIA-H100,0,true:"}}}
+    assert hami.exclusive(A, node, [share("h100", A)], "h100")

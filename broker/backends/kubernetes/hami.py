@@ -12,6 +12,9 @@ from typing import Any
 
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 NODE_REGISTER = "hami.io/node-nvidia-register"
+VOLCANO_ALLOCATED = "volcano.sh/vgpu-ids-new"
+"""Volcano's vGPU plugin (a HAMi fork) writes the same format under its own keys."""
+VOLCANO_REGISTER = "volcano.sh/node-vgpu-register"
 USE_UUID = "nvidia.com/use-gpuuuid"
 _SHARE = {"hami": ("nvidia.com/gpu", "nvidia.com/gpumem"), "volcano": ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory")}
 _WHOLE_CARD_ONLY = {"hami": ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"),
@@ -45,7 +48,7 @@ def resource_problem(resources: Mapping[str, Mapping[str, str]], *, standby: boo
 
 def allocated_uuids(annotations: Mapping[str, str]) -> tuple[str, ...]:
     """GPU UUIDs from `hami.io/vgpu-devices-allocated` (`UUID,TYPE,MEM,CORES:...;` per container)."""
-    raw = annotations.get(ALLOCATED, "")
+    raw = annotations.get(ALLOCATED) or annotations.get(VOLCANO_ALLOCATED, "")
     out: list[str] = []
     for container in raw.split(";"):
         for device in container.split(":"):
@@ -58,7 +61,7 @@ def allocated_uuids(annotations: Mapping[str, str]) -> tuple[str, ...]:
 def allocated_memory_mb(annotations: Mapping[str, str]) -> dict[str, int]:
     """Memory (MiB) HAMi allocated per card; for an active pod (gpumem unset) that is the whole card."""
     out: dict[str, int] = {}
-    for container in annotations.get(ALLOCATED, "").split(";"):
+    for container in (annotations.get(ALLOCATED) or annotations.get(VOLCANO_ALLOCATED, "")).split(";"):
         for device in container.split(":"):
             fields = [f.strip() for f in device.split(",")]
             if len(fields) >= 3 and fields[0] and fields[2].isdigit():
@@ -68,7 +71,7 @@ def allocated_memory_mb(annotations: Mapping[str, str]) -> dict[str, int]:
 
 def registered_uuids(node_annotations: Mapping[str, str]) -> set[str]:
     """Cards a node's device plugin registered (`hami.io/node-nvidia-register`: `UUID,COUNT,MEM,...:` each)."""
-    raw = node_annotations.get(NODE_REGISTER, "")
+    raw = node_annotations.get(NODE_REGISTER) or node_annotations.get(VOLCANO_REGISTER, "")
     return {d.split(",", 1)[0].strip() for d in raw.split(":") if d.split(",", 1)[0].strip()}
 
 

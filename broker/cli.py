@@ -59,7 +59,13 @@ def _client_opts(p: argparse.ArgumentParser) -> None:
 def _serve_parser(sub: Any) -> None:
     p = _subparser(sub, "serve", "run the broker")
     p.add_argument("--db", help="job store URL (default: SQLite in the state dir); mysql+pymysql://, postgresql://")
-    p.add_argument("--backend", default="local", choices=["local"], help="where pods run")
+    p.add_argument("--backend", default="local", choices=["local", "kubernetes"], help="where pods run")
+    p.add_argument("--namespace", help="kubernetes backend: the namespace of the pods (default: the broker's own "
+                                       "in a cluster, else `default`)")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubernetes backend: a kubeconfig (default: in-cluster "
+                                                        "config, else ~/.kube/config)")
+    p.add_argument("--broker-id", default="firepool", help="kubernetes backend: the firepool.io/broker label of "
+                                                           "this broker's pods")
     p.add_argument("--pools", metavar="FILE", help="pool catalog YAML (default: the embedded catalog: `cpu`, "
                                                    "and `gpu` when the machine has GPUs)")
     p.add_argument("--tokens", metavar="FILE", help="JSON object mapping bearer tokens (or their sha256: digests, "

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery")
+              "recovery", "k8s")
 """The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
 
 EXIT_TIMEOUT = 124
@@ -56,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.api.jwt_auth import JwtSettings
     from broker.pools import load_catalog
     from broker.running.packages import PackageLimits
-    from broker.server import ServeSettings, serve
+    from broker.server import KubernetesTarget, ServeSettings, serve
 
     if args.pools:
         load_catalog(read_file("--pools", args.pools), source=args.pools)  # a CatalogError here is reported before anything starts
@@ -70,6 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"a broker is already running for state dir {state_dir} at {running}: use it, stop it, "
                          "or give this one another --state-dir")
     _check_port(args.host, args.port)
+    if args.backend != "kubernetes" and (args.namespace or args.kubeconfig):
+        raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
     if args.max_request_bytes < 4096:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
@@ -83,7 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
-        metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes)
+        metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes,
+        kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id))
     return serve(settings)
 
 

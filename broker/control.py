@@ -280,12 +280,16 @@ class ControlPlane:
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()
         out = []
+        # A backend that records how its pods came up (kubernetes: scheduled, pulled, started, answered).
+        ready_record = getattr(self.backend, "ready_record", None)
         for pod in self.tracker.snapshot():
             if pool is not None and pod.pool != pool:
                 continue
             view = pod.snapshot()
             view["held"] = pod.held(now)
             view["isolated"] = self.backend_isolated
+            if ready_record is not None and (ready := ready_record(pod.name)) is not None:
+                view["ready"] = ready
             out.append(view)
         return sorted(out, key=lambda v: str(v["name"]))
 

@@ -148,12 +148,26 @@ class CallerLimits:
 
 
 @dataclass(frozen=True)
+class CreateRate:
+    """Client-side pacing of this broker's pod creates (the kubernetes backend; 429s are retried too)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    qps: Annotated[float, Strict(), Field(gt=0)] = 20.0
+    """Creates per second, sustained."""
+    burst: Annotated[int, Strict(), Field(ge=1)] = 40
+    """Creates at once after a quiet spell."""
+
+
+@dataclass(frozen=True)
 class Catalog:
     pools: Mapping[str, PoolSpec]
     caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
     """By caller; the key `default` applies to callers not named."""
     budgets: Mapping[str, float] = field(default_factory=dict)
     """Per accelerator (GPU model or `cpu`): GPUs (cores) all pools together may hold; unnamed is unbounded."""
+    create_rate: CreateRate = CreateRate()
+    """How fast the broker may create pods (a cluster's API server is shared)."""
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
@@ -167,6 +181,7 @@ class _CatalogFile(BaseModel):
     pools: Annotated[list[PoolSpec], Field(min_length=1)]
     caller_limits: dict[Key, CallerLimits] | None = None
     budgets: dict[Key, Number] | None = None
+    create_rate: CreateRate | None = None
 
 
 @functools.cache
@@ -265,7 +280,8 @@ def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
             raise CatalogError(f"{source}: pools[{index}].name: pool {spec.name!r} is defined twice")
         pools[spec.name] = spec
     return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
-                   budgets={a: float(v) for a, v in (parsed.budgets or {}).items()})
+                   budgets={a: float(v) for a, v in (parsed.budgets or {}).items()},
+                   create_rate=parsed.create_rate or CreateRate())
 
 
 def load_catalog(text: str, source: str = "catalog") -> Catalog:

@@ -28,10 +28,21 @@ from broker.control import ControlPlane, Tuning
 from broker.errors import FirepoolError
 from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
+from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 from broker.running.packages import FilePackageStore, PackageLimits
 
 log = logging.getLogger("firepool.server")
+
+
+@dataclass(frozen=True)
+class KubernetesTarget:
+    namespace: str | None = None
+    """None: the broker's own namespace in a cluster, else `default`."""
+    kubeconfig: str | None = None
+    """None: in-cluster config, else the default kubeconfig."""
+    broker_id: str = "firepool"
+    """The `firepool.io/broker` label value of this broker's pods."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,8 @@ class ServeSettings:
     """Publish per-caller series (holds by owner) on /metrics; off by default so names stay private."""
     max_request_bytes: int = 2 << 20
     """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
+    kubernetes: KubernetesTarget = KubernetesTarget()
+    """Where the kubernetes backend creates pods."""
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -85,13 +98,11 @@ def reload_catalog(cp: ControlPlane, settings: ServeSettings) -> None:
     except (OSError, ValueError) as exc:
         log.error("catalog reload failed, keeping the running catalog: %s", exc)
         return
-    check_networks = getattr(cp.backend, "check_networks", None)  # the local backend's pod networks
-    if check_networks is not None:
-        try:
-            check_networks(catalog.pools)
-        except FirepoolError as exc:
-            log.error("catalog reload failed, keeping the running catalog: %s", exc)
-            return
+    try:
+        check_networks(cp.backend, catalog)
+    except FirepoolError as exc:
+        log.error("catalog reload failed, keeping the running catalog: %s", exc)
+        return
     cp.reload_catalog(catalog)
     log.info("catalog reloaded: pools %s", ", ".join(catalog.pools))
 
@@ -110,6 +121,13 @@ def build_auth(settings: ServeSettings) -> TokenAuth:
     return TokenAuth({local_token(settings.state_dir): {"caller": local_caller(), "admin": True}}, jwt)
 
 
+def check_networks(backend: Backend, catalog: Catalog) -> None:
+    """The local backend's pod networks (bad `network` values, a missing stack); other backends have none."""
+    check = getattr(backend, "check_networks", None)
+    if check is not None:
+        check(catalog.pools)
+
+
 def build_control_plane(settings: ServeSettings) -> ControlPlane:
     from broker.running.logstore import FileLogStore
     from broker.store.sql import SqlJobStore
@@ -117,15 +135,23 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
     clock = RealClock()
-    if settings.backend != "local":
-        raise ValueError(f"backend {settings.backend!r} is not available here (choose: local)")
-    from broker.backends.local import LocalBackend
+    backend: Backend
+    if settings.backend == "kubernetes":
+        from broker.backends.kubernetes.setup import kubernetes_backend
 
-    sandbox = "none" if settings.unisolated else settings.sandbox
-    backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus, sandbox=sandbox)
+        k8s = settings.kubernetes
+        rate = build_catalog(settings, 0, "gpu").create_rate  # the catalog paces the creates
+        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id, rate.qps, rate.burst)
+    elif settings.backend == "local":
+        from broker.backends.local import LocalBackend
+
+        backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus,
+                               sandbox="none" if settings.unisolated else settings.sandbox)
+    else:
+        raise ValueError(f"backend {settings.backend!r} is not available here (choose: local, kubernetes)")
     devices = backend.devices()
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
-    backend.check_networks(catalog.pools)
+    check_networks(backend, catalog)
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
     packages = FilePackageStore(settings.state_dir / "packages", settings.packages)

@@ -96,4 +96,6 @@ def exclusive_cards(infos: Iterable[PodInfo]) -> set[str]:
     for info in infos:
         for key in info.gpus:
             pools_on.setdefault(key, set()).add(info.pool)
+        for key in info.details.get("foreign", ()):  # a share held outside Firepool (the backend's sweep)
+            pools_on.setdefault(key, set()).add("")
     return {key for key, pools in pools_on.items() if len(pools) == 1}

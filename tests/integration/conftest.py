@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -156,11 +157,47 @@ def paths(job: dict) -> list[str]:
     return [a["path"] for a in job.get("acquisition", [])]
 
 
+BACKENDS = ("local", "kubernetes")
+both_backends = pytest.mark.parametrize("backend_kind", BACKENDS, indirect=True)
+"""Runs a test on the local backend and on the kubernetes backend (through the API emulator)."""
+
+
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator:
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Where the brokers of a test put their pods: `local` unless the test is marked `both_backends`."""
+    return str(getattr(request, "param", "local"))
+
+
+def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emu",
+        "clusters": [{"name": "emu", "cluster": {"server": server}}],
+        "users": [{"name": "emu", "user": {"token": "emulator"}}],
+        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu", "namespace": namespace}}]}))
+    return path
+
+
+@pytest.fixture
+def cluster(backend_kind: str, tmp_path: Path) -> Iterator[Any]:
+    """The Kubernetes API emulator with a fake kubelet (2 GPUs) when the test runs on kubernetes, else None."""
+    if backend_kind != "kubernetes":
+        yield None
+        return
+    from broker.backends.kubernetes.emulator import Emulator
+
+    with Emulator(tmp_path / "k8s", gpus=2) as emu:
+        yield emu
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path, backend_kind: str, cluster: Any) -> Iterator:
     made: list[BrokerProcess] = []
 
     def make(name: str = "broker", **kw) -> BrokerProcess:
+        if cluster is not None:
+            config = write_kubeconfig(tmp_path / f"{name}-kubeconfig.json", cluster.url)
+            kw["extra"] = (*kw.get("extra", ()), "--backend", "kubernetes", "--kubeconfig", str(config),
+                           "--namespace", "default", "--broker-id", name)
         b = BrokerProcess(tmp_path / name, **kw)
         made.append(b)
         return b

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import BrokerProcess, paths, run_job
+from tests.integration.conftest import BrokerProcess, both_backends, paths, run_job
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,7 @@ def _tmp_baseline() -> str:
     return "".join(f"{n}\n" for n in sorted(names))
 
 
+@both_backends
 def test_same_session_is_warm_and_reports_every_timing(broker: BrokerProcess) -> None:
     c = broker.client()
     first = run_job(c, {"pool": "cpu", "command": PY + ["print('hi')"], "lease_tag": "conv-1"})
@@ -43,6 +44,7 @@ def test_same_session_is_warm_and_reports_every_timing(broker: BrokerProcess) ->
     assert c.get(f"/v1/jobs/{second['id']}/logs").text == "hi\n"
 
 
+@both_backends
 def test_three_concurrent_callers_never_share_a_sandbox(broker: BrokerProcess) -> None:
     def loop(caller: str) -> list[dict]:
         c = broker.client(caller)
@@ -60,6 +62,7 @@ def test_three_concurrent_callers_never_share_a_sandbox(broker: BrokerProcess) -
     assert all(len(callers) == 1 for callers in owners.values()), owners
 
 
+@both_backends
 def test_a_new_tag_starts_on_the_old_pod_with_an_empty_workspace_and_keeps_it(broker: BrokerProcess) -> None:
     c = broker.client()
     first = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "echo secret > notes.txt; ls"], "lease_tag": "a"})
@@ -221,6 +224,7 @@ def test_logs_stream_while_the_job_runs(broker: BrokerProcess) -> None:
     assert stamps[-1] - stamps[0] > 0.6  # lines arrived while it ran, not all at the end
 
 
+@both_backends
 def test_a_killed_broker_loses_no_job_and_runs_none_twice(broker: BrokerProcess) -> None:
     c = broker.client()
     running = c.post("/v1/jobs", json={"pool": "cpu", "lease_tag": "r",

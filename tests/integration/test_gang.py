@@ -1,5 +1,6 @@
-"""Gangs on real sandboxes: torch.distributed ranks in separate bubblewrap pods, each in its own network
-namespace (the default `isolated`), meet at rank 0 over the link the broker makes for the job."""
+"""Gangs on real sandboxes: torch.distributed ranks in separate bubblewrap pods meet at rank 0 (on the
+local backend over the link the broker makes between the job's network namespaces, on the kubernetes
+backend at rank 0's pod IP)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from tests.integration.conftest import BrokerProcess, run_job
+from tests.integration.conftest import BrokerProcess, both_backends, run_job
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +29,7 @@ print(json.dumps({n: os.environ.get(n) for n in names}))
 """
 
 
+@both_backends
 def test_two_ranks_in_two_sandboxes_all_reduce_with_gloo(broker: BrokerProcess) -> None:
     c = broker.client("bob")
     job = run_job(c, {"pool": "cpu", "pods": 2, "lease_tag": "ddp", "timeout_s": 110,

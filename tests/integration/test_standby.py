@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import BrokerProcess, paths, run_job
+from tests.integration.conftest import BrokerProcess, both_backends, paths, run_job
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,11 @@ def wait_for(cond, timeout: float = 30.0):  # noqa: ANN001, ANN201 - test helper
     raise AssertionError("condition not reached")
 
 
-def agent_pid(b: BrokerProcess, pod: str) -> int:
+def agent_pid(b: BrokerProcess, pod: str, cluster: Any = None) -> int:
+    """The host pid of a pod's agent (its sandbox's PID 1): from the local pod record or the fake kubelet."""
+    if cluster is not None:
+        uid = cluster.pod(pod)["metadata"]["uid"]
+        return int(cluster.kubelet.running[uid].record["pid"])
     return int(json.loads((b.state_dir / "pods" / pod / "pod.json").read_text())["pid"])
 
 
@@ -71,7 +76,8 @@ def test_the_mapping_check_sees_a_loaded_cuda_library(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_a_standby_runs_only_the_agent_and_never_maps_a_cuda_library(broker_factory) -> None:
+@both_backends
+def test_a_standby_runs_only_the_agent_and_never_maps_a_cuda_library(broker_factory, cluster: Any) -> None:
     b = broker_factory(pools=gpu_pool())
     c = b.client()
     ops = b.client("ops")  # standby pods have no caller yet: the operator's view
@@ -80,7 +86,7 @@ def test_a_standby_runs_only_the_agent_and_never_maps_a_cuda_library(broker_fact
     standby = wait_for(lambda: next((p for p in pods(ops) if p["standby"] and p["state"] == "idle"), None))
     active = next(p for p in pods(ops) if p["name"] == job["bound_pods"][0])
     assert standby["gpus"] == active["gpus"]  # pinned to the active pod's card
-    pid = agent_pid(b, standby["name"])
+    pid = agent_pid(b, standby["name"], cluster)
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "python" in maps  # it is the agent we are looking at
     assert cuda_mappings(pid) == []
@@ -129,7 +135,9 @@ def test_a_standby_is_promoted_only_after_the_previous_jobs_tree_is_gone(broker_
     wait_for(lambda: any(p["standby"] and p["state"] == "idle" for p in pods(ops)))
 
 
-def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt(broker_factory) -> None:
+@both_backends
+def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt(broker_factory,
+                                                                                   backend_kind: str) -> None:
     b = broker_factory(pools=gpu_pool())
     c = b.client()
     show = ["sh", "-c", 'echo "$CUDA_DEVICE_MEMORY_LIMIT_0 $CUDA_DEVICE_MEMORY_SHARED_CACHE"; '
@@ -141,12 +149,14 @@ def test_a_gpu_job_gets_the_full_card_limit_and_a_fresh_shared_cache_per_attempt
         assert job["state"] == "SUCCEEDED"
         outputs.append(c.get(f"/v1/jobs/{job['id']}/logs").text.split())
     (limit1, cache1, *listed1), (limit2, cache2, *listed2) = outputs
-    assert limit1 == limit2 == "143771m"  # the whole (virtual) card, not the caller's value
+    # The whole card, not the caller's value: a virtual card's size, or the one HAMi allocated (the emulator's).
+    assert limit1 == limit2 == ("143771m" if backend_kind == "local" else "81920m")
     assert cache1 != cache2
     assert listed1 == [Path(cache1).name]
     assert listed2 == [Path(cache2).name]  # the reset removed the first attempt's accounting file
 
 
+@both_backends
 def test_a_restarted_broker_restores_its_standbys_and_promotes_them_after_the_sweep(broker_factory) -> None:
     b = broker_factory(pools=gpu_pool())
     c = b.client()

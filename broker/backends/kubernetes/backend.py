@@ -1,0 +1,401 @@
+"""`KubernetesBackend`: the `Backend` port on a Kubernetes namespace.
+
+Creates a Secret (the agent's bearer secret) and a pod per request, waits on the watch cache for the pod
+to run, then for its agent to answer at the pod IP. Every pod and Secret carries `firepool.io/broker`;
+the watch selects by it. The Secret records the UID of the pod it was made for: a pod under the same name
+with another UID is a different pod, and nothing on it is trusted. A pod deleted or evicted from outside
+is marked lost, so its agent calls fail and the attempt ends `PodLost` (and follows the retry policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from broker.backends.kubernetes import hami, podstatus
+from broker.backends.kubernetes.kubeapi import KubeApi
+from broker.backends.kubernetes.manifests import (
+    AGENT_PORT,
+    ANN_GPUS,
+    ANN_ORIGIN,
+    ANN_READY,
+    LABEL_BROKER,
+    LABEL_ROLE,
+    pod_manifest,
+    secret_manifest,
+    secret_name,
+)
+from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
+from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
+from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
+from broker.backends.kubernetes.templates import PodTemplate, parse_template
+from broker.backends.kubernetes.watching import Change, PodCache, Watcher
+from broker.backends.local import agent_kernels
+from broker.backends.netports import DEFAULT_MASTER_PORT
+from broker.clock import Clock
+from broker.errors import AgentError, BackendError
+from broker.pools import PoolSpec
+from broker.ports.agent import AgentClient
+from broker.ports.backend import Device, PodInfo, PodRequest
+from broker.running.topology import Rendezvous
+
+log = logging.getLogger("firepool.k8s")
+
+SYNC_TIMEOUT_S = 30.0
+
+
+class LaunchError(BackendError):
+    """A pod cannot start (its image cannot be pulled, ...); `details.reason` says why. Not retried at once."""
+
+    retryable = False
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    namespace: str = "default"
+    broker_id: str = "firepool"
+    """The `firepool.io/broker` label value: which broker owns a pod (several may share a namespace)."""
+    agent_port: int = AGENT_PORT
+    rate: RateSettings = RateSettings()
+    agent_timeout_s: float = 30.0
+    """How long a running pod's agent may take to answer its first health check."""
+    pull_backoff_s: float = 30.0
+    """After an image pull error, new pods of that template fail at once for this long (doubling)."""
+
+
+class KubernetesBackend:
+    kind = "kubernetes"
+    isolated = True
+
+    def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings(),
+                 agent_factory: AgentFactory | None = None) -> None:
+        """`agent_factory(endpoint, secret, pod)` makes agent clients (tests: fakes); default HTTP."""
+        self.clock = clock
+        self.api = api
+        self.agent_factory: AgentFactory = agent_factory or http_agent
+        self.settings = settings
+        self.selector = f"{LABEL_BROKER}={settings.broker_id}"
+        self.cache = PodCache()
+        self.watcher = Watcher(self.cache, lambda: self.api.list("Pod", self.selector),
+                               lambda rv: self.api.watch(self.selector, rv), self._on_change)
+        self._task: asyncio.Task[None] | None = None
+        self._pods: dict[str, PodRecord] = {}
+        self._deleting: set[str] = set()
+        self._clients: dict[str, AgentClient] = {}
+        self._templates: dict[str, PodTemplate] = {}
+        self._bucket = TokenBucket(clock, settings.rate.qps, settings.rate.burst)
+        self._pull_block: dict[str, tuple[float, float, str]] = {}
+        """template hash -> (until, pause, reason) after an image pull error."""
+        self._port = DEFAULT_MASTER_PORT
+        self._devices: dict[str, Device] = {}
+
+    # -- watch ----------------------------------------------------------------------------------
+
+    async def _ensure(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.watcher.run(), name="firepool k8s pod watch")
+        if not self.watcher.synced.is_set():
+            try:
+                await asyncio.wait_for(self.watcher.synced.wait(), SYNC_TIMEOUT_S)
+            except TimeoutError:
+                raise BackendError(f"no pod list from the API server within {SYNC_TIMEOUT_S:.0f} s") from None
+
+    def _on_change(self, change: Change) -> None:
+        """Mirror one observation; runs on the event loop, does no I/O."""
+        name = str(podstatus.meta(change.pod).get("name", ""))
+        rec = self._pods.get(name)
+        if rec is None:
+            return
+        pod_uid = podstatus.uid(change.pod)
+        if rec.uid and pod_uid and pod_uid != rec.uid:
+            if not rec.lost:
+                rec.lost = f"replaced by another pod (UID {pod_uid}, not {rec.uid}): not trusted"
+                log.warning("pod %s %s", name, rec.lost)
+        elif change.kind == "deleted":
+            if name not in self._deleting and not rec.lost:
+                rec.lost = "deleted from outside the broker"
+                log.warning("pod %s was %s", name, rec.lost)
+        else:
+            rec.ready.observe(change.pod, self.clock.now())
+            rec.ip = podstatus.pod_ip(change.pod) or rec.ip
+            why = podstatus.ended(change.pod) if rec.up else ""
+            if why and name not in self._deleting and not rec.lost:
+                rec.lost = f"{why} (not by this broker)"
+                log.warning("pod %s lost: %s", name, why)
+        rec.changed.set()
+
+    # -- create ---------------------------------------------------------------------------------
+
+    def devices(self) -> list[Device]:
+        """The cards the broker's active pods got, as HAMi reported them (the job's memory limit needs
+        each card's size); the cluster's scheduler binds devices, never the broker."""
+        return list(self._devices.values())
+
+    def _learn_devices(self, pod: Mapping[str, Any], standby: bool) -> None:
+        if standby:
+            return  # a standby's allocation is its 1 MiB share, not the card
+        for index, (uuid, memory) in enumerate(hami.allocated_memory_mb(podstatus.meta(pod).get("annotations") or {})
+                                               .items()):
+            self._devices[uuid] = Device(key=uuid, index=index, model="gpu", memory_mb=memory)
+
+    def template(self, pool: PoolSpec) -> PodTemplate:
+        tpl = self._templates.get(pool.template_hash)
+        if tpl is None:
+            tpl = self._templates[pool.template_hash] = parse_template(pool.name, pool.template)
+        return tpl
+
+    async def create(self, request: PodRequest) -> PodInfo:
+        name, pool = request.name, request.pool
+        await self._ensure()
+        tpl = self.template(pool)
+        blocked = self._pull_block.get(pool.template_hash)
+        if blocked is not None and blocked[0] > self.clock.now():
+            raise LaunchError(f"pool {pool.name}: image {tpl.image} failed to pull ({blocked[2]}); "
+                              f"not retried for {blocked[0] - self.clock.now():.0f} s",
+                              details={"reason": blocked[2], "image": tpl.image})
+        if name in self._pods or name in self.cache.pods:
+            raise BackendError(f"pod {name} already exists")
+        now = self.clock.now()
+        manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
+                                annotations=request.annotations, standby=bool(request.gpus),
+                                pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
+        rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
+                   created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
+                   annotations=dict(manifest["metadata"]["annotations"]))
+        self._pods[name] = rec
+        try:
+            await self._bucket.take()
+            rate = self.settings.rate
+            await with_backoff(self.clock, rate, lambda: self.api.create(
+                secret_manifest(name, rec.secret, manifest["metadata"]["labels"])))
+            created = await with_backoff(self.clock, rate, lambda: self.api.create(manifest))
+            rec.uid = podstatus.uid(created)
+            # The Secret names its pod's UID: after a restart, only that incarnation is trusted.
+            await with_backoff(self.clock, rate, lambda: self.api.patch(
+                "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
+            pod = await self._wait_running(rec, tpl, pool)
+            await self._wait_agent(rec)
+            self._learn_devices(pod, standby=bool(request.gpus))
+            if not rec.gpus and pool.gpus:
+                rec.gpus = hami.allocated_uuids(podstatus.meta(pod).get("annotations") or {}) or \
+                    tuple(f"{name}/gpu{i}" for i in range(pool.gpus))  # no HAMi: the pod's own, never shared
+            extra = {ANN_READY: rec.ready.dumps(), ANN_GPUS: ",".join(rec.gpus)}
+            await with_backoff(self.clock, rate, lambda: self.api.patch("Pod", name, {"metadata": {"annotations": extra}}))
+            rec.annotations.update(extra)
+        except BaseException as exc:
+            await asyncio.shield(self._destroy(name))
+            if isinstance(exc, Retryable):
+                raise BackendError(f"creating pod {name} failed: {exc}") from exc
+            if isinstance(exc, BackendError) or not isinstance(exc, Exception):
+                raise
+            raise BackendError(f"creating pod {name} failed: {exc!r}") from exc
+        self._pull_block.pop(pool.template_hash, None)
+        rec.up = True
+        log.info("pod %s up: %s", name, rec.ready.view())
+        return self._info(rec)
+
+    async def _wait_running(self, rec: PodRecord, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
+        """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
+        start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
+        deadline = self.clock.now() + tpl.start_timeout_s
+        while True:
+            rec.changed.clear()
+            pod = self.cache.pods.get(rec.name)
+            if rec.lost:
+                raise BackendError(f"pod {rec.name} {rec.lost} while starting")
+            if pod is not None and podstatus.uid(pod) == rec.uid:
+                if podstatus.running(pod):
+                    rec.ip = podstatus.pod_ip(pod)
+                    return dict(pod)
+                reason = podstatus.pull_error(pod)
+                if reason:
+                    self._block(pool, reason)
+                    raise LaunchError(f"pod {rec.name}: image {tpl.image} cannot be pulled: {reason}",
+                                      details={"reason": reason.split(":", 1)[0], "image": tpl.image})
+                why = podstatus.ended(pod)
+                if why:
+                    raise BackendError(f"pod {rec.name} ended while starting: {why}")
+            left = deadline - self.clock.now()
+            if left <= 0:
+                raise BackendError(f"pod {rec.name} still not running after {tpl.start_timeout_s:.0f} s "
+                                   f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
+            await self.clock.wait(rec.changed, left)
+
+    def _block(self, pool: PoolSpec, reason: str) -> None:
+        """No retry storm: creates of this template fail at once for a while, doubling per failure."""
+        previous = self._pull_block.get(pool.template_hash)
+        pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
+        self._pull_block[pool.template_hash] = (self.clock.now() + pause, pause, reason)
+
+    async def _wait_agent(self, rec: PodRecord) -> None:
+        client = self.agent(rec.name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.agent_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                await client.health()
+                rec.ready.answered(self.clock.now())
+                return
+            except AgentError as exc:
+                if rec.lost:
+                    raise BackendError(f"pod {rec.name} {rec.lost} while starting") from exc
+                if loop.time() > deadline:
+                    raise BackendError(f"pod {rec.name}'s agent at {rec.ip} did not answer within "
+                                       f"{self.settings.agent_timeout_s:.0f} s") from exc
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.1)
+
+    # -- delete ---------------------------------------------------------------------------------
+
+    async def delete(self, name: str) -> None:
+        await self._destroy(name)
+
+    async def _destroy(self, name: str) -> None:
+        """Delete the pod and its Secret; idempotent. The pod's agent client is closed first."""
+        self._deleting.add(name)
+        try:
+            client = self._clients.pop(name, None)
+            if client is not None:
+                await client.close()
+            rate = self.settings.rate
+            for kind, obj in (("Pod", name), ("Secret", secret_name(name))):
+                try:
+                    await with_backoff(self.clock, rate, functools.partial(self.api.delete, kind, obj))
+                except (Retryable, BackendError) as exc:
+                    log.warning("deleting %s %s failed: %s", kind.lower(), obj, exc)
+            self._pods.pop(name, None)
+        finally:
+            self._deleting.discard(name)
+
+    # -- list (restart recovery), annotate, agents ----------------------------------------------
+
+    async def list_pods(self) -> list[PodInfo]:
+        """Every running pod of this broker whose agent answers; adopts the pods of a previous broker
+        (their Secret must name their UID) and deletes what cannot be trusted or reached."""
+        await self._ensure()
+        secret_objs, _ = await self.api.list("Secret", self.selector)
+        by_name = {str(podstatus.meta(s).get("name")): s for s in secret_objs}
+        live: list[PodInfo] = []
+        for name, pod in list(self.cache.pods.items()):
+            rec = self._pods.get(name)
+            if rec is not None and not rec.up:
+                continue  # still being created by this broker
+            if rec is None:
+                rec = adopt(pod, by_name.get(secret_name(name)))
+                if rec is None:
+                    await self._destroy(name)
+                    continue
+                self._pods[name] = rec
+                self._learn_devices(pod, standby=(podstatus.meta(pod).get("labels") or {}).get(LABEL_ROLE) == "standby")
+            if rec.lost or podstatus.uid(pod) != rec.uid:
+                log.warning("pod %s is not trusted (%s); deleting it", name, rec.lost or "UID changed")
+                await self._destroy(name)
+                continue
+            if await self._healthy(name):
+                live.append(self._info(rec))
+            else:
+                log.warning("pod %s does not answer; deleting it", name)
+                await self._destroy(name)
+        await self._sweep_cards(live)
+        for name in by_name.keys() - {secret_name(n) for n in self.cache.pods}:
+            with contextlib.suppress(BackendError, Retryable):
+                await self.api.delete("Secret", name)  # a Secret whose pod is gone
+        return live
+
+    async def _sweep_cards(self, live: list[PodInfo]) -> None:
+        """Mark the cards of shared (standby) groups that hold a share of anyone else (`details.foreign`).
+
+        Reads each node's HAMi register and every pod on it; a failed read marks the node's cards foreign,
+        so promotions stay fenced until a sweep succeeds. Only pools with standbys share cards.
+        """
+        nodes: dict[str, list[int]] = {}
+        for i, info in enumerate(live):
+            if info.gpus and info.details.get("node") and any(p.gpus == info.gpus and p.name != info.name
+                                                              for p in live):
+                nodes.setdefault(str(info.details["node"]), []).append(i)
+        for node, indexes in nodes.items():
+            try:
+                node_obj, on_node = await self.api.node(node), await self.api.pods_on_node(node)
+            except (BackendError, Retryable) as exc:
+                log.warning("card sweep of node %s failed; its cards stay fenced: %s", node, exc)
+                node_obj, on_node = None, []
+            for i in indexes:
+                foreign = hami.foreign_cards(live[i].gpus, live[i].pool, node_obj, on_node)
+                if foreign:
+                    live[i] = dataclasses.replace(live[i], details={**live[i].details, "foreign": foreign})
+
+    async def _healthy(self, name: str) -> bool:
+        for _ in range(2):
+            try:
+                await asyncio.wait_for(self.agent(name).health(), 3.0)
+                return True
+            except (AgentError, BackendError, TimeoutError):
+                continue
+        return False
+
+    def _info(self, rec: PodRecord) -> PodInfo:
+        pod = self.cache.pods.get(rec.name) or {}
+        labels = podstatus.meta(pod).get("labels") or {}
+        return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
+                       isolated=True, annotations=dict(rec.annotations),
+                       endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
+                       details={"uid": rec.uid, "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
+                                "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
+                                "ready": rec.ready.view()})
+
+    def ready_record(self, name: str) -> dict[str, float | None] | None:
+        """Seconds from create to scheduled, image pulled, container started, agent answered."""
+        rec = self._pods.get(name)
+        return rec.ready.view() if rec is not None else None
+
+    async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        rec = self._pods.get(name)
+        if rec is None or rec.lost:
+            raise BackendError(f"pod {name} is gone")
+        body = {"metadata": {"annotations": dict(annotations)}}
+        await with_backoff(self.clock, self.settings.rate, lambda: self.api.patch("Pod", name, body))
+        rec.annotations.update(annotations)
+
+    def agent(self, name: str) -> AgentClient:
+        rec = self._pods.get(name)
+        if rec is None or rec.lost or not rec.ip:
+            raise BackendError(f"pod {name} is gone" + (f" ({rec.lost})" if rec is not None and rec.lost else ""))
+        client = self._clients.get(name)
+        if client is None:
+            inner = self.agent_factory(f"tcp:{rec.ip}:{self.settings.agent_port}", rec.secret, name)
+            record = rec
+
+            def lost() -> str:
+                return record.lost
+
+            client = self._clients[name] = cast(AgentClient, PodAgent(inner, name, lost))
+        return client
+
+    def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
+        """Rank 0's pod IP (every pod has its own network namespace) and a port that rotates, so a quick
+        re-run never meets the previous attempt's socket in TIME_WAIT."""
+        rec = self._pods.get(coordinator)
+        if rec is None or rec.lost or not rec.ip:
+            raise BackendError(f"pod {coordinator} is gone")
+        self._port = DEFAULT_MASTER_PORT + (self._port + 1 - DEFAULT_MASTER_PORT) % 1000
+        return Rendezvous(rec.ip, self._port)
+
+    async def close(self) -> None:
+        """Stop watching and close agent connections; pods keep running for the next broker."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()
+        await asyncio.to_thread(self.api.close)

@@ -1,0 +1,221 @@
+"""An in-process Kubernetes API emulator and fake kubelet: the real fake beside the kubernetes backend.
+
+Start one, point the official client at it, and pods really run::
+
+    with Emulator(tmp_path, gpus=2) as emu:            # an HTTP API on 127.0.0.1:<port>, node-0
+        config = kubernetes.client.Configuration(host=emu.url)
+        core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+The API (`api.py`, aiohttp on its own thread and loop) serves core/v1 pods, secrets, nodes, events,
+configmaps: create, get, list (labelSelector, fieldSelector, limit/continue), watch (resourceVersion,
+allowWatchBookmarks, timeoutSeconds), replace (409 on a stale resourceVersion), patch (merge,
+strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions). Faults for tests:
+`fail_next(verb, resource, status, times)` (429 with Retry-After, 500, 409, 410 ...; a 410 on
+`watch` arrives as an ERROR event in the stream, as from a real server), `compact()` (watches from
+older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
+`expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
+
+The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, taints
+and tolerations, CPU and memory requests, pod affinity, GPUs), then:
+
+- writes `spec.nodeName`, condition PodScheduled, and for a pod requesting `nvidia.com/gpu` HAMi's
+  `hami.io/vgpu-devices-allocated` (`UUID,NVIDIA,mem,cores:;`) and `hami.io/vgpu-node`, honouring
+  `nvidia.com/use-gpuuuid` (pinned); nodes carry `hami.io/node-nvidia-register`;
+- after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
+  `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
+  pulls), then shows the container waiting in ContainerCreating with its imageID set; an image
+  containing `:does-not-exist` goes ErrImagePull, then ImagePullBackOff, and never starts;
+- reads the agent's secret from the pod's first Secret volume (the key its `items` name, else `token`
+  or `secret`, else the only key; a missing one: waiting CreateContainerConfigError until it appears);
+- starts a real pod agent as the local backend does (bubblewrap sandbox, PID 1 `python -m
+  firepool_agent`, the agent's `--kernels` taken from the container's command if given) listening on
+  `tcp:<podIP>:<port>`, where podIP is a loopback address of its own (127.1.x.y) and the port the
+  container's port named `agent` (default 8471). A backend reaches the agent exactly as in a cluster:
+  `HttpAgentClient(f"tcp:{status.podIP}:{port}", token)`;
+- sets phase Running, podIP(s), hostIP, startTime, containerStatuses running, conditions
+  Initialized, PodReadyToStartContainers, then ContainersReady and Ready once /v1/health answers;
+  condition times and Events (Scheduled, Pulling, Pulled, Started, Failed, BackOff) carry
+  microsecond timestamps, from which ready records are read;
+- with `KubeletConfig(agents=False)` skips the agent: pods go Running and Ready with a podIP at once;
+- on delete (graceful: deletionTimestamp first) kills the agent, waits until none of its processes
+  is left, then removes the pod; an agent that dies fails its pod (restartPolicy Never).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from broker.backends.kubernetes.emulator.api import Api, Faults
+from broker.backends.kubernetes.emulator.kubelet import Kubelet, KubeletConfig
+from broker.backends.kubernetes.emulator.nodes import gpu_uuid, make_node
+from broker.backends.kubernetes.emulator.objects import Obj, Store
+
+__all__ = ["Emulator", "KubeletConfig", "Store", "gpu_uuid", "make_node"]
+
+START_TIMEOUT_S = 30.0
+
+
+class Emulator:
+    """The API server and kubelet on a thread of their own (the official client is synchronous)."""
+
+    def __init__(self, state_dir: Path | None = None, *, gpus: int = 0, nodes: int = 1,
+                 kubelet: KubeletConfig | bool = True, bookmark_interval_s: float = 1.0, port: int = 0) -> None:
+        """`nodes` fake nodes node-0.. with `gpus` cards each; `kubelet=False` serves the API alone."""
+        self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="firepool-k8semu-")
+        self.state_dir = Path(state_dir if state_dir is not None else self._tmp.name)  # type: ignore[union-attr]
+        self.store = Store()
+        self.faults = Faults()
+        self.api = Api(self.store, self.faults, bookmark_interval_s=bookmark_interval_s)
+        self.kubelet_config = kubelet if isinstance(kubelet, KubeletConfig) else KubeletConfig()
+        self.kubelet: Kubelet | None = Kubelet(self.store, self.state_dir, self.kubelet_config) if kubelet else None
+        self.store.create("namespaces", "", {"metadata": {"name": "default"}, "spec": {"finalizers": ["kubernetes"]},
+                                             "status": {"phase": "Active"}})
+        for i in range(nodes):
+            self.add_node(f"node-{i}", gpus=gpus)
+        self.port = port
+        """The API's TCP port on 127.0.0.1 (0 until started: a free one is chosen)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """The API's base URL, for `kubernetes.client.Configuration(host=...)`."""
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Emulator:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="k8s-emulator", daemon=True)
+        self._thread.start()
+        if not ready.wait(START_TIMEOUT_S) or self._failure is not None:
+            raise RuntimeError(f"the Kubernetes emulator did not start: {self._failure!r}")
+        return self
+
+    def stop(self) -> None:
+        """Kill every agent and stop serving; pods' objects are dropped with the emulator."""
+        if self._loop is not None and self._stopping is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(START_TIMEOUT_S)
+        self._thread = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _serve(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except BaseException as exc:  # surfaced by start(); a thread has nowhere else to raise
+            self._failure = exc
+            ready.set()
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", self.port)
+            await site.start()
+            self.port = int(runner.addresses[0][1])
+            if self.kubelet is not None:
+                await self.kubelet.start()
+            ready.set()
+            await self._stopping.wait()
+        finally:
+            if self.kubelet is not None:
+                await self.kubelet.stop()
+            self.api.drop_watches()
+            await runner.cleanup()
+
+    # -- faults and cluster shape (callable from any thread) ------------------------------------
+
+    def fail_next(self, verb: str, resource: str, status: int, times: int = 1, retry_after_s: int = 1) -> None:
+        """Answer the next `times` requests of `verb` on `resource` ("*": any) with `status`."""
+        self.faults.fail_next(verb, resource, status, times, retry_after_s)
+
+    def compact(self) -> int:
+        """Forget the event history: a watch from an older resourceVersion gets 410 Gone."""
+        return self.store.compact()
+
+    def drop_watches(self) -> int:
+        """Cut every open watch stream mid-stream; returns how many were open."""
+        return self.api.drop_watches()
+
+    def expire_watches(self) -> int:
+        """Compact, then end every open watch with an ERROR 410 Gone event; returns how many were open."""
+        return self.api.expire_watches()
+
+    def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
+                 annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
+                 taints: Sequence[Mapping[str, str]] = ()) -> Obj:
+        """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
+        return self.store.create("nodes", "", make_node(name, gpus=gpus, labels=labels, annotations=annotations,
+                                                        allocatable=allocatable, taints=taints))
+
+    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""
+        return {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+                "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                "users": [{"name": "emulator", "user": {"token": "emulator"}}],
+                "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator",
+                                                              "namespace": namespace}}]}
+
+    def pod(self, name: str, namespace: str = "default") -> Obj:
+        """A pod as stored now (tests read it without a client)."""
+        return self.store.get("pods", namespace, name)
+
+    def prepull(self, image: str, node: str | None = None) -> None:
+        """Mark `image` present on `node` (every node when None): its next pods skip the pull."""
+        if self.kubelet is None:
+            return
+        for name in [node] if node else [n["metadata"]["name"] for n in self.store.list("nodes", "")[0]]:
+            self.kubelet.prepull(image, name)
+
+    def evict(self, name: str, namespace: str = "default",
+              message: str = "The node was low on resource: memory.") -> bool:
+        """Evict a pod as a kubelet under node pressure does: its agent killed, phase Failed with reason
+        Evicted, the object left for its owner to delete. False when no agent of that pod runs."""
+        if self.kubelet is None or self._loop is None:
+            return False
+        done = asyncio.run_coroutine_threadsafe(self.kubelet.evict(namespace, name, message), self._loop)
+        return done.result(START_TIMEOUT_S)
+
+    def crash(self, name: str, namespace: str = "default") -> bool:
+        """SIGKILL a pod's agent from outside (an OOM kill, a node fault): the kubelet fails the pod
+        (phase Failed, container terminated). False when no agent of that pod runs."""
+        pids = self.agent_pids(name, namespace)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return bool(pids)
+
+    def agent_pids(self, name: str, namespace: str = "default") -> list[int]:
+        """The host pids of a pod's running agent (launcher and sandbox PID 1); empty when none runs."""
+        if self.kubelet is None:
+            return []
+        try:
+            uid = self.pod(name, namespace)["metadata"]["uid"]
+        except Exception:
+            return []
+        agent = self.kubelet.running.get(uid)
+        record: dict[str, Any] = agent.record if agent is not None else {}
+        return sorted({int(record[k]) for k in ("pid", "launcher_pid") if record.get(k)})

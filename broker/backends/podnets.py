@@ -6,8 +6,10 @@ and where a job's ranks meet (docs/networking.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,6 +35,14 @@ def stale_template(record: Mapping[str, Any]) -> str:
     it (its template may not name a network, and that meant the host's then)."""
     template = str(record["template"])
     return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+host-network-era"
+
+
+def kernel_env(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """What a kernel job on this pod needs to bind the ports forwarded from the host (none: none forwarded)."""
+    ports = record.get("kernel_ports")
+    if not ports:
+        return ()
+    return ((networking.KERNEL_PORTS_ENV, networking.encode_ports({int(g): int(h) for g, h in ports.items()})),)
 
 
 class PodNetworks:
@@ -75,8 +85,20 @@ class PodNetworks:
         if agent_pid is None:
             raise BackendError(f"pod {spec.name}: no sandbox pid to attach a network to")
         began = time.perf_counter()
-        helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
-        record["net_pid"], record["net_start"] = helper, start
+        if record.get("kernels", "cold") == "cold":
+            helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
+            record["net_pid"], record["net_start"] = helper, start
+            self.write(record)
+            return (time.perf_counter() - began) * 1000
+        api = networking.api_dir()
+        try:
+            helper, start = await networking.attach(agent_pid, spec.dirs.net_log, api / "api.sock")
+            record["net_pid"], record["net_start"] = helper, start
+            self.write(record)
+            ports = await asyncio.to_thread(networking.forward, api / "api.sock", networking.KERNEL_GUEST_PORTS)
+        finally:
+            shutil.rmtree(api, ignore_errors=True)  # no forward is added after this one
+        record["kernel_ports"] = {str(guest): host for guest, host in ports.items()}
         self.write(record)
         return (time.perf_counter() - began) * 1000
 
@@ -108,8 +130,8 @@ class PodNetworks:
                 return Rendezvous("127.0.0.1", self._free_ports.take())
             except OSError as exc:
                 raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
-        if world <= 1:
-            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
+        if world <= 1:  # its own loopback: every port is free
+            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT, kernel_env=kernel_env(record))
         if not self.root:
             raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}) "
                                f"and only a root broker can link the {world} ranks of a gang; use network: host")

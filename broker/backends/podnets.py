@@ -78,18 +78,16 @@ class PodNetworks:
     # -- the user-mode stack ----------------------------------------------------------------------
 
     async def attach(self, spec: SandboxSpec, record: Record, agent_pid: int | None) -> float:
-        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking);
-        the pod is not handed out before this returns, so no job runs without its network. Returns the ms spent."""
+        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking)
+        and forward the host ports its kernels will bind (`kernel_ports`: guest -> host, kept in the record
+        for a restarted broker); the pod is not handed out before this returns, so no job runs without its
+        network. Returns the ms spent."""
         if spec.network != "isolated":
             return 0.0
         if agent_pid is None:
             raise BackendError(f"pod {spec.name}: no sandbox pid to attach a network to")
         began = time.perf_counter()
-        if record.get("kernels", "cold") == "cold":
-            helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
-            record["net_pid"], record["net_start"] = helper, start
-            self.write(record)
-            return (time.perf_counter() - began) * 1000
+        # Every isolated pod, `kernels: cold` too: cold only means no pre-started kernel, kernel jobs still run.
         api = networking.api_dir()
         try:
             helper, start = await networking.attach(agent_pid, spec.dirs.net_log, api / "api.sock")

@@ -9,6 +9,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +18,9 @@ from broker.backends.local import LocalBackend
 from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest
 from broker.ports.backend import PodRequest
+from mcp_server import kernels
+from tests.integration.conftest import BrokerProcess
+from tests.integration.test_mcp_live_python import LIVE, USE, call, in_process
 from tests.integration.test_network_isolation import probe
 
 pytestmark = pytest.mark.integration
@@ -100,3 +104,31 @@ async def test_another_isolated_pod_cannot_reach_a_pods_forwarded_kernel_ports(b
     assert report["dials"][f"127.0.0.1:{host}"] == "ECONNREFUSED", report  # kp-c's own loopback
     assert report["dials"][f"10.0.2.2:{host}"] in ("ENETUNREACH", "ECONNREFUSED", "EHOSTUNREACH"), report
     assert set(kernel_ports(backend, "kp-c").values()).isdisjoint(ports.values())
+
+
+@pytest.fixture(scope="module")
+def fp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("kports") / "broker")  # the default catalog: isolated pods
+    yield broker
+    broker.stop()
+
+
+async def test_python_exec_on_a_kernel_it_cannot_reach_fails_with_kernel_unreachable_not_a_hang(
+        fp: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel advertises an address no forward listens on: what a pod network the server cannot reach does.
+    monkeypatch.setattr(kernels, "KERNEL_COMMAND", [*kernels.KERNEL_COMMAND, "--advertise", "127.0.0.2"])
+    monkeypatch.setattr(kernels, "REACH_TIMEOUT_S", 3.0)
+    async with in_process(fp) as (c, _):
+        began = time.monotonic()
+        res = await c.call_tool("python_exec", {"code": "1", "session": "unreachable"})
+        took = time.monotonic() - began
+    assert res.is_error, res.content
+    assert "KernelUnreachable" in str(res.content) and "did not answer within 3 s" in str(res.content)
+    assert took < 30, took
+
+
+async def test_python_exec_on_the_default_catalog_keeps_a_live_object(fp: BrokerProcess) -> None:
+    async with in_process(fp) as (c, _):
+        await call(c, "python_exec", code=LIVE, session="live-default")
+        second = await call(c, "python_exec", code=USE, session="live-default")
+    assert second["stdout_tail"] == "LOCKED True\n" and second["result"] == "42"

@@ -24,17 +24,19 @@ from broker.running.topology import Rendezvous
 
 log = logging.getLogger("broker.backends.local")
 
-NETWORK_POLICY = 2
-"""Records carry it from the version whose default network is `isolated`; pods made before shared the host's."""
+NETWORK_POLICY = 3
+"""Records carry it from the version whose isolated pods forward their kernel ports (2: isolated by default,
+kernels unreachable; before: the host's network)."""
 
 Record = dict[str, Any]
 
 
 def stale_template(record: Mapping[str, Any]) -> str:
-    """The pod's template hash; a pod made before isolated networks reads as stale, so the rollout replaces
-    it (its template may not name a network, and that meant the host's then)."""
+    """The pod's template hash; a pod made before isolated networks, or before their kernel ports were
+    forwarded, reads as stale, so the rollout replaces it (its template may not name a network, and that
+    meant the host's then; its kernels could not be reached)."""
     template = str(record["template"])
-    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+host-network-era"
+    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+older-network"
 
 
 def kernel_env(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -15,6 +15,7 @@ import pytest
 
 from broker.backends import networking
 from broker.backends.local import LocalBackend
+from broker.clock import RealClock
 from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest
 from broker.ports.backend import PodRequest
@@ -132,3 +133,18 @@ async def test_python_exec_on_the_default_catalog_keeps_a_live_object(fp: Broker
         await call(c, "python_exec", code=LIVE, session="live-default")
         second = await call(c, "python_exec", code=USE, session="live-default")
     assert second["stdout_tail"] == "LOCKED True\n" and second["result"] == "42"
+
+
+async def test_a_restarted_broker_gives_kernel_jobs_the_mapping_from_the_pod_record(backend: LocalBackend) -> None:
+    await backend.create(PodRequest(name="kp-d", pool=ISOLATED))
+    ports = kernel_ports(backend, "kp-d")
+    later = LocalBackend(backend.state_dir, RealClock(), virtual_gpus=2, sandbox="bwrap")  # the pods keep running
+    try:
+        assert [p.name for p in await later.list_pods()] == ["kp-d"]
+        env = dict(later.rendezvous("kp-d", 1).kernel_env)
+        assert env == {networking.KERNEL_PORTS_ENV: networking.encode_ports(ports)}
+        guest = networking.KERNEL_GUEST_PORTS[2]
+        await serve(later, "kp-d", guest, "still-forwarded")
+        assert await reached(ports[guest], "still-forwarded") == "still-forwarded"
+    finally:
+        await later.close()

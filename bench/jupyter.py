@@ -37,19 +37,15 @@ pools:
     gpus: 0
     max_count: 2
     kernels: cold
-    template: {network: host}
   - name: kern
     gpus: 0
     max_count: 2
     kernels: prestart
-    template: {network: host}
   - name: learn
     gpus: 0
     min_count: 2
     max_count: 2
-    template: {network: host}
 """
-# network: host -- the Jupyter server dials the kernel's ports on 127.0.0.1 (docs/networking.md).
 
 
 async def _start(name: str, totals: list[float] | None = None) -> tuple[Any, Any, float]:

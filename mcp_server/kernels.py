@@ -47,6 +47,9 @@ Progress = Callable[[float, float | None, str], Awaitable[None]]
 KERNEL_COMMAND = ["python3", "-m", "firepool_agent.kernel", "--ip", "127.0.0.1"]
 START_TIMEOUT_S = 120.0
 """Submit -> connection line; a kernel job queued behind a busy pod counts too."""
+REACH_TIMEOUT_S = 30.0
+"""Connection line -> kernel_info answered: a kernel that reported its ports answers within this, or the
+server cannot reach them (it used to wait START_TIMEOUT_S again, with a misleading message)."""
 DRAIN_S = 10.0
 """After an interrupt, how long the interrupted request may take to end before the kernel is stopped."""
 SAVE_TIMEOUT_S = 60.0
@@ -122,7 +125,13 @@ class Kernels:
                 kc = AsyncKernelClient()
                 kc.load_connection_info(info)
                 kc.start_channels(hb=False)
-                await kc.wait_for_ready(timeout=START_TIMEOUT_S)
+                try:
+                    await kc.wait_for_ready(timeout=REACH_TIMEOUT_S)
+                except RuntimeError as exc:
+                    raise KernelStartFailed(f"KernelUnreachable: kernel job {job.id} reported its ports "
+                                            f"({info.get('ip')}:{info.get('shell_port')}, ...) but did not answer "
+                                            f"within {REACH_TIMEOUT_S:.0f} s (a pod network the server "
+                                            "cannot reach?)") from exc
             except TimeoutError as exc:
                 raise KernelStartFailed(f"kernel job {job.id} was not reachable within {START_TIMEOUT_S:.0f} s "
                                         "(queued behind another job of the session, or a slow start)") from exc

@@ -6,8 +6,10 @@ and where a job's ranks meet (docs/networking.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,17 +24,27 @@ from broker.running.topology import Rendezvous
 
 log = logging.getLogger("broker.backends.local")
 
-NETWORK_POLICY = 2
-"""Records carry it from the version whose default network is `isolated`; pods made before shared the host's."""
+NETWORK_POLICY = 3
+"""Records carry it from the version whose isolated pods forward their kernel ports (2: isolated by default,
+kernels unreachable; before: the host's network)."""
 
 Record = dict[str, Any]
 
 
 def stale_template(record: Mapping[str, Any]) -> str:
-    """The pod's template hash; a pod made before isolated networks reads as stale, so the rollout replaces
-    it (its template may not name a network, and that meant the host's then)."""
+    """The pod's template hash; a pod made before isolated networks, or before their kernel ports were
+    forwarded, reads as stale, so the rollout replaces it (its template may not name a network, and that
+    meant the host's then; its kernels could not be reached)."""
     template = str(record["template"])
-    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+host-network-era"
+    return template if record.get("network_policy") == NETWORK_POLICY else f"{template}+older-network"
+
+
+def kernel_env(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """What a kernel job on this pod needs to bind the ports forwarded from the host (none: none forwarded)."""
+    ports = record.get("kernel_ports")
+    if not ports:
+        return ()
+    return ((networking.KERNEL_PORTS_ENV, networking.encode_ports({int(g): int(h) for g, h in ports.items()})),)
 
 
 class PodNetworks:
@@ -68,15 +80,25 @@ class PodNetworks:
     # -- the user-mode stack ----------------------------------------------------------------------
 
     async def attach(self, spec: SandboxSpec, record: Record, agent_pid: int | None) -> float:
-        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking);
-        the pod is not handed out before this returns, so no job runs without its network. Returns the ms spent."""
+        """Plug the user-mode stack into an isolated pod's namespace (after the agent answers: see networking)
+        and forward the host ports its kernels will bind (`kernel_ports`: guest -> host, kept in the record
+        for a restarted broker); the pod is not handed out before this returns, so no job runs without its
+        network. Returns the ms spent."""
         if spec.network != "isolated":
             return 0.0
         if agent_pid is None:
             raise BackendError(f"pod {spec.name}: no sandbox pid to attach a network to")
         began = time.perf_counter()
-        helper, start = await networking.attach(agent_pid, spec.dirs.net_log)
-        record["net_pid"], record["net_start"] = helper, start
+        # Every isolated pod, `kernels: cold` too: cold only means no pre-started kernel, kernel jobs still run.
+        api = networking.api_dir()
+        try:
+            helper, start = await networking.attach(agent_pid, spec.dirs.net_log, api / "api.sock")
+            record["net_pid"], record["net_start"] = helper, start
+            self.write(record)
+            ports = await asyncio.to_thread(networking.forward, api / "api.sock", networking.KERNEL_GUEST_PORTS)
+        finally:
+            shutil.rmtree(api, ignore_errors=True)  # no forward is added after this one
+        record["kernel_ports"] = {str(guest): host for guest, host in ports.items()}
         self.write(record)
         return (time.perf_counter() - began) * 1000
 
@@ -108,8 +130,8 @@ class PodNetworks:
                 return Rendezvous("127.0.0.1", self._free_ports.take())
             except OSError as exc:
                 raise BackendError(f"no free port for the rendezvous of a job on {coordinator}: {exc}") from exc
-        if world <= 1:
-            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT)  # its own loopback: every port is free
+        if world <= 1:  # its own loopback: every port is free
+            return Rendezvous("127.0.0.1", DEFAULT_MASTER_PORT, kernel_env=kernel_env(record))
         if not self.root:
             raise BackendError(f"pool {record['pool']} gives pods a private network (template network: {network}) "
                                f"and only a root broker can link the {world} ranks of a gang; use network: host")

@@ -203,6 +203,8 @@ class Executor:
         if pod.gpus:
             env.update(memory_limits(pod.gpus, {d.key: d for d in self.backend.devices()}))
         env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
+        if rank == 0 and spec.extra.get("kernel"):
+            env.update(rdzv.kernel_env)
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
                              timeout_s=spec.timeout_s, extra=dict(spec.extra))
 

@@ -21,6 +21,8 @@ class Rendezvous:
     port: int
     env: tuple[tuple[str, str], ...] = ()
     """Further variables every rank needs to reach the others (e.g. GLOO_SOCKET_IFNAME for a gang link)."""
+    kernel_env: tuple[tuple[str, str], ...] = ()
+    """Variables a kernel job (`kernel: true`) on rank 0's pod gets: the host ports forwarded to its kernel."""
 
 
 TOPOLOGY_NAMES: frozenset[str] = frozenset({

@@ -10,6 +10,10 @@ takes over fd 1:
 
 The connection file stays in the pod's private TMPDIR (mode 0600). Importing this module is cheap: the
 agent uses `prepare_env` and never imports ipykernel itself.
+
+On an isolated local pod the broker forwards five host ports on 127.0.0.1 to fixed ports in the pod's
+namespace and says so in FIREPOOL_KERNEL_PORTS (`guest:host,...`): the kernel then binds those guest
+ports on every address of its namespace and reports 127.0.0.1 and the host ports.
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ from typing import Any
 MARKER = "FIREPOOL-KERNEL "
 """Prefix of the connection line on the job's stdout."""
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+FORWARDED_ENV = "FIREPOOL_KERNEL_PORTS"
+
+
+def forwarded_ports(raw: str) -> list[tuple[int, int]] | None:
+    """FIREPOOL_KERNEL_PORTS as (guest, host) pairs, one per channel; None when unset or malformed."""
+    try:
+        pairs = [(int(g), int(h)) for g, _, h in (item.partition(":") for item in raw.split(",") if item)]
+    except ValueError:
+        return None
+    return pairs if len(pairs) == len(PORTS) else None
 
 
 def agent_root() -> str:
@@ -65,10 +79,11 @@ def curve_keys() -> dict[str, str]:
     return {"curve_publickey": public.decode("ascii"), "curve_secretkey": secret.decode("ascii")}
 
 
-def write_seed(path: str, bind: str, key: str, curve: dict[str, str]) -> None:
-    """A connection file with port 0 everywhere: ipykernel binds ports it picks and rewrites it."""
+def write_seed(path: str, bind: str, key: str, curve: dict[str, str], ports: list[int] | None = None) -> None:
+    """A connection file with the given ports, or port 0 everywhere: ipykernel binds ports it picks and
+    rewrites it."""
     seed = {"ip": bind, "transport": "tcp", "key": key, "signature_scheme": "hmac-sha256",
-            **curve, **{name: 0 for name in PORTS}}
+            **curve, **{name: (ports[i] if ports else 0) for i, name in enumerate(PORTS)}}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(seed, f)
@@ -94,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     curve = {} if args.no_encryption else curve_keys()
     tmp = os.environ.get("TMPDIR") or "/tmp"
     path = os.path.join(tmp, f"firepool-kernel-{os.getpid()}.json")
-    write_seed(path, "0.0.0.0" if args.ip in ("*", "") else args.ip, key, curve)
+    forwarded = forwarded_ports(os.environ.get(FORWARDED_ENV, ""))
+    bind = "0.0.0.0" if args.ip in ("*", "") or forwarded else args.ip  # slirp dials the namespace's tap address
+    write_seed(path, bind, key, curve, [g for g, _ in forwarded] if forwarded else None)
+    to_host = dict(forwarded or [])
     report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
-    base = {"ip": advertised_ip(args.ip, args.advertise), "key": key, "signature_scheme": "hmac-sha256",
+    advertise = args.advertise or ("127.0.0.1" if forwarded else "")
+    base = {"ip": advertised_ip(args.ip, advertise), "key": key, "signature_scheme": "hmac-sha256",
             "pid": os.getpid(), "cwd": os.getcwd(), **curve}
 
     from ipykernel.kernelapp import IPKernelApp
@@ -107,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             # still setting up its shell (messages wait in the bound sockets).
             super().write_connection_file(**kwargs)
             if report_fd >= 0:
-                info = {**base, "transport": self.transport, **{name: int(getattr(self, name)) for name in PORTS}}
+                bound = {name: int(getattr(self, name)) for name in PORTS}
+                info = {**base, "transport": self.transport, **{n: to_host.get(p, p) for n, p in bound.items()}}
                 os.write(report_fd, connection_line(info))
 
     app = ReportingApp.instance()

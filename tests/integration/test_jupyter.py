@@ -22,10 +22,11 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
-# The Jupyter server dials the kernel's ports on 127.0.0.1: kernel pools need the host's network (docs/jupyter.md).
+# gpu: the default isolated network (the kernel's ports are forwarded from the host's 127.0.0.1);
+# cpu: the host's network, where the kernel binds 127.0.0.1 itself (docs/jupyter.md). Both paths are run.
 POOLS = """pools:
   - {name: cpu, max_count: 4, template: {network: host}}
-  - {name: gpu, gpus: 1, max_count: 2, max_idle_count: 2, template: {network: host}}
+  - {name: gpu, gpus: 1, max_count: 2, max_idle_count: 2}
 """
 
 
@@ -36,15 +37,17 @@ def broker(broker_factory):
 
 @pytest.fixture
 def jupyter_env(broker, tmp_path, monkeypatch):
-    """The broker, alice's credentials in the environment, and a kernelspec `fp-test` for the gpu pool."""
+    """The broker, alice's credentials in the environment, and kernelspecs `fp-test` for the gpu pool
+    (isolated network) and `fp-host` for the cpu pool (host network)."""
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     use(broker, monkeypatch, "alice")
-    r = subprocess.run([sys.executable, "-m", "broker.cli", "kernelspec", "install", "--pool", "gpu",
-                        "--name", "fp-test", "--user"], env=broker.env("alice") | {
-                            "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data")},
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    for pool, name in (("gpu", "fp-test"), ("cpu", "fp-host")):
+        r = subprocess.run([sys.executable, "-m", "broker.cli", "kernelspec", "install", "--pool", pool,
+                            "--name", name, "--user"], env=broker.env("alice") | {
+                                "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data")},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
     return broker
 
 
@@ -178,12 +181,13 @@ async def test_a_kernel_of_an_unknown_pool_fails_to_start_with_the_brokers_error
         await km.start_kernel()
 
 
-def test_nbclient_runs_the_example_notebook_end_to_end(jupyter_env) -> None:
+@pytest.mark.parametrize(("kernel", "pool"), [("fp-test", "gpu"), ("fp-host", "cpu")], ids=["isolated", "host"])
+def test_nbclient_runs_the_example_notebook_end_to_end(jupyter_env, kernel: str, pool: str) -> None:
     nb = nbformat.read(ROOT / "examples" / "notebook.ipynb", as_version=4)
-    NotebookClient(nb, kernel_name="fp-test", timeout=120).execute()
+    NotebookClient(nb, kernel_name=kernel, timeout=120).execute()
     text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                    for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
-    assert "pool: gpu" in text and "caller: alice" in text and "acquisition:" in text
+    assert f"pool: {pool}" in text and "caller: alice" in text and "acquisition:" in text
     errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"]
     assert errors == []
 
@@ -230,7 +234,7 @@ async def test_a_listener_without_the_kernels_keys_cannot_read_its_output(jupyte
     assert info.get("curve_publickey") and info.get("curve_secretkey")
     ctx = zmq.asyncio.Context()
     url = f"tcp://{info['ip']}:{info['iopub_port']}"
-    stranger = ctx.socket(zmq.SUB)  # e.g. another caller's job on the same host network
+    stranger = ctx.socket(zmq.SUB)  # e.g. a host process, or a job on a host-network pod: it reaches the port
     stranger.setsockopt(zmq.SUBSCRIBE, b"")
     stranger.connect(url)
     keyed = ctx.socket(zmq.SUB)  # the same listener with the kernel's keys: it does hear

@@ -34,14 +34,11 @@ pools:
     gpus: 0
     max_count: 2
     kernels: prestart
-    template: {network: host}
   - name: gpu
     gpus: 1
     max_count: 1
     kernels: prestart
-    template: {network: host}
 """
-# network: host -- the Jupyter server dials the kernel's ports on 127.0.0.1 (docs/jupyter.md).
 
 
 @pytest.fixture

@@ -25,10 +25,9 @@ from tests.integration.test_mcp import call
 
 pytestmark = pytest.mark.integration
 
-# network: host -- the Jupyter server dials the kernel's ports on 127.0.0.1 (docs/networking.md).
 POOLS = """pools:
-  - {name: solo, gpus: 0, min_count: 1, max_idle_count: 1, max_count: 1, template: {network: host}}
-  - {name: gpu, gpus: 1, max_count: 1, max_idle_count: 1, template: {network: host}}
+  - {name: solo, gpus: 0, min_count: 1, max_idle_count: 1, max_count: 1}
+  - {name: gpu, gpus: 1, max_count: 1, max_idle_count: 1}
 """
 CHECK = "cat ws.txt 2>/dev/null || echo MISSING; test ! -e old.txt || echo OLDLEAK"
 

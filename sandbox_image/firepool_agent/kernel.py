@@ -31,6 +31,9 @@ MARKER = "FIREPOOL-KERNEL "
 """Prefix of the connection line on the job's stdout."""
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 FORWARDED_ENV = "FIREPOOL_KERNEL_PORTS"
+POD_IP_ENV = "FIREPOOL_KERNEL_IP"
+"""Set by a backend whose pods have an address of their own (Kubernetes: the pod IP): the kernel binds and
+reports it, whatever `--ip` a client asked for, since a pod's loopback is reachable from nowhere else."""
 
 
 def forwarded_ports(raw: str) -> list[tuple[int, int]] | None:
@@ -110,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = os.environ.get("TMPDIR") or "/tmp"
     path = os.path.join(tmp, f"firepool-kernel-{os.getpid()}.json")
     forwarded = forwarded_ports(os.environ.get(FORWARDED_ENV, ""))
-    bind = "0.0.0.0" if args.ip in ("*", "") or forwarded else args.ip  # slirp dials the namespace's tap address
+    pod_ip = os.environ.get(POD_IP_ENV, "")
+    ip = pod_ip or args.ip
+    bind = "0.0.0.0" if ip in ("*", "") or forwarded else ip  # slirp dials the namespace's tap address
     write_seed(path, bind, key, curve, [g for g, _ in forwarded] if forwarded else None)
     to_host = dict(forwarded or [])
     report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
-    advertise = args.advertise or ("127.0.0.1" if forwarded else "")
-    base = {"ip": advertised_ip(args.ip, advertise), "key": key, "signature_scheme": "hmac-sha256",
+    advertise = args.advertise or ("127.0.0.1" if forwarded else pod_ip)
+    base = {"ip": advertised_ip(ip, advertise), "key": key, "signature_scheme": "hmac-sha256",
             "pid": os.getpid(), "cwd": os.getcwd(), **curve}
 
     from ipykernel.kernelapp import IPKernelApp

@@ -234,3 +234,41 @@ async def test_a_share_held_outside_the_group_fences_the_card(backend: Kubernete
 
     assert exclusive_cards(infos.values()) == set()  # promotions on that card stay fenced
     await asyncio.to_thread(core(emu).delete_namespaced_pod, "stranger", "default")
+
+
+@pytest.mark.parametrize("backend_kind", ["kubernetes"], indirect=True)
+async def test_a_notebook_kernel_binds_its_pod_ip_and_runs_code(
+        broker_factory: Any, cluster: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod's loopback is reachable from nowhere else: the backend tells the kernel its pod IP, whatever
+    `--ip` the kernelspec asked for, and the Jupyter client dials it there."""
+    import subprocess
+    import sys
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    b: BrokerProcess = broker_factory()
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
+    monkeypatch.setenv("FIREPOOL_URL", b.url)
+    monkeypatch.setenv("FIREPOOL_TOKEN", b.tokens["alice"])
+    r = subprocess.run([sys.executable, "-m", "broker.cli", "kernelspec", "install", "--pool", "cpu", "--name", "fp-k8s",
+                        "--user"], env=b.env("alice") | {"JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    km = AsyncKernelManager(kernel_name="fp-k8s")
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        pod_ips = {p.status.pod_ip for p in core(cluster).list_namespaced_pod("default").items}
+        assert kc.ip in pod_ips and kc.ip != "127.0.0.1", (kc.ip, pod_ips)
+        reply = await kc.execute_interactive("x = 6 * 7", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        seen: list[str] = []
+        await kc.execute_interactive("print(x)", timeout=60,
+                                     output_hook=lambda m: seen.append(m["content"].get("text", "")))
+        assert "".join(seen) == "42\n"
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)

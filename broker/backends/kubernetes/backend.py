@@ -45,6 +45,7 @@ from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.topology import Rendezvous
+from firepool_agent.kernel import POD_IP_ENV
 
 log = logging.getLogger("firepool.k8s")
 
@@ -386,7 +387,7 @@ class KubernetesBackend:
         if rec is None or rec.lost or not rec.ip:
             raise BackendError(f"pod {coordinator} is gone")
         self._port = DEFAULT_MASTER_PORT + (self._port + 1 - DEFAULT_MASTER_PORT) % 1000
-        return Rendezvous(rec.ip, self._port)
+        return Rendezvous(rec.ip, self._port, kernel_env=((POD_IP_ENV, rec.ip),))
 
     async def close(self) -> None:
         """Stop watching and close agent connections; pods keep running for the next broker."""

@@ -22,26 +22,13 @@ from broker.ports.backend import PodRequest
 from mcp_server import kernels
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_mcp_live_python import LIVE, USE, call, in_process
-from tests.integration.test_network_isolation import probe
+from tests.integration.test_network_isolation import SERVE, probe  # a token served on one port for a few seconds
 
 pytestmark = pytest.mark.integration
 
 ISOLATED = PoolSpec(name="cpu")
 COLD = PoolSpec(name="cold", kernels="cold")
 
-# Serves a token on one guest port of its namespace for a few seconds (what a kernel's channel looks like).
-SERVE = """
-import socket, sys
-s = socket.create_server(("0.0.0.0", int(sys.argv[1])))
-s.settimeout(8)
-try:
-    while True:
-        c, _ = s.accept()
-        c.sendall(sys.argv[2].encode())
-        c.close()
-except TimeoutError:
-    pass
-"""
 
 
 def kernel_ports(backend: LocalBackend, pod: str) -> dict[int, int]:

@@ -22,7 +22,10 @@ from broker.ports.backend import PodRequest
 from mcp_server import kernels
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_mcp_live_python import LIVE, USE, call, in_process
-from tests.integration.test_network_isolation import SERVE, probe  # a token served on one port for a few seconds
+from tests.integration.test_network_isolation import (  # a token served on one port for a few seconds
+    SERVE,
+    probe,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -47,7 +47,7 @@ def kernel_broker(broker_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     use(broker, monkeypatch, "alice")
-    for name, pool in (("kern", "kern"), ("gpu", "gpu"), ("gpu2", "gpu")):
+    for name, pool in (("kern", "kern"), ("gpu", "gpu"), ("gpu2", "gpu"), ("gpu3", "gpu"), ("gpu4", "gpu")):
         r = subprocess.run([sys.executable, "-m", "broker.cli", "kernelspec", "install", "--pool", pool,
                             "--name", f"fp-{name}", "--user", "--tag", f"prestart-{name}"],
                            env=broker.env("alice") | {"JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data")},
@@ -167,25 +167,37 @@ async def test_a_gpu_kernel_gets_its_gpu_only_at_bind_and_the_idle_process_sees_
 
 async def test_a_new_sessions_kernel_on_the_pod_binds_the_kept_process_and_sees_nothing_of_the_old(
         kernel_broker) -> None:
-    broker = kernel_broker  # the gpu pool holds one pod: the second session's kernel takes it (recycled)
+    broker = kernel_broker  # the gpu pool holds one pod: each next session's kernel takes it (recycled)
+    plant = ("old_secret = 41; open('/workspace/old.txt', 'w').write('old'); "
+             "open('/tmp/old-tmp.txt', 'w').write('old')")
+    look = ("import os, json; print(json.dumps([os.getpid(), sorted(os.listdir('/workspace')), "
+            "sorted(os.listdir('/tmp')), 'old_secret' in globals()]))")
     async with kernel("fp-gpu") as (km, kc, _):
         pod = job_of(broker, km)["bound_pods"][0]
-        reply, _, _ = await run(kc, "old_secret = 41; open('/workspace/old.txt', 'w').write('old'); "
-                                    "open('/tmp/old-tmp.txt', 'w').write('old')")
+        reply, _, _ = await run(kc, plant)
         assert reply["status"] == "ok", reply
-    await held_idle(broker, pod)
-    before = await prestarted(broker, pod)
-    async with kernel("fp-gpu2") as (km, kc, _):
-        job = job_of(broker, km)
-        assert job["bound_pods"] == [pod] and job["lease_tag"] == "prestart-gpu2", job
-        timings = attempt_timings(job)
-        assert timings["kernel_prestarted"] == 1.0 and timings["kernel_prestart_crossed"] == 1.0, timings
-        reply, out, _ = await run(kc, "import os, json; print(json.dumps([os.getpid(), sorted(os.listdir("
-                                      "'/workspace')), sorted(os.listdir('/tmp')), 'old_secret' in globals()]))")
-        assert reply["status"] == "ok", reply
-    pid, workspace, tmp, has_old = json.loads(out)
-    assert pid == before["pid"]  # the process started after the old session's last job, kept across the boundary
-    assert "old.txt" not in workspace and "old-tmp.txt" not in tmp and not has_old
+    refusals = []
+    # The agent keeps the process only when it can prove it took nothing in; a busy machine can make it
+    # refuse (and fall back to a cold kernel, also checked here), so the crossing gets three sessions.
+    for name in ("fp-gpu2", "fp-gpu3", "fp-gpu4"):
+        await held_idle(broker, pod)
+        before = await prestarted(broker, pod)
+        async with kernel(name) as (km, kc, _):
+            job = job_of(broker, km)
+            assert job["bound_pods"] == [pod] and job["lease_tag"] == f"prestart-{name[3:]}", job
+            timings = attempt_timings(job)
+            reply, out, _ = await run(kc, look)
+            assert reply["status"] == "ok", reply
+            reply, _, _ = await run(kc, plant)  # for the next session to look for
+        pid, workspace, tmp, has_old = json.loads(out)
+        assert "old.txt" not in workspace and "old-tmp.txt" not in tmp and not has_old
+        if timings.get("kernel_prestart_crossed") == 1.0:
+            assert timings["kernel_prestarted"] == 1.0, timings
+            assert pid == before["pid"]  # started after the old session's last job, kept across the boundary
+            return
+        log = (Path(broker.state_dir) / "pods" / pod / "agent.log").read_text(errors="replace")
+        refusals.append([line for line in log.splitlines() if "session boundary" in line][-1:])
+    raise AssertionError(f"no new session bound the kept process: {refusals}")
 
 
 async def test_a_reset_kills_the_prestarted_process_and_starts_a_new_one(kernel_broker) -> None:

@@ -62,6 +62,15 @@ def watching_env(seen: set[str]) -> Iterator[None]:
         cls.__getitem__, cls.__contains__ = getitem, contains  # type: ignore[method-assign]
 
 
+def read_only(path: str) -> bool:
+    """On a read-only mount (the Python install and the agent, bound read-only into the sandbox, may sit
+    under a session directory's path, e.g. a checkout in /tmp): nothing a session wrote can be there."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class Touches:
     """An audit hook that notes paths under `dirs` the imports open or list, until `stop`.
 
@@ -86,7 +95,7 @@ class Touches:
         if not isinstance(path, str) or len(self.found) >= MAX_TOUCHED:
             return  # an fd (os.fdopen, a socket file) names nothing on disk
         full = os.path.normpath(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
-        if any(full == d or full.startswith(d + "/") for d in self.dirs):
+        if any(full == d or full.startswith(d + "/") for d in self.dirs) and not read_only(full):
             self.found.append(full)
 
     def stop(self) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 
 from firepool_agent import kernel
 from firepool_agent.config import AgentConfig
+from firepool_agent.kernel_bind import read_only
 from firepool_agent.reaping import Reaper
 
 log = logging.getLogger(__name__)
@@ -304,7 +305,7 @@ def held_paths(pid: int, dirs: Sequence[str]) -> list[str]:
         seen.append(os.readlink(f"/proc/{pid}/cwd"))
     except OSError as exc:
         return [f"/proc/{pid} unreadable: {exc}"]
-    return sorted({p for p in seen if p.startswith("/") and under(p, dirs)})
+    return sorted({p for p in seen if p.startswith("/") and under(p, dirs) and not read_only(p)})
 
 
 def _fd_targets(fd_dir: str) -> set[str]:

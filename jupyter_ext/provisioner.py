@@ -161,20 +161,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
         return info
 
     async def _read_connection(self, job_id: str) -> KernelConnectionInfo:
-        buffer = b""
-        stream = self.client().stream_logs(job_id, "stdout", follow=True)
-        try:
-            async for chunk in stream:
-                buffer += chunk
-                info = find_connection(buffer)
-                if info is not None:
-                    return info
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        job = await self.client().get(job_id)
-        raise KernelStartError(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} "
-                               f"{job.exit_code}) before its kernel started: "
-                               f"{(await self.client().logs(job_id, 'stderr'))[-600:]}")
+        return await read_connection(self.client(), job_id)
 
     async def _give_up(self, job_id: str) -> None:
         try:
@@ -297,3 +284,21 @@ class FirepoolProvisioner(KernelProvisionerBase):
 
 def _text(key: Any) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
+
+
+async def read_connection(client: Any, job_id: str) -> KernelConnectionInfo:
+    """Follow a kernel job's stdout until its connection line; KernelStartError if the job ends first."""
+    buffer = b""
+    stream = client.stream_logs(job_id, "stdout", follow=True)
+    try:
+        async for chunk in stream:
+            buffer += chunk
+            info = find_connection(buffer)
+            if info is not None:
+                return info
+    finally:
+        await stream.aclose()
+    job = await client.get(job_id)
+    raise KernelStartError(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} "
+                           f"{job.exit_code}) before its kernel started: "
+                           f"{(await client.logs(job_id, 'stderr'))[-600:]}")

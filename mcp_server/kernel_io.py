@@ -105,21 +105,14 @@ def absorb(ex: Execution, msg: dict[str, Any]) -> bool:
 
 
 async def read_connection(client: AsyncClient, job_id: str) -> Any:
-    from jupyter_ext.provisioner import find_connection
+    """The kernel job's connection line (the Jupyter provisioner's reader), or KernelStartFailed."""
+    from jupyter_ext.provisioner import KernelStartError
+    from jupyter_ext.provisioner import read_connection as follow
 
-    buffer = b""
-    stream = client.stream_logs(job_id, "stdout", follow=True)
     try:
-        async for chunk in stream:
-            buffer += chunk
-            info = find_connection(buffer)
-            if info is not None:
-                return info
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]
-    job = await client.get(job_id)
-    raise KernelStartFailed(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} {job.exit_code}) "
-                           f"before its kernel started: {(await client.logs(job_id, 'stderr'))[-600:]}")
+        return await follow(client, job_id)
+    except KernelStartError as exc:
+        raise KernelStartFailed(str(exc)) from exc
 
 
 def close_client(kc: AsyncKernelClient) -> None:

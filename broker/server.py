@@ -205,6 +205,7 @@ class _Server(uvicorn.Server):
 def serve(settings: ServeSettings) -> int:
     """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
     from broker.api.app import create_app
+    from broker.ui import start_ui
 
     auth = build_auth(settings)
     cp = build_control_plane(settings)
@@ -215,6 +216,7 @@ def serve(settings: ServeSettings) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
         await cp.start()
+        start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
                  cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))

@@ -7,8 +7,13 @@ figures the Prometheus exporter publishes.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+
+RESET_PROOFS_KEPT = 5
+"""Reset proofs kept per pod (the dashboard's Pods page shows them)."""
+RESET_PROOF_PODS = 10_000
+"""Pods whose proofs are kept, most recently reset first; older pods are forgotten."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -50,6 +55,16 @@ class Stats:
     """(pool, clean) -> resets."""
     pods_created: Counter[str] = field(default_factory=Counter)
     pods_deleted: Counter[str] = field(default_factory=Counter)
+    reset_proofs: OrderedDict[str, list[dict[str, object]]] = field(default_factory=OrderedDict)
+    """pod -> its last resets: when, how long, clean, processes killed, residue found."""
+
+    def observe_reset(self, pod: str, at: float, clean: bool, duration_s: float | None = None, killed: int = 0,
+                      problems: tuple[str, ...] = ()) -> None:
+        proof: dict[str, object] = {"at": at, "clean": clean, "duration_s": duration_s, "killed": killed,
+                                    "residue": list(problems)}
+        self.reset_proofs[pod] = [*self.reset_proofs.pop(pod, []), proof][-RESET_PROOFS_KEPT:]
+        while len(self.reset_proofs) > RESET_PROOF_PODS:
+            self.reset_proofs.popitem(last=False)
 
     def observe_start(self, pool: str, path: str, seconds: float) -> None:
         hist = self.start_latency.get((pool, path))

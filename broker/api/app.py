@@ -20,6 +20,7 @@ from broker.control import ControlPlane
 from broker.errors import FirepoolError, Forbidden, InvalidRequest, UnknownField
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
+from broker.ui import mount_ui
 from broker.warmth.poolview import caller_pool_view
 from firepool_agent.limits import MAX_LOG_OFFSET
 
@@ -184,4 +185,5 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none"}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
+    mount_ui(app, cp, auth)  # the dashboard at /ui/ (docs/dashboard.md)
     return app

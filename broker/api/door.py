@@ -78,6 +78,12 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _is_ui_form(path: str, content_type: str) -> bool:
+    """The dashboard's HTML forms (/ui/) post url-encoded bodies; every other route takes JSON."""
+    return path.startswith("/ui/") and \
+        content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+
+
 class RequestLimits:
     """Size, content-type and encoding checks on every request before routing."""
 
@@ -103,7 +109,8 @@ class RequestLimits:
         if length is not None and length.strip().isdigit() and int(length) > self.max_request_bytes:
             await error_response(self._too_large(), {"Connection": "close"})(scope, receive, send)
             return
-        if has_body and "content-type" in headers and not _is_json(headers["content-type"]):
+        if has_body and "content-type" in headers and not _is_json(headers["content-type"]) \
+                and not _is_ui_form(str(scope.get("path", "")), headers["content-type"]):
             err = UnsupportedMediaType(f"the body must be JSON (Content-Type: application/json), not "
                                        f"{headers['content-type'][:100]!r}", {"content_type": headers["content-type"][:100]})
             await error_response(err, {"Connection": "close"})(scope, receive, send)

@@ -26,7 +26,8 @@ class JobStore(Protocol):
     def get(self, job_id: str) -> Job | None: ...
 
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
-                  limit: int = 100, before: str | None = None) -> list[Job]:
+                  limit: int = 100, before: str | None = None, pool: str | None = None,
+                  lease_tag: str | None = None) -> list[Job]:
         """Newest first; `before` pages by job id."""
         ...
 
@@ -64,12 +65,14 @@ class MemoryJobStore:
         return self._jobs.get(job_id)
 
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
-                  limit: int = 100, before: str | None = None) -> list[Job]:
+                  limit: int = 100, before: str | None = None, pool: str | None = None,
+                  lease_tag: str | None = None) -> list[Job]:
         wanted = set(states) if states is not None else None
         jobs = sorted(self._jobs.values(), key=lambda j: j.id, reverse=True)
         return [j for j in jobs
                 if (caller is None or j.caller == caller) and (wanted is None or j.state in wanted)
-                and (before is None or j.id < before)][:limit]
+                and (before is None or j.id < before) and (pool is None or j.spec.pool == pool)
+                and (lease_tag is None or j.spec.lease_tag == lease_tag)][:limit]
 
     def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
         with self._lock:

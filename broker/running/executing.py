@@ -417,14 +417,18 @@ class Executor:
                 self.controller.delete_retiring(pod.name)
                 return
             clean = False
+            started = self.clock.now()
             if pod.name not in lost:
                 try:
                     result = await self.backend.agent(pod.name).reset(request)
                     clean = result.clean
+                    self.stats.observe_reset(pod.name, started, clean, result.duration_s, result.killed,
+                                             tuple(result.problems))
                     if not clean:
                         log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
                 except AgentError as exc:
                     log.warning("reset of %s failed: %s", pod.name, exc)
+                    self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
                 self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))

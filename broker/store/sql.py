@@ -144,9 +144,14 @@ class SqlJobStore:
         return found[0] if found else None
 
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
-                  limit: int = 100, before: str | None = None) -> list[Job]:
+                  limit: int = 100, before: str | None = None, pool: str | None = None,
+                  lease_tag: str | None = None) -> list[Job]:
         """Newest first; `before` pages by job id."""
         where = []
+        if pool is not None:
+            where.append(jobs.c.pool == pool)
+        if lease_tag is not None:
+            where.append(jobs.c.lease_tag == lease_tag)
         if caller is not None:
             where.append(jobs.c.caller == caller)
         if states is not None:

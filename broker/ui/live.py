@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from broker.api.auth import Identity
@@ -31,6 +32,8 @@ log = logging.getLogger("firepool.ui")
 TOPICS = ("pools", "pods", "jobs")
 RECENT_JOBS = 200
 """Jobs that finished since a client connected stay in the snapshot this long (by count)."""
+NEWEST_JOBS = 20
+"""The newest jobs read from the store per tick, per watching caller (all callers' for an admin)."""
 
 
 @dataclass
@@ -92,7 +95,7 @@ class Hub:
         self.cp = cp
         self.clock = clock
         self.interval = interval
-        self.clients: dict[int, set[str]] = {}
+        self.clients: dict[int, tuple[set[str], Identity]] = {}
         self.snapshot: Snapshot | None = None
         self.computed = 0
         self._changed = asyncio.Condition()
@@ -101,9 +104,9 @@ class Hub:
         self._live_ids: set[str] = set()
         self._recent: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
 
-    def subscribe(self, topics: set[str]) -> int:
+    def subscribe(self, topics: set[str], who: Identity) -> int:
         self._next_id += 1
-        self.clients[self._next_id] = topics & set(TOPICS)
+        self.clients[self._next_id] = (topics & set(TOPICS), who)
         self._wake.set()
         return self._next_id
 
@@ -128,7 +131,7 @@ class Hub:
             await self.clock.sleep(self.interval)
 
     async def tick(self) -> Snapshot:
-        wanted = set().union(*self.clients.values()) if self.clients else set(TOPICS)
+        wanted = set().union(*(t for t, _ in self.clients.values())) if self.clients else set(TOPICS)
         data: dict[str, Any] = {}
         if "pools" in wanted:
             data["pools"] = self.cp.pools_view()
@@ -145,19 +148,26 @@ class Hub:
         return snap
 
     async def _jobs(self) -> list[dict[str, Any]]:
-        """Live jobs from memory, plus those that left it since the last tick read once from the store."""
+        """Live jobs from memory; those that left it since the last tick, read once from the store; and
+        the newest few per watching caller (a job may start and end between two ticks)."""
         live = dict(self.cp.book.live)
         reason = self.cp.waiting_reason
         left = [i for i in self._live_ids if i not in live][:RECENT_JOBS]
         self._live_ids = set(live)
-        for job_id in left:
-            try:
+        watchers = [who for topics, who in self.clients.values() if "jobs" in topics]
+        callers: set[str | None] = {None} if any(w.admin for w in watchers) else {w.caller for w in watchers}
+        try:
+            for job_id in left:
                 job = await self.cp.book.get(job_id)
-            except Exception as exc:  # the store may be down for a while; the page keeps the last rows
-                log.warning("dashboard: reading job %s failed: %s", job_id, exc)
-                continue
-            if job is not None:
-                self._recent[job_id] = job_row(job, None)
+                if job is not None:
+                    self._recent[job_id] = job_row(job, None)
+            for caller in callers:
+                newest = await self.cp.book.io(partial(self.cp.store.list_jobs, caller=caller, limit=NEWEST_JOBS))
+                for job in newest:
+                    if job.terminal:
+                        self._recent[job.id] = job_row(job, None)
+        except Exception as exc:  # the store may be down for a while; the page keeps the rows it has
+            log.warning("dashboard: reading jobs failed: %s", exc)
         while len(self._recent) > RECENT_JOBS:
             self._recent.popitem(last=False)
         rows = {i: job_row(j, reason(i)) for i, j in live.items()}

@@ -230,7 +230,7 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
 
 
 async def _snapshots(hub: Hub, who: Identity, topics: set[str]) -> AsyncIterator[str]:
-    client = hub.subscribe(topics)
+    client = hub.subscribe(topics, who)
     try:
         yield "retry: 3000\n\n"
         seq = 0

@@ -146,7 +146,7 @@ async def test_twenty_clients_share_one_snapshot_per_tick_and_each_caller_one_sc
     await ui.h.submit("bob", command=("sleep", "30"))
     hub = Hub(ui.h.cp, ui.h.clock)
     for _ in range(20):
-        hub.subscribe({"jobs", "pools"})
+        hub.subscribe({"jobs", "pools"}, Identity("ops", admin=True))
     snap = await hub.tick()
     assert hub.computed == 1
     alice = [snap.encoded(Identity("alice"), {"jobs", "pools"}) for _ in range(10)]
@@ -163,7 +163,7 @@ async def test_the_hub_ticks_at_most_twice_a_second_and_not_at_all_without_clien
         task = asyncio.get_running_loop().create_task(hub.run())
         await h.run_for(5.0)
         assert hub.computed == 0
-        client = hub.subscribe({"pools"})
+        client = hub.subscribe({"pools"}, Identity("alice"))
         await h.run_for(10.0)
         assert 18 <= hub.computed <= 21
         hub.unsubscribe(client)
@@ -179,7 +179,7 @@ async def test_a_client_waiting_for_the_next_snapshot_gets_a_newer_one() -> None
     h = await Harness([cpu_pool()]).start()
     try:
         hub = Hub(h.cp, h.clock)
-        hub.subscribe({"pools"})
+        hub.subscribe({"pools"}, Identity("alice"))
         first = await hub.tick()
         waiter = asyncio.ensure_future(hub.next(first.seq))
         await h.spin()
@@ -223,3 +223,13 @@ async def test_pods_page_shows_reset_proofs(ui) -> None:
     assert views.pods_page(ui.h.cp, Identity("bob"), None, None, 0)[1] == 0
     assert views.pods_page(ui.h.cp, Identity("ops", admin=True), None, "idle", 0)[1] == 1
     assert JobState.SUCCEEDED  # the job's pod went back idle and held
+
+
+async def test_a_job_that_starts_and_ends_between_two_ticks_still_shows_in_the_next(ui) -> None:
+    hub = Hub(ui.h.cp, ui.h.clock)
+    hub.subscribe({"jobs"}, Identity("alice"))
+    await hub.tick()
+    job = await ui.h.run_job("alice", command=("true",))
+    await ui.h.run_job("bob", command=("true",))
+    rows = (await hub.tick()).for_identity(Identity("alice"))["jobs"]
+    assert [(r["id"], r["state"], r["path"]) for r in rows] == [(job.id, "SUCCEEDED", job.acquisition[0].path)]

@@ -22,7 +22,7 @@ from broker.ui.live import job_row, scope
 
 PAGE = 50
 PODS_PAGE = 200
-PATH_SCAN = 5000
+PATH_SCAN = 2000
 """Most jobs read to fill one page filtered by acquisition path (the path is not a column)."""
 LATENCY_JOBS = 2000
 """The Latency page summarises the caller's (or, for an admin, everyone's) newest jobs."""

@@ -267,6 +267,16 @@ class JobStoreContract:
         assert store.list_jobs(states=[]) == []
         assert store.list_jobs(caller="carol") == []
 
+    def test_list_filters_by_pool_and_lease_tag(self, store: JobStore) -> None:
+        for i in range(6):
+            spec = JobSpec(pool="a100" if i % 2 else "h100", command=("true",), lease_tag=f"t{i % 3}")
+            store.insert(make_job(f"j-{i:02d}", "alice" if i < 4 else "bob", spec=spec))
+        assert [j.id for j in store.list_jobs(pool="a100")] == ["j-05", "j-03", "j-01"]
+        assert [j.id for j in store.list_jobs(lease_tag="t1")] == ["j-04", "j-01"]
+        assert [j.id for j in store.list_jobs(pool="h100", lease_tag="t2", caller="alice")] == ["j-02"]
+        assert [j.id for j in store.list_jobs(pool="a100", before="j-03")] == ["j-01"]
+        assert store.list_jobs(pool="nope") == []
+
     def test_list_pages_by_id_with_before(self, store: JobStore) -> None:
         self._fill(store)
         seen, before = [], None

@@ -61,6 +61,17 @@ def browser() -> Iterator[Any]:
     d.quit()
 
 
+def shot(d: Any, path: Path) -> None:
+    """A screenshot, reduced to a 64-colour palette where Pillow is installed (docs/img stays small)."""
+    d.save_screenshot(str(path))
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    with Image.open(path) as image:
+        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
 def collect_requests(d: Any) -> list[str]:
     """Every URL the page asked for since the last call (Chrome's performance log: CDP Network events)."""
     for entry in d.get_log("performance"):
@@ -116,7 +127,7 @@ def test_login_page_is_plain_html_with_no_external_asset(broker: BrokerProcess, 
     browser.delete_all_cookies()
     browser.get(broker.url + "/ui/")
     assert "Bearer token" in body(browser)
-    browser.save_screenshot(str(shots / "login.png"))
+    shot(browser, shots / "login.png")
 
 
 def test_submitted_jobs_appear_live_with_their_acquisition_path(broker: BrokerProcess, browser: Any,
@@ -138,7 +149,7 @@ def test_submitted_jobs_appear_live_with_their_acquisition_path(broker: BrokerPr
         assert cell == job.path, (cell, job.path)
     assert second.path == "warm"  # the same session's second job took the first's pod
     assert browser.execute_script("return window.__sameDocument === true")
-    browser.save_screenshot(str(shots / "jobs.png"))
+    shot(browser, shots / "jobs.png")
 
 
 def test_a_job_page_streams_its_log_while_it_runs(broker: BrokerProcess, browser: Any, shots: Path) -> None:
@@ -157,7 +168,7 @@ def test_a_job_page_streams_its_log_while_it_runs(broker: BrokerProcess, browser
     wait_for(lambda: "line6" in log() and "end of output" in body(browser), what="the whole log")
     text = body(browser)
     assert "first instruction" in text and "Acquisition" in text
-    browser.save_screenshot(str(shots / "job.png"))
+    shot(browser, shots / "job.png")
 
 
 def test_another_caller_sees_none_of_the_jobs_and_gets_404_by_url(broker: BrokerProcess, browser: Any) -> None:
@@ -189,7 +200,7 @@ def test_an_admin_breaks_a_hold_and_the_pool_page_shows_it(broker: BrokerProcess
     browser.get(broker.url + "/ui/")
     wait_for(lambda: pod in body(browser), what=f"carol's hold on {pod}")
     before = int(browser.find_element(By.CSS_SELECTOR, "[data-pool=cpu][data-field=holds_broken]").text)
-    browser.save_screenshot(str(shots / "pools.png"))
+    shot(browser, shots / "pools.png")
     row = wait_for(lambda: next(r for r in browser.find_elements(By.CSS_SELECTOR, "table.holds tr") if pod in r.text))
     row.find_element(By.CSS_SELECTOR, "button[data-action=break-hold]").click()
     wait_for(lambda: "Broke carol's hold" in body(browser), what="the notice")
@@ -210,7 +221,7 @@ def test_every_page_renders_and_no_request_leaves_127_0_0_1(broker: BrokerProces
         browser.get(broker.url + path)
         time.sleep(1.2)  # let the live stream and charts run
         assert "Internal" not in body(browser), path
-        browser.save_screenshot(str(shots / f"{name}.png"))
+        shot(browser, shots / f"{name}.png")
     seen = collect_requests(browser)
     assert any(u.endswith("/ui/static/uPlot.iife.min.js") for u in seen)
     outside = [u for u in seen if urlsplit(u).scheme not in ("data", "blob", "about", "chrome")

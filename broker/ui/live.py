@@ -127,7 +127,10 @@ class Hub:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # a failed view this tick must not end live updates for good
+                log.exception("dashboard: building the live snapshot failed")
             await self.clock.sleep(self.interval)
 
     async def tick(self) -> Snapshot:
@@ -213,5 +216,8 @@ class Timeline:
 
     async def run(self) -> None:
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:  # one lost sample, not the timeline
+                log.exception("dashboard: sampling the pools failed")
             await self.clock.sleep(self.every)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -59,8 +59,19 @@ class Sessions:
         response.delete_cookie(COOKIE, path="/ui")
 
 
+def check_origin(request: Request) -> None:
+    """A form posted from another site's page is refused before anything else (login included): browsers
+    name the page's origin on every POST, and it must be this broker's own."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null" and request.headers.get("sec-fetch-site") in (None, "same-origin"):
+        return  # not a browser (SDK, tests), or a browser that withholds it: CSRF tokens still apply
+    if urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise Forbidden("this form was posted from another site")
+
+
 async def form(request: Request) -> dict[str, str]:
     """An url-encoded form body (the only kind the dashboard's forms send), first value per field."""
+    check_origin(request)
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/x-www-form-urlencoded":
         raise InvalidRequest("dashboard forms are application/x-www-form-urlencoded", {"field": "body"})

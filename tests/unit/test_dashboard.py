@@ -233,3 +233,33 @@ async def test_a_job_that_starts_and_ends_between_two_ticks_still_shows_in_the_n
     await ui.h.run_job("bob", command=("true",))
     rows = (await hub.tick()).for_identity(Identity("alice"))["jobs"]
     assert [(r["id"], r["state"], r["path"]) for r in rows] == [(job.id, "SUCCEEDED", job.acquisition[0].path)]
+
+
+async def test_a_form_posted_from_another_site_is_refused_login_included(ui) -> None:
+    r = await ui.post("/ui/login", data={"token": ALICE}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    r = await ui.post("/ui/login", data={"token": ALICE}, headers={"Origin": "http://fp"})
+    assert r.status_code == 303
+
+
+async def test_a_failing_view_does_not_end_live_updates() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        hub = Hub(h.cp, h.clock, interval=0.5)
+        broken = {"n": 2}
+        real = h.cp.pools_view
+
+        def flaky() -> list[dict[str, object]]:
+            if broken["n"]:
+                broken["n"] -= 1
+                raise RuntimeError("boom")
+            return real()
+
+        h.cp.pools_view = flaky  # type: ignore[method-assign]
+        task = asyncio.get_running_loop().create_task(hub.run())
+        hub.subscribe({"pools"}, Identity("alice"))
+        await h.run_for(3.0)
+        assert hub.snapshot is not None and hub.snapshot.data["pools"][0]["name"] == "cpu"
+        task.cancel()
+    finally:
+        await h.stop()

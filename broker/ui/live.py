@@ -33,7 +33,13 @@ TOPICS = ("pools", "pods", "jobs")
 RECENT_JOBS = 200
 """Jobs that finished since a client connected stay in the snapshot this long (by count)."""
 NEWEST_JOBS = 20
-"""The newest jobs read from the store per tick, per watching caller (all callers' for an admin)."""
+"""The newest jobs read from the store, per watching caller (all callers' for an admin), on a tick where
+more jobs finished than the hub saw leave the live set (they started and ended between two ticks)."""
+SENT_RECENT = 50
+"""Finished jobs sent per event besides the live ones: a Jobs page shows 50 rows."""
+CATCH_ALL_TICKS = 10
+"""Read the newest jobs at least every this many ticks anyway (a job cancelled while queued is not counted
+as finished by the executor)."""
 
 
 @dataclass
@@ -53,12 +59,13 @@ class Snapshot:
         return found
 
     def encoded(self, who: Identity, topics: set[str]) -> str:
-        """This tick's SSE event for `who` watching `topics`, serialized once for every such client."""
+        """This tick's SSE event for `who` watching `topics`, serialized once for every such client; the
+        same data encodes to the same text, so a stream skips a tick that changed nothing it shows."""
         key = (who.caller, who.admin, frozenset(topics))
         text = self._encoded.get(key)
         if text is None:
             data = self.for_identity(who)
-            body = {k: v for k, v in data.items() if k in topics or k in ("seq", "at")}
+            body = {k: v for k, v in data.items() if k in topics}
             text = self._encoded[key] = f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
         return text
 
@@ -102,6 +109,8 @@ class Hub:
         self._wake = asyncio.Event()
         self._next_id = 0
         self._live_ids: set[str] = set()
+        self._finished = 0
+        self._ticks = 0
         self._recent: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
 
     def subscribe(self, topics: set[str], who: Identity) -> int:
@@ -155,10 +164,17 @@ class Hub:
         the newest few per watching caller (a job may start and end between two ticks)."""
         live = dict(self.cp.book.live)
         reason = self.cp.waiting_reason
-        left = [i for i in self._live_ids if i not in live][:RECENT_JOBS]
+        gone = [i for i in self._live_ids if i not in live]
+        left = gone[:RECENT_JOBS]
         self._live_ids = set(live)
+        finished = sum(self.cp.stats.jobs_finished.values())
+        unseen = finished - self._finished > len(gone)
+        self._finished = finished
+        self._ticks += 1
         watchers = [who for topics, who in self.clients.values() if "jobs" in topics]
         callers: set[str | None] = {None} if any(w.admin for w in watchers) else {w.caller for w in watchers}
+        if not unseen and self._ticks % CATCH_ALL_TICKS != 1:
+            callers = set()  # every finished job was seen leaving the live set: no store read this tick
         try:
             for job_id in left:
                 job = await self.cp.book.get(job_id)
@@ -174,8 +190,9 @@ class Hub:
         while len(self._recent) > RECENT_JOBS:
             self._recent.popitem(last=False)
         rows = {i: job_row(j, reason(i)) for i, j in live.items()}
-        for job_id, row in self._recent.items():
-            rows.setdefault(job_id, row)
+        recent = sorted(self._recent, reverse=True)
+        for job_id in recent[:SENT_RECENT]:
+            rows.setdefault(job_id, self._recent[job_id])
         return sorted(rows.values(), key=lambda r: r["id"], reverse=True)
 
 

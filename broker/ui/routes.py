@@ -233,7 +233,7 @@ async def _snapshots(hub: Hub, who: Identity, topics: set[str]) -> AsyncIterator
     client = hub.subscribe(topics, who)
     try:
         yield "retry: 3000\n\n"
-        seq = 0
+        seq, last = 0, ""
         while True:
             try:
                 snap = await asyncio.wait_for(hub.next(seq), KEEPALIVE_S)
@@ -241,7 +241,10 @@ async def _snapshots(hub: Hub, who: Identity, topics: set[str]) -> AsyncIterator
                 yield ": keepalive\n\n"
                 continue
             seq = snap.seq
-            yield snap.encoded(who, topics)
+            text = snap.encoded(who, topics)
+            if text != last:  # nothing this page shows changed: send nothing
+                last = text
+                yield text
     finally:
         hub.unsubscribe(client)
 

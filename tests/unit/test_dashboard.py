@@ -263,3 +263,27 @@ async def test_a_failing_view_does_not_end_live_updates() -> None:
         task.cancel()
     finally:
         await h.stop()
+
+
+async def test_a_stream_skips_ticks_that_changed_nothing_it_shows() -> None:
+    from broker.ui.routes import _snapshots
+
+    h = await Harness([cpu_pool()]).start()
+    try:
+        hub = Hub(h.cp, h.clock)
+        stream = _snapshots(hub, Identity("alice"), {"jobs"})
+        assert (await stream.__anext__()).startswith("retry:")
+        await hub.tick()
+        first = await stream.__anext__()
+        waiting = asyncio.ensure_future(stream.__anext__())
+        await hub.tick()  # nothing changed
+        await h.spin()
+        assert not waiting.done()
+        job = await h.submit("alice", command=("sleep", "30"))
+        await hub.tick()
+        changed = await waiting
+        assert job.id in changed and job.id not in first and hub.snapshot is not None and hub.snapshot.seq == 3
+        await stream.aclose()
+        assert hub.clients == {}
+    finally:
+        await h.stop()

@@ -108,7 +108,7 @@
       if (data.pools) renderPools(data.pools);
       if (data.jobs) renderJobs(data.jobs);
       if (data.pods) renderPods(data.pods);
-      status("live · updated " + utc(data.at) + " UTC");
+      status("live · updated " + utc(Date.now() / 1000) + " UTC");
     };
     window.addEventListener("pagehide", () => es.close());
   }

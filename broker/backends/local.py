@@ -181,6 +181,28 @@ class LocalBackend:
     def _dirs(self, name: str) -> PodDirs:
         return PodDirs(self.pods_dir / name)
 
+    def workspace_bytes(self, name: str, max_entries: int = 100_000) -> int | None:
+        """Bytes of the files in a pod's workspace (the dashboard's Sessions page); None without one.
+
+        Blocking (a directory walk, at most `max_entries` entries, links not followed): call it on a thread.
+        """
+        root = self._dirs(name).workspace
+        if not root.is_dir():
+            return None
+        total, seen, stack = 0, 0, [str(root)]
+        while stack and seen < max_entries:
+            try:
+                with os.scandir(stack.pop()) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue  # removed or unreadable meanwhile: count what is left
+        return total
+
     @staticmethod
     def _read(path: Path) -> dict[str, Any] | None:
         try:

@@ -121,8 +121,10 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
         return ui.render(request, "job.html", who, title=f"Job {j.id}", live="jobs", job=views.job_detail(cp, j))
 
     async def sessions_page(request: Request, who: Identity) -> Response:
-        return ui.render(request, "sessions.html", who, title="Sessions", live="pods",
-                         sessions=views.sessions(cp, who), now=cp.clock.now())
+        groups = views.sessions(cp, who)
+        await asyncio.to_thread(views.workspace_sizes, cp, groups)
+        return ui.render(request, "sessions.html", who, title="Sessions", live="pods", sessions=groups,
+                         now=cp.clock.now())
 
     async def pods_page(request: Request, who: Identity) -> Response:
         q = request.query_params

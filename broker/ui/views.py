@@ -143,10 +143,20 @@ def sessions(cp: ControlPlane, who: Identity) -> list[dict[str, Any]]:
         g["hold_until"] = max(g["hold_until"], pod.hold_until)
         if pod.job:
             g["jobs"].append(pod.job)
-    size = getattr(cp.backend, "workspace_bytes", None)
     for g in groups.values():
-        g["workspace_bytes"] = sum(size(p["name"]) or 0 for p in g["pods"]) if size is not None else None
+        g["workspace_bytes"] = None
     return sorted(groups.values(), key=lambda g: -g["last_use"])
+
+
+def workspace_sizes(cp: ControlPlane, groups: list[dict[str, Any]]) -> None:
+    """Fill each session's workspace size where the backend measures one (blocking: run on a thread)."""
+    size = getattr(cp.backend, "workspace_bytes", None)
+    if size is None:
+        return
+    for g in groups:
+        sizes = [size(p["name"]) for p in g["pods"]]
+        known = [n for n in sizes if n is not None]
+        g["workspace_bytes"] = sum(known) if known else None
 
 
 async def latency(cp: ControlPlane, who: Identity) -> dict[str, Any]:

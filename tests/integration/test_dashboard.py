@@ -230,9 +230,14 @@ def test_every_page_renders_and_no_request_leaves_127_0_0_1(broker: BrokerProces
 
 
 def test_the_dashboard_works_without_the_browser_too(broker: BrokerProcess) -> None:
-    """The pages are server-rendered: a plain HTTP client reads the same figures."""
+    """The pages are server-rendered: a plain HTTP client reads the same figures, a session's workspace size too."""
+    with sdk(broker, "alice") as c:
+        c.run(["sh", "-c", "head -c 10240 /dev/zero > blob"], lease_tag="dash-size")
     with httpx.Client(base_url=broker.url) as http:
         r = http.post("/ui/login", data={"token": broker.tokens["alice"]})
         assert r.status_code == 303
         page = http.get("/ui/")
         assert page.status_code == 200 and "<table" in page.text and "cpu" in page.text
+        sessions = http.get("/ui/sessions").text
+        row = next(r for r in sessions.split("<tr>") if "dash-size" in r)
+        assert "10.0 KiB" in row, row

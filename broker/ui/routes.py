@@ -225,6 +225,10 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
         return StreamingResponse(_log(cp, j.caller, j.id), media_type="text/event-stream",
                                  headers={**_headers(), "X-Accel-Buffering": "no"})
 
+    @app.get("/ui", include_in_schema=False)
+    async def ui_root() -> Response:
+        return RedirectResponse("/ui/", status_code=308)
+
     app.include_router(router)
     static = files("broker.ui").joinpath("static")
     app.mount("/ui/static", StaticFiles(directory=str(static)), name="ui-static")

@@ -58,6 +58,11 @@ async def test_unknown_token_gets_the_form_again_and_no_cookie(ui) -> None:
     assert r.status_code == 401 and 'type="password"' in r.text
 
 
+async def test_ui_without_its_slash_redirects_to_the_dashboard(ui) -> None:
+    r = await ui.get("/ui")
+    assert r.status_code == 308 and r.headers["location"] == "/ui/"
+
+
 async def test_login_redirect_stays_on_the_dashboard(ui) -> None:
     r = await ui.post("/ui/login", data={"token": ALICE, "next": "//evil.example/"})
     assert r.headers["location"] == "/ui/"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -52,6 +53,26 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
     first = details[0] if details else {"field": "", "problem": "invalid request"}
     return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}",
                           {"field": first["field"] or "body", "errors": details})
+
+
+def parse_since(since: str | None) -> tuple[int | None, float | None]:
+    """`since` of GET /v1/events: (after this id, at or after this time)."""
+    if since is None or since == "":
+        return None, None
+    if since.isdigit():
+        return int(since), None
+    try:
+        return None, float(since)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest("since must be an event id, epoch seconds (with a decimal point) or an ISO 8601 time",
+                             {"field": "since"}) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return None, when.timestamp()
 
 
 def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
@@ -182,6 +203,15 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         # A caller sees its own pods only: another's names, sessions (tags) and jobs are not its business.
         return {"pods": views if who.admin else [v for v in views if v["caller"] == who.caller],
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none"}
+
+    @app.get("/v1/events", responses=ERRORS)
+    async def events(who: Who, since: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        """Fleet events oldest first (docs/quotas.md): `since` is an event id (digits: those after it) or a time
+        (epoch seconds with a decimal point, or ISO 8601: those at or after it). A caller sees its own."""
+        after_id, at = parse_since(since)
+        found = await cp.list_events(None if who.admin else who.caller, after_id=after_id, since=at, limit=limit)
+        return {"events": [e.to_json() for e in found], "next": found[-1].id if found else after_id}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

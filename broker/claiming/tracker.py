@@ -43,6 +43,7 @@ from broker.claiming.tracking import (
     REASON_STANDBY,
     REASON_TAG_HINT,
     REASON_TAKEOVER,
+    REASON_TEAM_QUOTA,
     RESETTING,
     RETIRING,
     RUNNING,
@@ -52,12 +53,14 @@ from broker.claiming.tracking import (
     Pick,
     Shortfall,
 )
+from broker.fleet.quotas import Kind, Verdict
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 
 __all__ = [
     "REASON_NEW_SESSION", "REASON_NEW_SESSION_RETIRE", "REASON_NO_IDLE", "REASON_NO_SESSION_POD", "REASON_QUOTA",
     "REASON_SESSION_RESETTING", "REASON_SINGLE_USE", "REASON_STANDBY", "REASON_TAG_HINT", "REASON_TAKEOVER",
+    "REASON_TEAM_QUOTA",
     "Claim", "Lease", "Shortfall", "Tracker",
 ]
 
@@ -151,6 +154,13 @@ class Tracker(GangClaims):
                 return Shortfall(f"unknown pool {want.pool}", 0)
             if self._limits and self._over_limit(want, bucket.spec.gpus):
                 return Shortfall(REASON_QUOTA, want.pods)
+            borrowed = False
+            if self._quotas is not None and bucket.spec.gpus:
+                verdict = self._quotas.classify(want.caller, want.pods * bucket.spec.gpus, want.preemptible,
+                                                self._quota_use)
+                if verdict.kind is Kind.REFUSED:
+                    return Shortfall(verdict.reason, want.pods)
+                borrowed = verdict.kind is Kind.BORROWED
             picked: Sequence[Pick] | Shortfall | None = None
             if want.single_use:
                 picked = self._pick_reserved(want)
@@ -183,8 +193,12 @@ class Tracker(GangClaims):
             if self._gangs:
                 self._settle(want, picked)
             n = len(picked)
-            lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus)
+            lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus, borrowed)
             self._leases[job_id] = lease
+            if self._quotas is not None and (qpath := self._quotas.path(want.caller)) is not None:
+                self._quota_use.add(qpath, lease.gpus, borrowed)
+                if self._reclaims:
+                    self._end_reclaim(job_id)
             usage = self._usage.get(want.caller)
             if usage is None:
                 self._usage[want.caller] = [lease.gpus, n]
@@ -330,6 +344,10 @@ class Tracker(GangClaims):
                 for g in pod.gpus:
                     self._gate[g] = pod.name
             lease = Lease(job_id, caller, pods, sum(len(p.gpus) for p in pods))
+            if self._quotas is not None and (qpath := self._quotas.path(caller)) is not None:
+                # A restarted broker cannot know how the job was placed: it counts in quota while it fits.
+                lease.borrowed = self._quotas.classify(caller, lease.gpus, True, self._quota_use).kind is Kind.BORROWED
+                self._quota_use.add(qpath, lease.gpus, lease.borrowed)
             self._leases[job_id] = lease
             usage = self._usage.setdefault(caller, [0, 0])
             usage[0] += lease.gpus
@@ -366,6 +384,37 @@ class Tracker(GangClaims):
     def pods_of(self, job_id: str) -> tuple[Pod, ...]:
         lease = self._leases.get(job_id)
         return lease.pods if lease else ()
+
+    def leases(self) -> list[Lease]:
+        """Every claimed pod set (a list copy), for the preemption decision outside the lock."""
+        with self._lock:
+            return list(self._leases.values())
+
+    def quota_verdict(self, caller: str, gpus: int, preemptible: bool) -> Verdict | None:
+        """How a job of `gpus` would be placed by quota now; None without quotas."""
+        with self._lock:
+            if self._quotas is None:
+                return None
+            return self._quotas.classify(caller, gpus, preemptible, self._quota_use)
+
+    def reclaim(self, job_id: str, caller: str, gpus: int) -> None:
+        """A queued in-quota job preempted borrowers: its GPUs stop being lendable until it is placed or leaves."""
+        with self._lock:
+            path = self._quotas.path(caller) if self._quotas is not None else None
+            if path is None or job_id in self._reclaims:
+                return
+            self._reclaims[job_id] = (path.team, gpus)
+            self._quota_use.reclaiming[path.team] = self._quota_use.reclaiming.get(path.team, 0) + gpus
+
+    def drop_reclaim(self, job_id: str) -> None:
+        """The job left the queue without being placed."""
+        with self._lock:
+            self._end_reclaim(job_id)
+
+    def quota_view(self) -> dict[str, dict[str, int]]:
+        """GPUs held in quota per quota node and borrowed per team (for /v1/pools and tests)."""
+        with self._lock:
+            return {"in_quota": dict(self._quota_use.in_quota), "borrowed": dict(self._quota_use.borrowed)}
 
     def usage(self, caller: str) -> tuple[int, int]:
         """(gpus, pods) the caller's assigned and running jobs hold."""

@@ -116,6 +116,8 @@ class Executor:
         """Learns which pools serve kernels, so their idle pods keep a pre-started one."""
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
+        self.preempting: dict[str, str] = {}
+        """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
 
     # ---------------------------------------------------------------- launch
@@ -311,6 +313,20 @@ class Executor:
             except FirepoolError as exc:
                 log.warning("cancelling %s on %s failed: %s", aid, pod.name, exc)
 
+    async def preempt(self, job_id: str, why: str, grace_s: float) -> bool:
+        """SIGTERM every rank now (so the job can checkpoint) and SIGKILL it after `grace_s` (the agent keeps the
+        deadline); the attempt then ends `Preempted` and the job re-queues unless `max_retries` says no."""
+        aid = self.launched.get(job_id)
+        if aid is None:
+            return False
+        self.preempting[job_id] = why
+        for pod in self.tracker.pods_of(job_id):
+            try:
+                await self.backend.agent(pod.name).cancel(aid, grace_s)
+            except FirepoolError as exc:
+                log.warning("preempting %s on %s failed: %s", aid, pod.name, exc)
+        return True
+
     # ---------------------------------------------------------------- finish
 
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
@@ -359,12 +375,16 @@ class Executor:
                               never_ran: bool, may_retry: bool) -> Job | None:
         now = self.clock.now()
         rank0 = statuses[0]
+        preempted = self.preempting.pop(job_id, None)
 
         def outcome(job: Job) -> Job:
             attempt = job.current_attempt
             if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
                 raise Abort
             verdict = judge(statuses, never_ran=never_ran, cancel_requested=job.cancel_requested)
+            if preempted is not None and verdict.error is not None and not job.cancel_requested:
+                verdict = dataclasses.replace(verdict, error=ErrorClass.PREEMPTED, message=preempted, cancelled=False,
+                                              final=AttemptState.FAILED, state=JobState.FAILED)
             changes: dict[str, object] = {"finished_at": now, "exit_code": verdict.exit_code,
                                           "error_class": verdict.error, "message": verdict.message}
             times: dict[str, float] = {}

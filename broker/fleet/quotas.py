@@ -105,7 +105,7 @@ def check(spec: QuotasSpec) -> None:
                 seen[caller] = f"{org_name}/{team_name}"
     b = spec.preemption_budget
     if b.warn_pct > b.limit_pct:
-        raise QuotaProblem(f"preemption_budget: warn_pct {b.warn_pct} is above limit_pct {b.limit_pct}")
+        raise QuotaProblem(f"preemption_budget: warn_pct {b.warn_pct:g} is above limit_pct {b.limit_pct:g}")
 
 
 class Kind(enum.StrEnum):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import httpx
-
 import pytest
 
 from tests.integration.conftest import BrokerProcess, run_job

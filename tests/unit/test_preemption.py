@@ -143,3 +143,49 @@ def test_budget_spend_is_per_window() -> None:
 
 def test_the_budget_knobs_default_to_r6() -> None:
     assert PreemptionBudget() == PreemptionBudget(warn_pct=10.0, limit_pct=25.0)
+
+
+def _quotas(warn_pct: float, limit_pct: float) -> QuotasSpec:
+    return QuotasSpec(orgs=QUOTAS.orgs, preemption_grace_s=5.0, min_runtime_before_preempt=1.0,
+                      preemption_budget=PreemptionBudget(warn_pct=warn_pct, limit_pct=limit_pct))
+
+
+async def _alice_fills_the_pool(h: Harness) -> set[str]:
+    """alice runs 2 jobs on nlp's guarantee and 2 on rl's unused quota; returns the borrowed ones."""
+    jobs = [await h.submit("alice", pool="gpu", lease_tag=f"b{i}", command=("sleep", "30"), max_retries=2,
+                           extra={"preemptible": True}) for i in range(4)]
+    await h.until(lambda: all((h.store.get(j.id) or j).state is JobState.RUNNING for j in jobs))
+    await h.run_for(2.0)
+    return {lease.job_id for lease in h.cp.tracker.leases() if lease.borrowed}
+
+
+async def test_past_the_budget_limit_only_a_guaranteed_job_preempts_and_the_other_is_told_why() -> None:
+    h = await Harness([gpu_pool(max_count=4, step=4)], gpus=4, quotas=_quotas(0.0001, 0.0002)).start()
+    try:
+        on_loan = await _alice_fills_the_pool(h)
+        above_floor = await h.submit("bob", pool="gpu", lease_tag="p", command=("sleep", "1"),
+                                     extra={"preemptible": True})
+        await h.run_for(3.0)
+        assert (h.store.get(above_floor.id) or above_floor).state is JobState.QUEUED
+        held = [e for e in h.store.list_events() if e.kind == "preemption.throttled"]
+        assert len(held) == 1 and held[0].subject == above_floor.id and held[0].caller == "bob"
+        assert held[0].detail["would_preempt"][0] in on_loan and held[0].cost_gpu_s and held[0].cost_gpu_s > 0
+        assert not [e for e in h.store.list_events() if e.kind == "preemption"]
+        floor = await h.submit("bob", pool="gpu", lease_tag="g", command=("sleep", "1"))
+        assert (await h.finish(floor, timeout=30.0)).state is JobState.SUCCEEDED
+        assert [e.subject for e in h.store.list_events() if e.kind == "preemption"][0] in on_loan
+    finally:
+        await h.stop()
+
+
+async def test_between_warn_and_limit_a_preemption_goes_ahead_with_a_warning() -> None:
+    h = await Harness([gpu_pool(max_count=4, step=4)], gpus=4, quotas=_quotas(0.0001, 100.0)).start()
+    try:
+        on_loan = await _alice_fills_the_pool(h)
+        owner = await h.submit("bob", pool="gpu", lease_tag="g", command=("sleep", "1"), extra={"preemptible": True})
+        assert (await h.finish(owner, timeout=30.0)).state is JobState.SUCCEEDED
+        kinds = [e.kind for e in h.store.list_events()]
+        assert "preemption.warn" in kinds and kinds.count("preemption") == 1
+        assert next(e.subject for e in h.store.list_events() if e.kind == "preemption") in on_loan
+    finally:
+        await h.stop()

@@ -4,6 +4,8 @@ it ignores it, is re-queued as a new attempt with `Preempted` in its history, an
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -90,6 +92,9 @@ def test_a_guaranteed_job_preempts_a_borrowed_one_which_checkpoints_requeues_and
     assert second["launched_at"] >= owner["timings"]["committed_at"]  # it ran again after the owner got its GPU
     assert event["caller"] == "alice" and event["detail"]["for_job"] == owner["id"] and event["cost_gpu_s"] > 0
     assert broker.client("bob").get("/v1/events").json()["events"] == []  # bob sees only events about his jobs
+    shown = subprocess.run([sys.executable, "-m", "broker.cli", "events"], env=broker.env("ops"),
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "preemption" in shown.stdout and victim["id"] in shown.stdout, shown
 
 
 def test_a_job_that_ignores_sigterm_dies_at_the_grace_deadline(broker_factory) -> None:  # type: ignore[no-untyped-def]

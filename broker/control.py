@@ -21,6 +21,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.events import Event, EventLog
+from broker.fleet.quotas import QuotaTree
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
@@ -71,6 +72,7 @@ class ControlPlane:
         self.tasks = Supervisor()
         self.tracker = Tracker(catalog.pools, catalog.caller_limits, catalog.quotas)
         self.events = EventLog(store, clock)
+        self.quota_tree = QuotaTree(catalog.quotas) if catalog.quotas is not None and catalog.quotas.orgs else None
         self.book = JobBook(store, clock)
         self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
                                          tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
@@ -137,7 +139,7 @@ class ControlPlane:
 
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
-        job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree)
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id

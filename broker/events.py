@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("firepool.events")
 
 KINDS = ("preemption", "preemption.warn", "preemption.throttled", "reservation.alert", "hold.broken",
-         "budget.throttled", "quarantine")
+         "budget.throttled", "capacity.reclaimed", "quarantine")
 """Event kinds; `kind` is a free string so later features add theirs."""
 KIND_LENGTH = 64
 

@@ -187,6 +187,22 @@ class QuotaTree:
         borrowed_elsewhere = sum(n for t, n in use.borrowed.items() if t != team)
         return max(0, unused - borrowed_elsewhere - use.borrowed.get(team, 0))
 
+    def never_fits(self, caller: str, gpus: int, preemptible: bool) -> str | None:
+        """Why a job of `gpus` could never run under the tree even on an idle cluster; None when it could."""
+        path = self.paths.get(caller)
+        if path is None or gpus <= 0:
+            return None
+        key, limit = min(path.limits, key=lambda kl: kl[1])
+        if path.max_gpus is not None and gpus > path.max_gpus:
+            return f"{gpus} GPUs exceed {_name(path.team)}'s max_gpus {path.max_gpus}"
+        if not preemptible and gpus > limit:
+            return (f"{gpus} GPUs exceed {_name(key)}'s guarantee of {limit}; only a preemptible job may borrow "
+                    "beyond it")
+        lendable = sum(g for t, g in self.guarantees.items() if t != path.team)
+        if gpus > limit + lendable:
+            return f"{gpus} GPUs exceed {_name(key)}'s guarantee of {limit} plus every other team's ({lendable})"
+        return None
+
     def classify(self, caller: str, gpus: int, preemptible: bool, use: QuotaUse) -> Verdict:
         """In quota, borrowed, refused (with why), or outside quotas."""
         path = self.paths.get(caller)

@@ -319,6 +319,16 @@ class PoolController:
         if pre.retire or pre.mark:
             log.info("preempted %d borrowed pods (%.0f GPUs) for their owner", len(pre.retire) + len(pre.mark),
                      pre.gpus)
+        if self.events is not None:
+            for pod_name, busy in [(n, False) for n in pre.retire] + [(n, True) for n in pre.mark]:
+                pod = self.tracker.pods.get(pod_name)
+                caller = pod.caller if pod is not None else None
+                if pod is not None and pod.job is not None:  # a busy pod's caller is its job's
+                    caller = next((lease.caller for lease in self.tracker.leases() if lease.job_id == pod.job), caller)
+                self.events.emit("capacity.reclaimed", pod_name,
+                                 "the capacity owner reclaimed borrowed GPUs (newest borrowed pod first): "
+                                 + ("it retires when its job ends; the job is not stopped" if busy else "it retires now"),
+                                 None, caller, {"busy": busy})
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
                 gpus: tuple[str, ...] = ()) -> bool:

@@ -83,3 +83,24 @@ async def test_an_admin_sees_every_event_and_a_caller_only_its_own() -> None:
             assert bad.status_code == 422 and bad.json()["error"]["class"] == "InvalidRequest"  # type: ignore[attr-defined]
     finally:
         await h.stop()
+
+
+async def test_capacity_an_owner_reclaims_is_an_event_per_borrowed_pod() -> None:
+    from broker.ports.capacity import StaticCapacitySource
+
+    capacity = StaticCapacitySource({"fake-gpu": 2})
+    pool = gpu_pool(max_count=4, step=4, borrow=True)
+    h = await Harness([pool], gpus=4, budgets={"fake-gpu": 1}, capacity=capacity).start()
+    try:
+        jobs = [await h.submit(c, pool="gpu", command=("sleep", "5")) for c in ("a", "b", "c")]
+        await h.run_for(3.0)
+        assert h.cp.pools_view()[0]["borrowed"] == 2
+        capacity.set("fake-gpu", 1)  # the owner reclaims one GPU
+        h.cp.controller.borrowing.refresh()  # type: ignore[union-attr]
+        h.cp.controller.reconcile_once()
+        reclaimed = [e for e in h.store.list_events() if e.kind == "capacity.reclaimed"]
+        assert len(reclaimed) == 1 and reclaimed[0].caller in ("b", "c") and reclaimed[0].detail == {"busy": True}
+        for job in jobs:
+            assert (await h.finish(job, timeout=60.0)).state is JobState.SUCCEEDED  # no job is stopped for it
+    finally:
+        await h.stop()

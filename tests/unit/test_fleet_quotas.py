@@ -98,3 +98,33 @@ def test_the_quota_tree_is_a_checked_catalog_section() -> None:
         with pytest.raises(CatalogError, match="^pools.yaml: .*") as caught:
             parse_catalog({**base, "quotas": bad}, "pools.yaml")
         assert message in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(("caller", "gpus", "preemptible", "why"), [
+    ("alice", 2, False, None),
+    ("alice", 3, False, "exceed caller 'alice''s guarantee of 2; only a preemptible job may borrow"),
+    ("alice", 6, True, None),  # her 2 plus rl's 4, on an idle cluster
+    ("alice", 7, True, "plus every other team's (4)"),
+    ("carol", 7, True, "exceed team 'acme/rl''s max_gpus 6"),
+    ("mallory", 100, False, None),
+])
+def test_a_job_that_could_never_run_under_its_quota_is_refused_at_submit(caller: str, gpus: int, preemptible: bool,
+                                                                         why: str | None) -> None:
+    got = QuotaTree(SPEC).never_fits(caller, gpus, preemptible)
+    assert got == why if why is None else why in (got or "")
+
+
+async def test_submit_refuses_a_gang_bigger_than_its_guarantee_unless_preemptible() -> None:
+    from broker.errors import Unschedulable
+    from broker.jobs import JobSpec
+    from tests.unit.harness import Harness, gpu_pool
+
+    h = await Harness([gpu_pool(max_count=8, step=8)], gpus=8, quotas=SPEC).start()
+    try:
+        with pytest.raises(Unschedulable, match="team quota: 4 GPUs exceed caller 'alice'"):
+            await h.cp.submit("alice", JobSpec(pool="gpu", command=("true",), pods=4))
+        job, _ = await h.cp.submit("alice", JobSpec(pool="gpu", command=("true",), pods=4,
+                                                    extra={"preemptible": True}))
+        assert job.spec.pods == 4
+    finally:
+        await h.stop()

@@ -62,6 +62,10 @@ class EventLog:
         self._pending: list[Event] = []
         self._wake = asyncio.Event()
         self.emitted = 0
+        self.by_kind: dict[str, int] = {}
+        """Events emitted since start, by kind (the /metrics counter)."""
+        self.cost_by_kind: dict[str, float] = {}
+        """GPU-seconds those events cost, by kind."""
 
     def emit(self, kind: str, subject: str, why: str, cost_gpu_s: float | None = None, caller: str | None = None,
              detail: Mapping[str, Any] | None = None) -> Event:
@@ -69,6 +73,9 @@ class EventLog:
         event = Event(self.clock.now(), kind[:KIND_LENGTH], subject, why,
                       None if cost_gpu_s is None else round(float(cost_gpu_s), 3), caller, dict(detail or {}))
         self.emitted += 1
+        self.by_kind[event.kind] = self.by_kind.get(event.kind, 0) + 1
+        if event.cost_gpu_s is not None:
+            self.cost_by_kind[event.kind] = self.cost_by_kind.get(event.kind, 0.0) + event.cost_gpu_s
         log.info("event %s %s: %s%s", kind, subject, why,
                  "" if cost_gpu_s is None else f" (cost {cost_gpu_s:.0f} GPU-s)")
         self._pending.append(event)

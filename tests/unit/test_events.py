@@ -79,6 +79,9 @@ async def test_an_admin_sees_every_event_and_a_caller_only_its_own() -> None:
             assert [e["subject"] for e in mine["events"]] == ["j-a"]
             after = (await get(OPS, since=str(first["id"]), limit=1)).json()  # type: ignore[misc]
             assert [e["subject"] for e in after["events"]] == ["j-b"] and after["next"] == every["events"][1]["id"]
+            metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {OPS}"})).text
+            assert 'firepool_events_total{kind="preemption"} 2.0' in metrics
+            assert 'firepool_event_cost_gpu_seconds_total{kind="preemption"} 90.0' in metrics
             bad = await get(OPS, since="soon")  # type: ignore[misc]
             assert bad.status_code == 422 and bad.json()["error"]["class"] == "InvalidRequest"  # type: ignore[attr-defined]
     finally:

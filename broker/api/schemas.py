@@ -131,6 +131,10 @@ class JobView(BaseModel):
     attempts: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     dropped_env: list[dict[str, str]] = []
+    preemptible: bool | None = Field(default=None, description="May borrow other teams' quota and be preempted.")
+    preempt_count: int | None = Field(default=None, description="Times the job was preempted (attempts ending "
+                                      "`Preempted`); each adds one to its dispatch priority.")
+    effective_priority: int | None = Field(default=None, description="Priority aged by preemptions, when it differs.")
 
 
 class ErrorBody(BaseModel):

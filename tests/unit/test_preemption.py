@@ -189,3 +189,16 @@ async def test_between_warn_and_limit_a_preemption_goes_ahead_with_a_warning() -
         assert next(e.subject for e in h.store.list_events() if e.kind == "preemption") in on_loan
     finally:
         await h.stop()
+
+
+@pytest.mark.parametrize(("priority", "preempted", "effective"), [(0, 0, 0), (0, 1, 1), (-3, 2, -1), (5, 4, 9)])
+def test_each_preemption_ages_the_job_by_one_priority_point(priority: int, preempted: int, effective: int) -> None:
+    from broker.jobs import Attempt, AttemptState, Job, JobSpec
+
+    attempts = tuple(Attempt(f"j:{n}", "j", n, ("p",), AttemptState.FAILED, error_class=ErrorClass.PREEMPTED)
+                     for n in range(preempted))
+    job = Job("j", "alice", JobSpec(pool="gpu", command=("x",), priority=priority),
+              attempts=(*attempts, Attempt(f"j:{preempted}", "j", preempted, ("p",), AttemptState.FAILED,
+                                           error_class=ErrorClass.NON_ZERO_EXIT)))
+    assert job.preempt_count == preempted and job.priority == effective
+    assert job_sort_key(job)[0] == -effective  # dispatched ahead of un-aged jobs of its original priority

@@ -195,7 +195,9 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/v1/pools", responses=ERRORS)
     async def pools(who: Who) -> dict[str, Any]:
         views = cp.pools_view()
-        return {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views]}
+        if who.admin:  # team quotas (docs/quotas.md): GPUs held in quota per node and on loan per team
+            return {"pools": views, "quotas": cp.tracker.quota_view() if cp.quota_tree is not None else None}
+        return {"pools": [caller_pool_view(v, who.caller) for v in views]}
 
     @app.get("/v1/pods", responses=ERRORS)
     async def pods(who: Who, pool: str | None = None) -> dict[str, Any]:

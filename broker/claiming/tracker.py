@@ -3,7 +3,8 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; the
+The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; team
+quotas are broker.claiming.quotaclaims'; the
 indexes and what a claim asks for and gets are broker.claiming.tracking's. This module owns the lock and every
 pod state change.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from broker.claiming.gangclaims import GangClaims
+from broker.claiming.quotaclaims import QuotaClaims
 from broker.claiming.tracking import (
     ASSIGNED,
     IDLE,
@@ -53,7 +54,7 @@ from broker.claiming.tracking import (
     Pick,
     Shortfall,
 )
-from broker.fleet.quotas import Kind, Verdict
+from broker.fleet.quotas import Kind
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 
@@ -71,7 +72,7 @@ _RESETTING = RESETTING
 _RETIRING = RETIRING
 
 
-class Tracker(GangClaims):
+class Tracker(QuotaClaims):
     """Pods by name, pool, caller, session and job; one lock over all of it."""
 
     # ---------------------------------------------------------------- membership
@@ -160,7 +161,7 @@ class Tracker(GangClaims):
                                                 self._quota_use)
                 if verdict.kind is Kind.REFUSED:
                     return Shortfall(verdict.reason, want.pods)
-                borrowed = verdict.kind is Kind.BORROWED
+                borrowed = verdict.kind is Kind.BORROWED  # broker.claiming.quotaclaims
             picked: Sequence[Pick] | Shortfall | None = None
             if want.single_use:
                 picked = self._pick_reserved(want)
@@ -195,10 +196,8 @@ class Tracker(GangClaims):
             n = len(picked)
             lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus, borrowed)
             self._leases[job_id] = lease
-            if self._quotas is not None and (qpath := self._quotas.path(want.caller)) is not None:
-                self._quota_use.add(qpath, lease.gpus, borrowed)
-                if self._reclaims:
-                    self._end_reclaim(job_id)
+            if self._quotas is not None:
+                self._use_quota(lease)
             usage = self._usage.get(want.caller)
             if usage is None:
                 self._usage[want.caller] = [lease.gpus, n]
@@ -344,10 +343,8 @@ class Tracker(GangClaims):
                 for g in pod.gpus:
                     self._gate[g] = pod.name
             lease = Lease(job_id, caller, pods, sum(len(p.gpus) for p in pods))
-            if self._quotas is not None and (qpath := self._quotas.path(caller)) is not None:
-                # A restarted broker cannot know how the job was placed: it counts in quota while it fits.
-                lease.borrowed = self._quotas.classify(caller, lease.gpus, True, self._quota_use).kind is Kind.BORROWED
-                self._quota_use.add(qpath, lease.gpus, lease.borrowed)
+            if self._quotas is not None:
+                self._adopt_quota(lease)
             self._leases[job_id] = lease
             usage = self._usage.setdefault(caller, [0, 0])
             usage[0] += lease.gpus
@@ -384,37 +381,6 @@ class Tracker(GangClaims):
     def pods_of(self, job_id: str) -> tuple[Pod, ...]:
         lease = self._leases.get(job_id)
         return lease.pods if lease else ()
-
-    def leases(self) -> list[Lease]:
-        """Every claimed pod set (a list copy), for the preemption decision outside the lock."""
-        with self._lock:
-            return list(self._leases.values())
-
-    def quota_verdict(self, caller: str, gpus: int, preemptible: bool) -> Verdict | None:
-        """How a job of `gpus` would be placed by quota now; None without quotas."""
-        with self._lock:
-            if self._quotas is None:
-                return None
-            return self._quotas.classify(caller, gpus, preemptible, self._quota_use)
-
-    def reclaim(self, job_id: str, caller: str, gpus: int) -> None:
-        """A queued in-quota job preempted borrowers: its GPUs stop being lendable until it is placed or leaves."""
-        with self._lock:
-            path = self._quotas.path(caller) if self._quotas is not None else None
-            if path is None or job_id in self._reclaims:
-                return
-            self._reclaims[job_id] = (path.team, gpus)
-            self._quota_use.reclaiming[path.team] = self._quota_use.reclaiming.get(path.team, 0) + gpus
-
-    def drop_reclaim(self, job_id: str) -> None:
-        """The job left the queue without being placed."""
-        with self._lock:
-            self._end_reclaim(job_id)
-
-    def quota_view(self) -> dict[str, dict[str, int]]:
-        """GPUs held in quota per quota node and borrowed per team (for /v1/pools and tests)."""
-        with self._lock:
-            return {"in_quota": dict(self._quota_use.in_quota), "borrowed": dict(self._quota_use.borrowed)}
 
     def usage(self, caller: str) -> tuple[int, int]:
         """(gpus, pods) the caller's assigned and running jobs hold."""

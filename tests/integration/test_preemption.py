@@ -92,6 +92,8 @@ def test_a_guaranteed_job_preempts_a_borrowed_one_which_checkpoints_requeues_and
     assert second["launched_at"] >= owner["timings"]["committed_at"]  # it ran again after the owner got its GPU
     assert event["caller"] == "alice" and event["detail"]["for_job"] == owner["id"] and event["cost_gpu_s"] > 0
     assert broker.client("bob").get("/v1/events").json()["events"] == []  # bob sees only events about his jobs
+    quotas = broker.client("ops").get("/v1/pools").json()["quotas"]
+    assert set(quotas) == {"in_quota", "borrowed"} and "quotas" not in alice.get("/v1/pools").json()
     shown = subprocess.run([sys.executable, "-m", "broker.cli", "events"], env=broker.env("ops"),
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "preemption" in shown.stdout and victim["id"] in shown.stdout, shown

@@ -202,3 +202,28 @@ def test_each_preemption_ages_the_job_by_one_priority_point(priority: int, preem
                                            error_class=ErrorClass.NON_ZERO_EXIT)))
     assert job.preempt_count == preempted and job.priority == effective
     assert job_sort_key(job)[0] == -effective  # dispatched ahead of un-aged jobs of its original priority
+
+
+async def test_a_preemption_recorded_before_a_restart_still_ends_the_attempt_preempted() -> None:
+    import dataclasses
+
+    from broker.running.executing import PREEMPTING
+
+    h = await Harness([gpu_pool(max_count=2, step=2)], gpus=2, quotas=QUOTAS).start()
+    try:
+        job = await h.submit("alice", pool="gpu", command=("sleep", "30"), max_retries=1, extra={"preemptible": True})
+        await h.until(lambda: job.id in h.cp.executor.launched)
+
+        def marked_by_an_earlier_broker(row):  # type: ignore[no-untyped-def]
+            attempt = dataclasses.replace(row.current_attempt, message=PREEMPTING + "for j-owner")
+            return dataclasses.replace(row.with_attempt(attempt), version=row.version + 1)
+
+        await h.cp.book.write(job.id, marked_by_an_earlier_broker)
+        assert job.id not in h.cp.executor.preempting  # this broker never asked: only the row knows
+        await h.cp.signal("alice", job.id, "KILL")  # the agent's deadline fired
+        await h.until(lambda: (h.store.get(job.id) or job).preempt_count == 1)
+        row = h.store.get(job.id)
+        assert row is not None and row.attempts[0].message == "for j-owner" and row.retries == 1
+        assert (await h.finish(job, timeout=60.0)).state is JobState.SUCCEEDED
+    finally:
+        await h.stop()

@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from broker.claiming.jobbook import Abort, JobBook
-from broker.claiming.reserving import Reservation, reserve_if_due
+from broker.claiming.reserving import Reservation, reserve_if_due, restart_estimate
 from broker.claiming.reserving import refresh as refresh_reservations
 from broker.claiming.tracker import (
     REASON_QUOTA,
@@ -160,7 +160,17 @@ class Dispatcher:
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:
         """Retire an idle pod another caller holds, for a reservation that needs its room."""
-        return self.controller.retire(pod, only_if_idle_since=idle_since)
+        held = self.tracker.pods.get(pod)
+        owner, pool = (held.caller, held.pool) if held is not None else (None, "")
+        if not self.controller.retire(pod, only_if_idle_since=idle_since):
+            return False
+        if self.events is not None:
+            spec = self.tracker.pool(pool)
+            restart = restart_estimate(spec) * max(1, spec.gpus) if spec is not None else 0.0
+            self.events.emit("hold.broken", pod, f"a waiting gang's reservation in pool {pool} needs its room: "
+                             f"the idle pod {owner or 'nobody'} held retires", restart or None, owner,
+                             {"pool": pool, "for": "reservation"})
+        return True
 
     async def _requeue_unlaunched(self, job: Job) -> Job | None:
         """A row RUNNING that no executor of ours launched: an earlier commit of ours landed although the

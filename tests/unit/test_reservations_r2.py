@@ -104,3 +104,18 @@ async def test_a_gang_that_cannot_fill_raises_a_capacity_event_visible_in_pools(
 def test_the_alert_delay_is_a_checked_pool_knob_defaulting_to_four_hours() -> None:
     assert parse_pool({"name": "p"}).reservation_alert_after == 14400.0
     assert parse_pool({"name": "p", "reservation_alert_after": None}).reservation_alert_after is None
+
+
+async def test_holds_a_reservation_breaks_are_events_for_their_owner() -> None:
+    pool = cpu_pool(max_count=8, step=8, caller_hold_seconds=300.0, reserve_gangs_after=5.0)
+    h = await Harness([pool], start_delay=1.0).start()
+    try:
+        holder = await h.run_job("alice", pods=3, command=("sleep", "10"))
+        await h.run_job("bob", pods=2, lease_tag="own", command=("sleep", "1"))
+        gang = await h.submit("bob", pods=8, lease_tag="gang", command=("sleep", "1"))
+        await h.finish(gang, timeout=30.0)
+        broken = [e for e in h.store.list_events() if e.kind == "hold.broken"]
+        assert {e.subject for e in broken} == set(holder.pods)  # alice's; bob's own pods joined his gang
+        assert all(e.caller == "alice" and e.detail["for"] == "reservation" for e in broken)
+    finally:
+        await h.stop()

@@ -51,6 +51,17 @@ class Event:
                 "cost_gpu_s": self.cost_gpu_s, "caller": self.caller, "detail": dict(self.detail)}
 
 
+PRIVATE_DETAIL = frozenset({"for_job", "for_caller", "would_preempt", "victims"})
+"""Detail keys that name another caller's jobs: only an admin sees them (docs/security.md, visibility)."""
+
+
+def caller_view(event: Event) -> dict[str, Any]:
+    """An event as a non-admin caller sees it: no other caller's names or jobs."""
+    view = event.to_json()
+    view["detail"] = {k: v for k, v in view["detail"].items() if k not in PRIVATE_DETAIL}
+    return view
+
+
 def detail_text(detail: Mapping[str, Any]) -> str:
     return json.dumps(dict(detail), sort_keys=True, default=str)
 

@@ -19,6 +19,7 @@ from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, Forbidden, InvalidRequest, UnknownField
+from broker.events import caller_view
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
 from broker.warmth.poolview import caller_pool_view
@@ -213,7 +214,8 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         (epoch seconds with a decimal point, or ISO 8601: those at or after it). A caller sees its own."""
         after_id, at = parse_since(since)
         found = await cp.list_events(None if who.admin else who.caller, after_id=after_id, since=at, limit=limit)
-        return {"events": [e.to_json() for e in found], "next": found[-1].id if found else after_id}
+        return {"events": [e.to_json() if who.admin else caller_view(e) for e in found],
+                "next": found[-1].id if found else after_id}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     return app

@@ -76,13 +76,13 @@ class Preempter:
                    now=now, min_runtime_s=self.quotas.min_runtime_before_preempt, running_gpus=running_gpus)
         if d is None:
             return False
-        names = ", ".join(v.job_id for v in d.victims)
         if not d.go:
             if job.id not in self._throttled and self.events is not None:
                 self._throttled.add(job.id)
                 self.events.emit("preemption.throttled", job.id,
                                  f"preemption budget at {d.rate_pct:.1f}%/h (limit {self.budget.limit_pct:g}%): "
-                                 f"a preemptible job above the floor queues; would preempt {names}",
+                                 f"a preemptible job above the floor queues; it would preempt {len(d.victims)} "
+                                 f"jobs ({sum(v.gpus for v in d.victims)} GPUs)",
                                  d.cost_gpu_s, job.caller,
                                  {"would_preempt": [v.job_id for v in d.victims], "rate_pct": round(d.rate_pct, 2),
                                   "actions": ["raise preemption_budget.limit_pct", "accept the wait"]})
@@ -98,7 +98,7 @@ class Preempter:
         return True
 
     def _act(self, victim: Running, job: Job, now: float) -> None:
-        why = (f"preempted for {job.id} ({job.caller}, within its team's guarantee): "
+        why = ("preempted for a job within its team's guarantee: "
                + ("ran on borrowed quota" if victim.borrowed else "preemptible within quota, lower priority"))
         pods = self.tracker.pods_of(victim.job_id)
         for pod in pods:

@@ -84,7 +84,7 @@ def test_a_guaranteed_job_preempts_a_borrowed_one_which_checkpoints_requeues_and
     victim, owner, event = _preempt_one(broker, COOPERATIVE)
     assert victim["state"] == "SUCCEEDED", victim
     first, second = victim["attempts"]
-    assert first["error_class"] == "Preempted" and "preempted for" in first["message"]
+    assert first["error_class"] == "Preempted" and "preempted for a job within its team's guarantee" in first["message"]
     assert victim["preempt_count"] == 1 and victim["effective_priority"] == 1 and victim["retries"] == 1
     first_log = alice.get(f"/v1/jobs/{victim['id']}/logs", params={"attempt": 0}).text
     assert "got-SIGTERM-checkpointing" in first_log  # it saw SIGTERM and could checkpoint
@@ -92,6 +92,8 @@ def test_a_guaranteed_job_preempts_a_borrowed_one_which_checkpoints_requeues_and
     assert second["launched_at"] >= owner["timings"]["committed_at"]  # it ran again after the owner got its GPU
     assert event["caller"] == "alice" and event["detail"]["for_job"] == owner["id"] and event["cost_gpu_s"] > 0
     assert broker.client("bob").get("/v1/events").json()["events"] == []  # bob sees only events about his jobs
+    seen = next(e for e in alice.get("/v1/events").json()["events"] if e["subject"] == victim["id"])
+    assert "for_job" not in seen["detail"] and "bob" not in seen["why"]  # nor does alice learn bob's jobs
     quotas = broker.client("ops").get("/v1/pools").json()["quotas"]
     assert set(quotas) == {"in_quota", "borrowed"} and "quotas" not in alice.get("/v1/pools").json()
     shown = subprocess.run([sys.executable, "-m", "broker.cli", "events"], env=broker.env("ops"),

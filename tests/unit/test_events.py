@@ -77,6 +77,7 @@ async def test_an_admin_sees_every_event_and_a_caller_only_its_own() -> None:
             assert first["kind"] == "preemption" and first["cost_gpu_s"] == 60.0 and first["detail"] == {"for_job": "j-x"}
             mine = (await get(ALICE)).json()  # type: ignore[misc]
             assert [e["subject"] for e in mine["events"]] == ["j-a"]
+            assert mine["events"][0]["detail"] == {}  # the job it yielded to is another caller's business
             after = (await get(OPS, since=str(first["id"]), limit=1)).json()  # type: ignore[misc]
             assert [e["subject"] for e in after["events"]] == ["j-b"] and after["next"] == every["events"][1]["id"]
             metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {OPS}"})).text

@@ -308,3 +308,4 @@ class JobStoreContract:
         later = store.add_events([Event(13.0, "reservation.alert", "j-2", "cannot fill", None, "alice")])
         assert later[0].id > ids[-1]
         assert store.list_events(after_id=ids[-1]) == later
+        assert store.list_events(after_id=2**53) == [] and store.list_events(since=1e300) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -56,16 +57,24 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
                           {"field": first["field"] or "body", "errors": details})
 
 
+MAX_EVENT_ID = 2**31 - 1
+"""Largest event id `since` may name (the events table's 32-bit id); any bigger one means the same."""
+
+
 def parse_since(since: str | None) -> tuple[int | None, float | None]:
     """`since` of GET /v1/events: (after this id, at or after this time)."""
     if since is None or since == "":
         return None, None
-    if since.isdigit():
-        return int(since), None
+    if since.isascii() and since.isdigit():
+        return min(int(since), MAX_EVENT_ID), None  # past every id there is: nothing yet
     try:
-        return None, float(since)
+        at = float(since)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(at):
+            raise InvalidRequest("since must be a finite time", {"field": "since"})
+        return None, at
     try:
         when = datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
     except ValueError:

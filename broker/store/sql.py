@@ -251,8 +251,8 @@ class SqlJobStore:
         if limit <= 0:
             return []
         stmt = sa.select(events).order_by(events.c.id).limit(limit)
-        if after_id is not None:
-            stmt = stmt.where(events.c.id > after_id)
+        if after_id is not None:  # ids are 32-bit: a bigger `after_id` is past every event
+            stmt = stmt.where(events.c.id > min(after_id, 2**31 - 1))
         if since is not None:
             stmt = stmt.where(events.c.at >= since)
         if caller is not None:

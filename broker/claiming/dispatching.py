@@ -123,8 +123,8 @@ class Dispatcher:
                     continue  # its own pod is back in milliseconds: no demand for another
                 if got.reason.startswith(REASON_TEAM_QUOTA):
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
-                elif self.preempter is not None and not spec.single_use:
-                    self.preempter.consider(job, self.book.live, now)
+                elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
+                    self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
                 if spec.single_use:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)

@@ -227,3 +227,21 @@ async def test_a_preemption_recorded_before_a_restart_still_ends_the_attempt_pre
         assert (await h.finish(job, timeout=60.0)).state is JobState.SUCCEEDED
     finally:
         await h.stop()
+
+
+async def test_a_job_held_back_by_its_callers_own_limit_preempts_nobody() -> None:
+    from broker.pools import CallerLimits
+
+    h = Harness([gpu_pool(max_count=4, step=4)], gpus=4, quotas=QUOTAS, limits={"bob": CallerLimits(max_gpus=1)})
+    await h.start()
+    try:
+        await _alice_fills_the_pool(h)
+        first = await h.submit("bob", pool="gpu", lease_tag="g1", command=("sleep", "20"))
+        await h.until(lambda: (h.store.get(first.id) or first).state is JobState.RUNNING, timeout=30.0)
+        preempted = len([e for e in h.store.list_events() if e.kind == "preemption"])
+        second = await h.submit("bob", pool="gpu", lease_tag="g2", command=("sleep", "1"))
+        await h.run_for(5.0)
+        assert h.cp.waiting_reason(second.id) == "caller quota"
+        assert len([e for e in h.store.list_events() if e.kind == "preemption"]) == preempted == 1
+    finally:
+        await h.stop()

@@ -114,6 +114,8 @@ def _submit_parser(sub: Any) -> None:
     p.add_argument("--retries", type=int, default=None, help="attempts after a lost pod (default: the broker's)")
     p.add_argument("--priority", type=int, default=None, help="higher runs first (default: 0)")
     p.add_argument("--single-use", action="store_true", help="retire the pod after this job")
+    p.add_argument("--preemptible", action="store_true",
+                   help="may run on other teams' unused quota and be preempted (SIGTERM, then SIGKILL; docs/quotas.md)")
     p.add_argument("--package", metavar="DIR", help="zip DIR, upload it once, and run the job in it")
     p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                    help="leave paths matching this .gitignore-style pattern out of --package (repeatable)")
@@ -149,6 +151,13 @@ def _listing_parsers(sub: Any) -> None:
     _client_opts(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=cmds.cmd_pools)
+
+    p = _subparser(sub, "events", "fleet events: preemptions, reservation alerts, hold breaks, budget throttling")
+    _client_opts(p)
+    p.add_argument("--since", default=None, help="an event id (those after it) or a time (ISO 8601 or epoch seconds)")
+    p.add_argument("--limit", type=int, default=100, help="oldest this many after --since")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(fn=cmds.cmd_events)
 
     p = _subparser(sub, "pods", "what each pod is doing")
     _client_opts(p)

@@ -196,7 +196,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         job = fp.submit(command, pool=args.pool, lease_tag=args.tag, pods=args.pods, queue=args.queue,
                         env=env, timeout_s=args.timeout, max_retries=args.retries,
                         single_use=args.single_use or None, priority=args.priority, package=package,
-                        requirements=requirements)
+                        requirements=requirements, preemptible=args.preemptible or None)
         if not args.wait:
             print(json.dumps(job.raw, indent=2) if args.json else job.id)
             return 0
@@ -259,6 +259,23 @@ def cmd_pools(args: argparse.Namespace) -> int:
             "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
     header = [k.upper() for k in keys]
     print_table([[p.get(k) for k in keys] for p in pools], header, right=header[1:])
+    for p in pools:  # R2: a gang that cannot fill says so (docs/quotas.md)
+        for a in p.get("capacity_alerts") or ():
+            print(f"capacity alert: pool {p['name']}: gang {a['job']} holds {a['held']} of {a['pods']} pods "
+                  f"after {a['waiting_s']:.0f} s")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        events = fp.events(since=args.since, limit=args.limit)
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return 0
+    rows = [(e["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e["at"])), e["kind"], e["subject"],
+             e.get("caller") or "", "" if e.get("cost_gpu_s") is None else f"{e['cost_gpu_s']:.0f}", e["why"])
+            for e in events]
+    print_table(rows, ("ID", "AT (UTC)", "KIND", "SUBJECT", "CALLER", "GPU-S", "WHY"), right=("ID", "GPU-S"))
     return 0
 
 

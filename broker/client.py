@@ -204,6 +204,13 @@ class Client:
     def pools(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/pools").json()["pools"])
 
+    def events(self, since: str | int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Fleet events oldest first (all of them for an admin token, the caller's own otherwise)."""
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = str(since)
+        return list(self._call("GET", "/v1/events", params=params).json()["events"])
+
     def pods(self, pool: str | None = None) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/pods", params={"pool": pool} if pool else None).json()["pods"])
 

@@ -16,9 +16,12 @@ from typing import Any
 from broker.claiming.admission import admit
 from broker.claiming.dispatching import Dispatcher
 from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.preempting import Preempter
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
+from broker.events import Event, EventLog
+from broker.fleet.quotas import QuotaTree
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
@@ -67,7 +70,9 @@ class ControlPlane:
         self.packages = packages
         self.stats = Stats()
         self.tasks = Supervisor()
-        self.tracker = Tracker(catalog.pools, catalog.caller_limits)
+        self.tracker = Tracker(catalog.pools, catalog.caller_limits, catalog.quotas)
+        self.events = EventLog(store, clock)
+        self.quota_tree = QuotaTree(catalog.quotas) if catalog.quotas is not None and catalog.quotas.orgs else None
         self.book = JobBook(store, clock)
         self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
                                          tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
@@ -84,6 +89,11 @@ class ControlPlane:
                                  delivery=PackageDelivery(packages) if packages is not None else None,
                                  kernels=self.kernels)
         self.dispatcher.executor = self.executor
+        self.controller.events = self.events
+        self.dispatcher.events = self.events
+        if catalog.quotas is not None and catalog.quotas.orgs:
+            self.dispatcher.preempter = Preempter(clock=clock, tracker=self.tracker, quotas=catalog.quotas,
+                                                  events=self.events, tasks=self.tasks, preempt=self.executor.preempt)
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
         self.dispatching_at: float | None = None
@@ -102,6 +112,7 @@ class ControlPlane:
             self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)
             self.tasks.spawn("kernel warmth", self.kernels.run())
+            self.tasks.spawn("event log", self.events.run())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:
@@ -115,6 +126,10 @@ class ControlPlane:
         """Stop the loops. Busy pods keep running so a restarted broker re-attaches to their jobs;
         idle pods are deleted too when asked (a local broker shutting down for good)."""
         await self.tasks.stop()
+        try:
+            await self.events.flush()
+        except FirepoolError as exc:
+            log.warning("writing the last events failed: %s", exc)
         if delete_idle_pods:
             idle = [p.name for p in self.tracker.snapshot() if p.state in (PodState.IDLE, PodState.STARTING)]
             await asyncio.gather(*(self.backend.delete(name) for name in idle), return_exceptions=True)
@@ -124,7 +139,7 @@ class ControlPlane:
 
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
-        job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree)
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
@@ -223,6 +238,13 @@ class ControlPlane:
             raise Conflict(f"job {job_id} has no running attempt to signal", {"job": job_id, "state": str(job.state)})
         return job
 
+    async def list_events(self, caller: str | None, *, after_id: int | None = None, since: float | None = None,
+                          limit: int = 100) -> list[Event]:
+        """Events oldest first; `caller` None is an operator's view (all of them)."""
+        await self.events.flush()
+        return await self.book.io(lambda: self.store.list_events(after_id=after_id, since=since, caller=caller,
+                                                                 limit=limit))
+
     def waiting_reason(self, job_id: str) -> str | None:
         return self.dispatcher.waiting_reason.get(job_id)
 
@@ -271,11 +293,18 @@ class ControlPlane:
         queued: dict[str, int] = {}
         for job in self.dispatcher.queued.values():
             queued[job.spec.pool] = queued.get(job.spec.pool, 0) + job.spec.pods
-        return [pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
-                          queued.get(name, 0), self.controller.last_plan.get(name),
-                          self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
-                          self.controller.ledger)
-                for name, spec in self.catalog.pools.items()]
+        views = [pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
+                           queued.get(name, 0), self.controller.last_plan.get(name),
+                           self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
+                           self.controller.ledger)
+                 for name, spec in self.catalog.pools.items()]
+        for view in views:  # fleet scheduling (docs/quotas.md): gang reservations, their capacity alerts
+            view["reservations"] = [
+                {"job": r.job_id, "caller": r.caller, "pods": r.pods, "held": held, "waiting_s": round(now - r.made_at, 3),
+                 "aged": r.aged, "alert": r.alerted} for r, held in self.tracker.reservations(view["name"])]
+            view["capacity_alerts"] = [r for r in view["reservations"] if r["alert"]]
+            view["budget_throttled"] = view["name"] in self.controller.throttled
+        return views
 
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()

@@ -98,6 +98,12 @@ class ErrorClass(enum.StrEnum):
     PACKAGE_ERROR = "PackageError"
     DEPENDENCY_ERROR = "DependencyError"
     UNSCHEDULABLE = "Unschedulable"
+    PREEMPTED = "Preempted"
+    """An attempt the broker stopped (SIGTERM, SIGKILL after the grace) so a job within its quota could run."""
+
+
+PREEMPT_AGING = 1
+"""Priority a job gains per preemption (design §4: preempt_count aging, so it climbs out of the danger zone)."""
 
 
 TIMING_FIELDS = (
@@ -224,6 +230,16 @@ class Job:
         return self.state in TERMINAL
 
     @property
+    def preempt_count(self) -> int:
+        """How often the job was preempted, derived from its attempts' history."""
+        return sum(1 for a in self.attempts if a.error_class == ErrorClass.PREEMPTED)
+
+    @property
+    def priority(self) -> int:
+        """The priority it is dispatched at: the caller's, aged by each preemption."""
+        return self.spec.priority + PREEMPT_AGING * self.preempt_count
+
+    @property
     def current_attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
@@ -273,8 +289,8 @@ def new_job_id(now: float | None = None) -> str:
 
 
 def job_sort_key(job: Job) -> tuple[int, float, str]:
-    """Dispatch order: higher priority first, then earlier submit, then id (a total order)."""
-    return (-job.spec.priority, job.timings.get("submitted_at", 0.0), job.id)
+    """Dispatch order: higher (aged) priority first, then earlier submit, then id (a total order)."""
+    return (-job.priority, job.timings.get("submitted_at", 0.0), job.id)
 
 
 def describe_exit(exit_code: int | None, *, timed_out: bool = False, cancelled: bool = False,

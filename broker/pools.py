@@ -29,6 +29,9 @@ from pydantic import (
     ValidationError,
 )
 
+from broker.fleet.quotas import QuotaProblem, QuotasSpec
+from broker.fleet.quotas import check as check_quotas
+
 ReuseTag = Literal["boundary", "hint", "retire"]
 REUSE_TAG_MODES: tuple[str, ...] = get_args(ReuseTag)
 KernelMode = Literal["auto", "prestart", "learned", "cold"]
@@ -114,6 +117,9 @@ class PoolSpec:
     """Backend-specific pod template (image, resources, binds, start delay)."""
     reserve_gangs_after: Number | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
+    reservation_alert_after: Number | None = 14400.0
+    """Seconds a gang's reservation may stay short of pods before a `reservation.alert` capacity event says the
+    pool cannot host it (R2's starvation guard, 4 h); null: never."""
     kernels: KernelMode = "auto"
     """Pre-imported kernel on idle non-standby pods: prestart (always), learned (while the pool serves kernel
     jobs: learned per pool, forgotten after its keep-alive), cold (never); auto: learned."""
@@ -168,6 +174,8 @@ class Catalog:
     """Per accelerator (GPU model or `cpu`): GPUs (cores) all pools together may hold; unnamed is unbounded."""
     create_rate: CreateRate = CreateRate()
     """How fast the broker may create pods (a cluster's API server is shared)."""
+    quotas: QuotasSpec | None = None
+    """Team quotas with borrowing and preemption (docs/quotas.md); None: no quotas, nothing is preempted."""
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
@@ -182,6 +190,7 @@ class _CatalogFile(BaseModel):
     caller_limits: dict[Key, CallerLimits] | None = None
     budgets: dict[Key, Number] | None = None
     create_rate: CreateRate | None = None
+    quotas: QuotasSpec | None = None
 
 
 @functools.cache
@@ -279,9 +288,14 @@ def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
         if spec.name in pools:
             raise CatalogError(f"{source}: pools[{index}].name: pool {spec.name!r} is defined twice")
         pools[spec.name] = spec
+    if parsed.quotas is not None:
+        try:
+            check_quotas(parsed.quotas)
+        except QuotaProblem as exc:
+            raise CatalogError(f"{source}: quotas.{exc}") from None
     return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
                    budgets={a: float(v) for a, v in (parsed.budgets or {}).items()},
-                   create_rate=parsed.create_rate or CreateRate())
+                   create_rate=parsed.create_rate or CreateRate(), quotas=parsed.quotas)
 
 
 def load_catalog(text: str, source: str = "catalog") -> Catalog:

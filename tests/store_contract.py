@@ -298,3 +298,24 @@ class JobStoreContract:
         for job in jobs:
             store.insert(job)
         assert store.list_jobs() == jobs[::-1]
+
+    # ---------------------------------------------------------------- events (broker.events)
+
+    def test_events_get_growing_ids_and_page_by_id_time_and_caller(self, store: JobStore) -> None:
+        from broker.events import Event
+
+        stored = store.add_events([Event(10.0, "preemption", "j-1", "borrowed, LIFO", 120.5, "alice", {"gpus": 2}),
+                                   Event(11.0, "hold.broken", "pod-1", "ceiling", None, "bob"),
+                                   Event(12.0, "budget.throttled", "gpu", "budget exhausted")])
+        ids = [e.id for e in stored]
+        assert ids == sorted(ids) and len(set(ids)) == 3 and ids[0] > 0
+        assert store.list_events() == stored
+        assert store.list_events(after_id=ids[0]) == stored[1:]
+        assert store.list_events(since=11.0) == stored[1:]
+        assert store.list_events(caller="alice") == stored[:1]
+        assert store.list_events(limit=1) == stored[:1]
+        assert stored[0].detail == {"gpus": 2} and stored[0].cost_gpu_s == 120.5 and stored[2].caller is None
+        later = store.add_events([Event(13.0, "reservation.alert", "j-2", "cannot fill", None, "alice")])
+        assert later[0].id > ids[-1]
+        assert store.list_events(after_id=ids[-1]) == later
+        assert store.list_events(after_id=2**53) == [] and store.list_events(since=1e300) == []

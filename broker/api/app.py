@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -18,6 +20,7 @@ from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, Forbidden, InvalidRequest, UnknownField
+from broker.events import caller_view
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
 from broker.ui import mount_ui
@@ -53,6 +56,34 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
     first = details[0] if details else {"field": "", "problem": "invalid request"}
     return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}",
                           {"field": first["field"] or "body", "errors": details})
+
+
+MAX_EVENT_ID = 2**31 - 1
+"""Largest event id `since` may name (the events table's 32-bit id); any bigger one means the same."""
+
+
+def parse_since(since: str | None) -> tuple[int | None, float | None]:
+    """`since` of GET /v1/events: (after this id, at or after this time)."""
+    if since is None or since == "":
+        return None, None
+    if since.isascii() and since.isdigit():
+        return min(int(since), MAX_EVENT_ID), None  # past every id there is: nothing yet
+    try:
+        at = float(since)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(at):
+            raise InvalidRequest("since must be a finite time", {"field": "since"})
+        return None, at
+    try:
+        when = datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest("since must be an event id, epoch seconds (with a decimal point) or an ISO 8601 time",
+                             {"field": "since"}) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return None, when.timestamp()
 
 
 def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
@@ -175,7 +206,9 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/v1/pools", responses=ERRORS)
     async def pools(who: Who) -> dict[str, Any]:
         views = cp.pools_view()
-        return {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views]}
+        if who.admin:  # team quotas (docs/quotas.md): GPUs held in quota per node and on loan per team
+            return {"pools": views, "quotas": cp.tracker.quota_view() if cp.quota_tree is not None else None}
+        return {"pools": [caller_pool_view(v, who.caller) for v in views]}
 
     @app.get("/v1/pods", responses=ERRORS)
     async def pods(who: Who, pool: str | None = None) -> dict[str, Any]:
@@ -183,6 +216,16 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         # A caller sees its own pods only: another's names, sessions (tags) and jobs are not its business.
         return {"pods": views if who.admin else [v for v in views if v["caller"] == who.caller],
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none"}
+
+    @app.get("/v1/events", responses=ERRORS)
+    async def events(who: Who, since: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        """Fleet events oldest first (docs/quotas.md): `since` is an event id (digits: those after it) or a time
+        (epoch seconds with a decimal point, or ISO 8601: those at or after it). A caller sees its own."""
+        after_id, at = parse_since(since)
+        found = await cp.list_events(None if who.admin else who.caller, after_id=after_id, since=at, limit=limit)
+        return {"events": [e.to_json() if who.admin else caller_view(e) for e in found],
+                "next": found[-1].id if found else after_id}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     mount_ui(app, cp, auth)  # the dashboard at /ui/ (docs/dashboard.md)

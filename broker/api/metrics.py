@@ -56,6 +56,14 @@ class _Collector:
         for (pool, clean), n in sorted(stats.resets.items()):
             resets.add_metric([pool, "true" if clean else "false"], n)
         yield resets
+        events = CounterMetricFamily("firepool_events", "Fleet events by kind (GET /v1/events)", labels=["kind"])
+        cost = CounterMetricFamily("firepool_event_cost_gpu_seconds", "GPU-seconds fleet events cost, by kind",
+                                   labels=["kind"])
+        for kind, n in sorted(self.cp.events.by_kind.items()):
+            events.add_metric([kind], n)
+            cost.add_metric([kind], self.cp.events.cost_by_kind.get(kind, 0.0))
+        yield events
+        yield cost
         created = CounterMetricFamily("firepool_pods_created", "Pods created", labels=["pool"])
         for pool, n in sorted(stats.pods_created.items()):
             created.add_metric([pool], n)

@@ -43,13 +43,17 @@ class JobRequest(Strict):
                                      description="Text of a requirements file, installed on the pod before the job.")
     kernel: bool = Field(default=False, description="Agent kernel mode: the command may run the agent's "
                          "Jupyter kernel launcher (`python3 -m firepool_agent.kernel`).")
+    preemptible: bool = Field(default=False, description="May run beyond its team's guaranteed quota on quota "
+                              "borrowed from other teams, and be preempted (SIGTERM, SIGKILL after the grace) and "
+                              "re-queued when an owner reclaims it (docs/quotas.md).")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
                        extra={**late_binding_extra(self.package, self.requirements),
-                              **({"kernel": True} if self.kernel else {})})
+                              **({"kernel": True} if self.kernel else {}),
+                              **({"preemptible": True} if self.preemptible else {})})
 
 
 def late_binding_extra(package: str | None, requirements: str | None) -> dict[str, Any]:
@@ -97,6 +101,9 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "waiting_reason": waiting_reason,
         "package": spec.extra.get("package"), "requirements": spec.extra.get("requirements"),
         "kernel": True if spec.extra.get("kernel") else None,
+        "preemptible": True if spec.extra.get("preemptible") else None,
+        "preempt_count": job.preempt_count or None,
+        "effective_priority": job.priority if job.priority != spec.priority else None,
     }
     return _clean(view)
 
@@ -124,6 +131,10 @@ class JobView(BaseModel):
     attempts: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     dropped_env: list[dict[str, str]] = []
+    preemptible: bool | None = Field(default=None, description="May borrow other teams' quota and be preempted.")
+    preempt_count: int | None = Field(default=None, description="Times the job was preempted (attempts ending "
+                                      "`Preempted`); each adds one to its dispatch priority.")
+    effective_priority: int | None = Field(default=None, description="Priority aged by preemptions, when it differs.")
 
 
 class ErrorBody(BaseModel):

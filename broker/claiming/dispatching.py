@@ -16,11 +16,20 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.reserving import Reservation, reserve_if_due, restart_estimate
 from broker.claiming.reserving import refresh as refresh_reservations
-from broker.claiming.reserving import reserve_if_due
-from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
+from broker.claiming.tracker import (
+    REASON_QUOTA,
+    REASON_SESSION_RESETTING,
+    REASON_TEAM_QUOTA,
+    Claim,
+    Lease,
+    Shortfall,
+    Tracker,
+)
 from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.events import EventLog
 from broker.jobs import (
     Acquisition,
     Attempt,
@@ -37,6 +46,7 @@ from broker.tasks import Supervisor, Wakeable
 from broker.warmth.pooling import PoolController
 
 if TYPE_CHECKING:
+    from broker.claiming.preempting import Preempter
     from broker.running.executing import Executor
 
 log = logging.getLogger("firepool.dispatching")
@@ -60,6 +70,10 @@ class Dispatcher:
         self.waiting_reason: dict[str, str] = {}
         """job id -> why its last claim took nothing."""
         self.executor: Executor | None = None
+        self.preempter: Preempter | None = None
+        self.events: EventLog | None = None
+        """Where reservation alerts go (broker.events)."""
+        """Makes room for jobs within their team's quota (set when the catalog has quotas)."""
         self._loop = Wakeable(clock, tick, self.dispatch_once)
         self.wake = self._loop.wake
         self.run = self._loop.run
@@ -80,6 +94,7 @@ class Dispatcher:
         if job is not None and job.spec.pods > 1:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
+        self.tracker.drop_reclaim(job_id)
         if job is None or job.spec.single_use:
             self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
@@ -92,17 +107,24 @@ class Dispatcher:
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
         claimed = 0
-        refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
+        refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
+        if self.preempter is not None:
+            self.preempter.prune(self.book.live)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
             spec = job.spec
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           order, recycle=spec.recycle), now)
+                                           order, recycle=spec.recycle,
+                                           preemptible=bool(spec.extra.get("preemptible"))), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
+                if got.reason.startswith(REASON_TEAM_QUOTA):
+                    got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
+                elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
+                    self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
                 if spec.single_use:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)
@@ -128,9 +150,27 @@ class Dispatcher:
         self.controller.report_demand(demand, single_use, queued_by, over_quota)
         return claimed
 
+    def _alert(self, res: Reservation, held: int, why: str) -> None:
+        """A reservation that cannot fill in time: a capacity event (R2), not a quiet wait."""
+        if self.events is not None:
+            spec = self.tracker.pool(res.pool)
+            gpus = spec.gpus if spec is not None else 0
+            self.events.emit("reservation.alert", res.job_id, why, held * gpus * (self.clock.now() - res.made_at),
+                             res.caller, {"pool": res.pool, "pods": res.pods, "held": held})
+
     def _break_hold(self, pod: str, idle_since: float) -> bool:
         """Retire an idle pod another caller holds, for a reservation that needs its room."""
-        return self.controller.retire(pod, only_if_idle_since=idle_since)
+        held = self.tracker.pods.get(pod)
+        owner, pool = (held.caller, held.pool) if held is not None else (None, "")
+        if not self.controller.retire(pod, only_if_idle_since=idle_since):
+            return False
+        if self.events is not None:
+            spec = self.tracker.pool(pool)
+            restart = restart_estimate(spec) * max(1, spec.gpus) if spec is not None else 0.0
+            self.events.emit("hold.broken", pod, f"a waiting gang's reservation in pool {pool} needs its room: "
+                             f"the idle pod {owner or 'nobody'} held retires", restart or None, owner,
+                             {"pool": pool, "for": "reservation"})
+        return True
 
     async def _requeue_unlaunched(self, job: Job) -> Job | None:
         """A row RUNNING that no executor of ours launched: an earlier commit of ours landed although the

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from broker.claiming.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
 from broker.claiming.searching import Search
 from broker.claiming.tracking import REASON_NO_IDLE, REASON_NO_SESSION_POD, Bucket, Claim, Pick, Shortfall
+from broker.jobs import PREEMPT_AGING
 from broker.pods import Origin, Path, Pod
 
 
@@ -52,6 +53,27 @@ class GangClaims(Search):
 
     def reserved_pools(self) -> list[str]:
         return [pool for pool, gangs in self._gangs.items() if gangs]
+
+    def age_reservation(self, pool: str, job_id: str, fills: int) -> None:
+        """R2 aging: the reservation ranks AGING_BONUS higher per failed fill; the pool's order is kept sorted."""
+        with self._lock:
+            gangs = self._gangs.get(pool, [])
+            for res in gangs:
+                if res.job_id == job_id and fills > res.aged:
+                    prio, submit, jid = res.order
+                    res.order = (prio - PREEMPT_AGING * (fills - res.aged), submit, jid)
+                    res.aged = fills
+                    gangs.sort(key=lambda r: r.order)
+                    return
+
+    def mark_alerted(self, pool: str, job_id: str) -> bool:
+        """Record that the reservation's capacity alert went out; False when it had already."""
+        with self._lock:
+            for res in self._gangs.get(pool, ()):
+                if res.job_id == job_id and not res.alerted:
+                    res.alerted = True
+                    return True
+            return False
 
     def apply_estimates(self, pool: str, estimates: Iterable[Estimate]) -> None:
         """Record the dispatcher's fill-time and room estimates (computed outside the lock)."""

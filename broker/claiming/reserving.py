@@ -50,6 +50,10 @@ class Reservation:
     """How long replacing a pod takes in this pool: a backfilled pod of another caller retires at release."""
     make_room: int = 0
     """Pods released by other callers that retire instead of being held, to free room at the ceiling."""
+    aged: int = 0
+    """Failed fills so far: each `reserve_gangs_after` the gang stays short raises its rank by AGING_BONUS (R2)."""
+    alerted: bool = False
+    """A `reservation.alert` capacity event went out: it could not fill within `reservation_alert_after`."""
 
 
 def due(spec: PoolSpec, pods: int, single_use: bool, waited: float) -> bool:
@@ -142,7 +146,37 @@ def reserve_if_due(tracker: Tracker, job: Job, live: Mapping[str, Job], now: flo
     return True
 
 
-def refresh(tracker: Tracker, live: Mapping[str, Job], now: float, retire: Retire) -> None:
+Alert = Callable[[Reservation, int, str], None]
+"""alert(reservation, pods it holds, why): a reservation that cannot fill in time raises a capacity event."""
+
+
+def failed_fills(spec: PoolSpec, res: Reservation, now: float) -> int:
+    """Fill attempts a short reservation has failed: one per `reserve_gangs_after` it has waited (R2 aging)."""
+    period = spec.reserve_gangs_after or 60.0
+    return int((now - res.made_at) // period) if period > 0 else 0
+
+
+def overdue(spec: PoolSpec, res: Reservation, held: int, now: float) -> bool:
+    """Short of pods for longer than `reservation_alert_after`, and not alerted yet (R2's starvation guard)."""
+    after = spec.reservation_alert_after
+    return held < res.pods and not res.alerted and after is not None and now - res.made_at >= after
+
+
+def age_and_alert(tracker: Tracker, spec: PoolSpec, now: float, alert: Alert | None) -> None:
+    """Age every short reservation of the pool by its failed fills; alert on those overdue."""
+    for res, held in tracker.reservations(spec.name):
+        if held >= res.pods:
+            continue
+        fills = failed_fills(spec, res, now)
+        if fills > res.aged:
+            tracker.age_reservation(spec.name, res.job_id, fills)
+        if overdue(spec, res, held, now) and tracker.mark_alerted(spec.name, res.job_id) and alert is not None:
+            alert(res, held, f"gang {res.job_id} holds {held} of {res.pods} pods of pool {spec.name} after "
+                             f"{now - res.made_at:.0f} s (reservation_alert_after {spec.reservation_alert_after:g} s): "
+                             "the pool cannot host it as things stand; a capacity-planning signal")
+
+
+def refresh(tracker: Tracker, live: Mapping[str, Job], now: float, retire: Retire, alert: Alert | None = None) -> None:
     """Re-estimate every reservation's fill time and room to make (outside the lock, once a pass), and
     break the holds the first reservation needs broken: `retire(pod, idle_since)` retires a pod still
     idle since then (a claim since the snapshot wins) and says whether it did."""
@@ -166,6 +200,7 @@ def refresh(tracker: Tracker, live: Mapping[str, Job], now: float, retire: Retir
         spec = tracker.pool(name)
         if spec is None:
             continue
+        age_and_alert(tracker, spec, now, alert)
         estimates = estimate(spec, tracker.reservations(name), by_pool[name], running, now)
         for i, e in enumerate(estimates):
             if e.victims:

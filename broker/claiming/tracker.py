@@ -3,7 +3,8 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; the
+The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; team
+quotas are broker.claiming.quotaclaims'; the
 indexes and what a claim asks for and gets are broker.claiming.tracking's. This module owns the lock and every
 pod state change.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from broker.claiming.gangclaims import GangClaims
+from broker.claiming.quotaclaims import QuotaClaims
 from broker.claiming.tracking import (
     ASSIGNED,
     IDLE,
@@ -43,6 +44,7 @@ from broker.claiming.tracking import (
     REASON_STANDBY,
     REASON_TAG_HINT,
     REASON_TAKEOVER,
+    REASON_TEAM_QUOTA,
     RESETTING,
     RETIRING,
     RUNNING,
@@ -52,12 +54,14 @@ from broker.claiming.tracking import (
     Pick,
     Shortfall,
 )
+from broker.fleet.quotas import Kind
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 
 __all__ = [
     "REASON_NEW_SESSION", "REASON_NEW_SESSION_RETIRE", "REASON_NO_IDLE", "REASON_NO_SESSION_POD", "REASON_QUOTA",
     "REASON_SESSION_RESETTING", "REASON_SINGLE_USE", "REASON_STANDBY", "REASON_TAG_HINT", "REASON_TAKEOVER",
+    "REASON_TEAM_QUOTA",
     "Claim", "Lease", "Shortfall", "Tracker",
 ]
 
@@ -68,7 +72,7 @@ _RESETTING = RESETTING
 _RETIRING = RETIRING
 
 
-class Tracker(GangClaims):
+class Tracker(QuotaClaims):
     """Pods by name, pool, caller, session and job; one lock over all of it."""
 
     # ---------------------------------------------------------------- membership
@@ -151,6 +155,13 @@ class Tracker(GangClaims):
                 return Shortfall(f"unknown pool {want.pool}", 0)
             if self._limits and self._over_limit(want, bucket.spec.gpus):
                 return Shortfall(REASON_QUOTA, want.pods)
+            borrowed = False
+            if self._quotas is not None and bucket.spec.gpus:
+                verdict = self._quotas.classify(want.caller, want.pods * bucket.spec.gpus, want.preemptible,
+                                                self._quota_use)
+                if verdict.kind is Kind.REFUSED:
+                    return Shortfall(verdict.reason, want.pods)
+                borrowed = verdict.kind is Kind.BORROWED  # broker.claiming.quotaclaims
             picked: Sequence[Pick] | Shortfall | None = None
             if want.single_use:
                 picked = self._pick_reserved(want)
@@ -183,8 +194,10 @@ class Tracker(GangClaims):
             if self._gangs:
                 self._settle(want, picked)
             n = len(picked)
-            lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus)
+            lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus, borrowed)
             self._leases[job_id] = lease
+            if self._quotas is not None:
+                self._use_quota(lease)
             usage = self._usage.get(want.caller)
             if usage is None:
                 self._usage[want.caller] = [lease.gpus, n]
@@ -330,6 +343,8 @@ class Tracker(GangClaims):
                 for g in pod.gpus:
                     self._gate[g] = pod.name
             lease = Lease(job_id, caller, pods, sum(len(p.gpus) for p in pods))
+            if self._quotas is not None:
+                self._adopt_quota(lease)
             self._leases[job_id] = lease
             usage = self._usage.setdefault(caller, [0, 0])
             usage[0] += lease.gpus

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.claiming.reserving import Reservation
+from broker.fleet.quotas import QuotasSpec, QuotaTree, QuotaUse
 from broker.pods import Pod, PodState, SessionKey
 from broker.pools import CallerLimits, PoolSpec
 
@@ -34,6 +35,8 @@ REASON_SESSION_RESETTING = "the session's pod is resetting"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
 REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the previous job is gone"
 REASON_QUOTA = "caller quota"
+REASON_TEAM_QUOTA = "team quota"
+"""Prefix of a team-quota refusal (broker.fleet.quotas says which node is full and why)."""
 
 Pick = tuple[Pod, str, str | None]
 """A picked pod, the acquisition path it got and why a warmer one was not used."""
@@ -59,18 +62,22 @@ class Claim:
     recycle: bool = True
     """May take the caller's idle pod of another session before a standby or a new pod; False takes one
     only at the pool's ceiling (broker.claiming.tracker's docstring says why both exist)."""
+    preemptible: bool = False
+    """The job may run beyond its team's guarantee on borrowed quota, and yield it (broker.fleet.quotas)."""
 
 
 class Lease:
     """A claimed pod set, in rank order, and what it counts against its caller's limits."""
 
-    __slots__ = ("job_id", "caller", "pods", "gpus")
+    __slots__ = ("job_id", "caller", "pods", "gpus", "borrowed")
 
-    def __init__(self, job_id: str, caller: str, pods: tuple[Pod, ...], gpus: int) -> None:
+    def __init__(self, job_id: str, caller: str, pods: tuple[Pod, ...], gpus: int, borrowed: bool = False) -> None:
         self.job_id = job_id
         self.caller = caller
         self.pods = pods
         self.gpus = gpus
+        self.borrowed = borrowed
+        """Runs beyond its team's guarantee, on quota borrowed from other teams: first to yield."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +121,14 @@ class Bucket:
 class TrackerState:
     """The tracker's indexes; every method here expects the caller to hold `_lock`."""
 
-    def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None) -> None:
+    def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None,
+                 quotas: QuotasSpec | None = None) -> None:
         self._lock = threading.Lock()
+        self._quotas: QuotaTree | None = QuotaTree(quotas) if quotas is not None and quotas.orgs else None
+        """Team quotas (None: none configured, and a faster claim)."""
+        self._quota_use = QuotaUse()
+        self._reclaims: dict[str, tuple[str, int]] = {}
+        """job id -> (team key, GPUs) of a queued in-quota job that preempted borrowers, until it is placed."""
         self._buckets: dict[str, Bucket] = {name: Bucket(spec) for name, spec in pools.items()}
         self._limits: dict[str, CallerLimits] = dict(limits or {})
         """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
@@ -154,6 +167,14 @@ class TrackerState:
         usage = self._usage[lease.caller]
         usage[0] -= lease.gpus
         usage[1] -= len(lease.pods)
+        if self._quotas is not None and (path := self._quotas.path(lease.caller)) is not None:
+            self._quota_use.remove(path, lease.gpus, lease.borrowed)
+
+    def _end_reclaim(self, job_id: str) -> None:
+        claim = self._reclaims.pop(job_id, None)
+        if claim is not None:
+            team, gpus = claim
+            self._quota_use.reclaiming[team] = self._quota_use.reclaiming.get(team, 0) - gpus
 
     def _returned(self, pod: Pod) -> None:
         """The pod's reset ended (clean or not): its session stops waiting for it."""

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from broker.events import Event
 from broker.jobs import Job, JobState
 
 
@@ -35,6 +36,15 @@ class JobStore(Protocol):
         """Write each job iff its row still has the expected version; one transaction for all."""
         ...
 
+    def add_events(self, events: Sequence[Event]) -> list[Event]:
+        """Append events (broker.events); returns them with the ids the store gave them, in order."""
+        ...
+
+    def list_events(self, *, after_id: int | None = None, since: float | None = None, caller: str | None = None,
+                    limit: int = 100) -> list[Event]:
+        """Oldest first: ids above `after_id`, at or after `since`, about `caller` when given."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -48,6 +58,7 @@ class MemoryJobStore:
         self._by_key: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self.commits = 0
+        self._events: list[Event] = []
 
     def insert(self, job: Job) -> Job:
         with self._lock:
@@ -85,6 +96,18 @@ class MemoryJobStore:
                     self._jobs[job.id] = dataclasses.replace(job)
                 won.append(ok)
             return won
+
+    def add_events(self, events: Sequence[Event]) -> list[Event]:
+        with self._lock:
+            stored = [dataclasses.replace(e, id=len(self._events) + i + 1) for i, e in enumerate(events)]
+            self._events.extend(stored)
+            return stored
+
+    def list_events(self, *, after_id: int | None = None, since: float | None = None, caller: str | None = None,
+                    limit: int = 100) -> list[Event]:
+        return [e for e in self._events
+                if (after_id is None or e.id > after_id) and (since is None or e.at >= since)
+                and (caller is None or e.caller == caller)][:max(0, limit)]
 
     def close(self) -> None:
         pass

@@ -45,6 +45,8 @@ UNREACHABLE_AFTER = 3
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
+PREEMPTING = "preempting: "
+"""Prefix of a running attempt's message once the broker asked it to yield (broker.claiming.preempting)."""
 """What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 
 
@@ -116,6 +118,8 @@ class Executor:
         """Learns which pools serve kernels, so their idle pods keep a pre-started one."""
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
+        self.preempting: dict[str, str] = {}
+        """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
 
     # ---------------------------------------------------------------- launch
@@ -311,6 +315,32 @@ class Executor:
             except FirepoolError as exc:
                 log.warning("cancelling %s on %s failed: %s", aid, pod.name, exc)
 
+    async def preempt(self, job_id: str, why: str, grace_s: float) -> bool:
+        """SIGTERM every rank now (so the job can checkpoint) and SIGKILL it after `grace_s` (the agent keeps the
+        deadline); the attempt then ends `Preempted` and the job re-queues unless `max_retries` says no."""
+        aid = self.launched.get(job_id)
+        if aid is None:
+            return False
+        self.preempting[job_id] = why
+
+        def mark(job: Job) -> Job:  # durable: a broker restarted meanwhile still records `Preempted`
+            attempt = job.current_attempt
+            if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
+                raise Abort
+            marked = dataclasses.replace(attempt, message=PREEMPTING + why)
+            return dataclasses.replace(job.with_attempt(marked), version=job.version + 1)
+
+        try:
+            await self.book.write(job_id, mark)
+        except FirepoolError as exc:
+            log.warning("recording the preemption of %s failed (this broker still remembers it): %s", aid, exc)
+        for pod in self.tracker.pods_of(job_id):
+            try:
+                await self.backend.agent(pod.name).cancel(aid, grace_s)
+            except FirepoolError as exc:
+                log.warning("preempting %s on %s failed: %s", aid, pod.name, exc)
+        return True
+
     # ---------------------------------------------------------------- finish
 
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
@@ -359,12 +389,19 @@ class Executor:
                               never_ran: bool, may_retry: bool) -> Job | None:
         now = self.clock.now()
         rank0 = statuses[0]
+        preempted = self.preempting.pop(job_id, None)
 
         def outcome(job: Job) -> Job:
             attempt = job.current_attempt
             if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
                 raise Abort
             verdict = judge(statuses, never_ran=never_ran, cancel_requested=job.cancel_requested)
+            why = preempted
+            if why is None and attempt.message is not None and attempt.message.startswith(PREEMPTING):
+                why = attempt.message.removeprefix(PREEMPTING)  # marked by a broker before a restart
+            if why is not None and verdict.error is not None and not job.cancel_requested:
+                verdict = dataclasses.replace(verdict, error=ErrorClass.PREEMPTED, message=why, cancelled=False,
+                                              final=AttemptState.FAILED, state=JobState.FAILED)
             changes: dict[str, object] = {"finished_at": now, "exit_code": verdict.exit_code,
                                           "error_class": verdict.error, "message": verdict.message}
             times: dict[str, float] = {}

@@ -94,3 +94,22 @@ attempts = sa.Table(
     sa.Index("ix_attempts_job_id_n", "job_id", "n"),
     **MYSQL_TABLE_OPTIONS,
 )
+
+EVENT_KIND_LENGTH = 64
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Double(), nullable=False),
+    sa.Column("kind", sa.String(EVENT_KIND_LENGTH), nullable=False),
+    sa.Column("subject", key_type(NAME_LENGTH), nullable=False),
+    sa.Column("why", long_text(), nullable=False),
+    sa.Column("cost_gpu_s", sa.Double(), nullable=True),
+    sa.Column("caller", key_type(NAME_LENGTH), nullable=True),
+    sa.Column("detail", long_text(), nullable=False),
+    sa.Index("ix_events_at", "at"),
+    sa.Index("ix_events_caller_id", "caller", "id"),
+    **MYSQL_TABLE_OPTIONS,
+)
+"""The fleet's event log (broker.events): preemptions, reservation alerts, hold breaks, budget throttling."""

@@ -17,6 +17,8 @@ write that did land has moved its row's version and now loses; re-read to find o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -27,10 +29,11 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from broker.clock import Clock, RealClock
 from broker.errors import StoreError
+from broker.events import Event, detail_text
 from broker.jobs import Job, JobState
 from broker.store import migrating, rows
 from broker.store.engines import WRITE, create_store_engine, normalize_url
-from broker.store.schema import attempts, jobs
+from broker.store.schema import NAME_LENGTH, attempts, events, jobs
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +231,45 @@ class SqlJobStore:
                 if committing or attempt == TRIES or not _transient(exc):
                     raise
         raise AssertionError("unreachable")
+
+    def add_events(self, batch: Sequence[Event]) -> list[Event]:
+        """Append events in one transaction; the database numbers them (ids grow with commit order)."""
+        if not batch:
+            return []
+
+        def write(conn: sa.Connection) -> list[Event]:
+            out = []
+            for e in batch:
+                row = {"at": e.at, "kind": e.kind, "subject": e.subject[:NAME_LENGTH], "why": e.why,
+                       "cost_gpu_s": e.cost_gpu_s, "caller": None if e.caller is None else e.caller[:NAME_LENGTH],
+                       "detail": detail_text(e.detail)}
+                key = conn.execute(events.insert(), row).inserted_primary_key
+                out.append(dataclasses.replace(e, id=int(key[0]) if key else 0))
+            return out
+
+        with _translated("add_events"):
+            return self._run(write, writes=True)
+
+    def list_events(self, *, after_id: int | None = None, since: float | None = None, caller: str | None = None,
+                    limit: int = 100) -> list[Event]:
+        """Oldest first."""
+        if limit <= 0:
+            return []
+        stmt = sa.select(events).order_by(events.c.id).limit(limit)
+        if after_id is not None:  # ids are 32-bit: a bigger `after_id` is past every event
+            stmt = stmt.where(events.c.id > min(after_id, 2**31 - 1))
+        if since is not None:
+            stmt = stmt.where(events.c.at >= since)
+        if caller is not None:
+            stmt = stmt.where(events.c.caller == caller)
+
+        def read(conn: sa.Connection) -> list[Event]:
+            return [Event(at=r["at"], kind=r["kind"], subject=r["subject"], why=r["why"], cost_gpu_s=r["cost_gpu_s"],
+                          caller=r["caller"], detail=json.loads(r["detail"] or "{}"), id=int(r["id"]))
+                    for r in conn.execute(stmt).mappings()]
+
+        with _translated("list_events"):
+            return self._run(read, writes=False)
 
     def close(self) -> None:
         self._engine.dispose()

@@ -18,9 +18,11 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 
+from broker.claiming.reserving import restart_estimate
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.events import EventLog
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
@@ -72,6 +74,10 @@ class PoolController:
         self.borrowing = borrowing
         self.hold_tenure = hold_tenure
         self.holds_broken: dict[str, int] = {}
+        self.events: EventLog | None = None
+        """Where hold breaks and budget throttling are recorded (broker.events); None: nowhere."""
+        self.throttled: set[str] = set()
+        """Pools whose creates the accelerator budget holds back now (one event when it starts)."""
         self._loop = Wakeable(clock, tick, self.reconcile_once)
         self.wake = self._loop.wake
         self.run = self._loop.run
@@ -131,6 +137,7 @@ class PoolController:
                 created += 1
             if created < p.create:
                 p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
+            self._note_throttle(spec, p, created, demand)
             room = spec.max_count - counts.physical - created
             blocked_singles = 0
             for job_id, n in singles:
@@ -161,6 +168,7 @@ class PoolController:
                 notes.append(f"retired {len(orphaned)} single-use pods whose job left")
             if broken:
                 self.holds_broken[name] = self.holds_broken.get(name, 0) + len(broken)
+                self._note_holds_broken(spec, broken, blocked)
                 notes.append(f"broke {len(broken)} holds at the ceiling")
             if rollout.retire or rollout.mark:
                 notes.append(f"draining {len(rollout.retire) + len(rollout.mark)} stale")
@@ -181,6 +189,34 @@ class PoolController:
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
+
+    def _note_throttle(self, spec: PoolSpec, p: Plan, created: int, demand: int) -> None:
+        """A `budget.throttled` event when the accelerator budget starts holding this pool's creates back."""
+        throttled = demand > 0 and (created < p.create or p.reason.startswith(f"budget of {spec.accelerator} exhausted"))
+        if not throttled:
+            self.throttled.discard(spec.name)
+            return
+        if spec.name in self.throttled:
+            return
+        self.throttled.add(spec.name)
+        if self.events is not None:
+            view = self.ledger.view().get(spec.accelerator, {})
+            self.events.emit("budget.throttled", spec.name,
+                             f"budget of {spec.accelerator} exhausted ({view.get('used')} of {view.get('limit')} "
+                             f"in use): {demand} queued pods wait for capacity to free",
+                             None, None, {"accelerator": spec.accelerator, "demand_pods": demand,
+                                          "used": view.get("used"), "limit": view.get("limit")})
+
+    def _note_holds_broken(self, spec: PoolSpec, broken: list[Pod], blocked: int) -> None:
+        if self.events is None:
+            return
+        restart = restart_estimate(spec)  # the cold start the owner's next job pays instead
+        for pod in broken:
+            self.events.emit("hold.broken", pod.name,
+                             f"pool {spec.name} at its ceiling with {blocked} queued pods blocked: the idle pod "
+                             f"{pod.caller or 'nobody'} held retires so they can run",
+                             restart * max(1, spec.gpus) if restart else None, pod.caller,
+                             {"pool": spec.name, "blocked_pods": blocked})
 
     def _stage_standbys(self, spec: PoolSpec, pods: list[Pod], now: float) -> None:
         """Stage standbys into the open slots of active GPUs; retire those no card wants (broker.warmth.standby)."""
@@ -283,6 +319,16 @@ class PoolController:
         if pre.retire or pre.mark:
             log.info("preempted %d borrowed pods (%.0f GPUs) for their owner", len(pre.retire) + len(pre.mark),
                      pre.gpus)
+        if self.events is not None:
+            for pod_name, busy in [(n, False) for n in pre.retire] + [(n, True) for n in pre.mark]:
+                pod = self.tracker.pods.get(pod_name)
+                caller = pod.caller if pod is not None else None
+                if pod is not None and pod.job is not None:  # a busy pod's caller is its job's
+                    caller = next((lease.caller for lease in self.tracker.leases() if lease.job_id == pod.job), caller)
+                self.events.emit("capacity.reclaimed", pod_name,
+                                 "the capacity owner reclaimed borrowed GPUs (newest borrowed pod first): "
+                                 + ("it retires when its job ends; the job is not stopped" if busy else "it retires now"),
+                                 None, caller, {"busy": busy})
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
                 gpus: tuple[str, ...] = ()) -> bool:

@@ -42,4 +42,8 @@ def pool_view(spec: PoolSpec, c: Counts, queued_demand: int, plan: Plan | None, 
 def caller_pool_view(view: dict[str, Any], caller: str) -> dict[str, Any]:
     """A pool as a non-admin caller sees it: pool-wide totals stay, holds by owner shrink to the caller's own."""
     mine = view["held_by"].get(caller)
-    return {**view, "held_by": {caller: mine} if mine else {}}
+    out = {**view, "held_by": {caller: mine} if mine else {}}
+    for key in ("reservations", "capacity_alerts"):  # another caller's gangs are not this caller's business
+        if key in out:
+            out[key] = [r for r in out[key] if r.get("caller") == caller]
+    return out

@@ -1,0 +1,1 @@
+"""Fleet rules the claim path applies: pure decisions (placement, quotas, preemption), no I/O."""

@@ -70,7 +70,7 @@ jobs = sa.Table(
     sa.UniqueConstraint("caller", "idempotency_key", name="uq_jobs_caller_idempotency_key"),
     sa.Index("ix_jobs_state", "state"),
     sa.Index("ix_jobs_caller_id", "caller", "id"),
-    sa.Index("ix_jobs_state_id", "state", "id"),  # 0003_ui_indexes: the dashboard pages by state and pool
+    sa.Index("ix_jobs_state_id", "state", "id"),  # 0004_ui_indexes: the dashboard pages by state and pool
     sa.Index("ix_jobs_pool_id", "pool", "id"),
     **MYSQL_TABLE_OPTIONS,
 )

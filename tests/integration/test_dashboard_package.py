@@ -28,4 +28,4 @@ def test_the_wheel_carries_every_template_and_static_asset(tmp_path: Path) -> No
     wanted = {f"broker/ui/{p.relative_to(ROOT / 'broker' / 'ui').as_posix()}"
               for sub in ("templates", "static") for p in (ROOT / "broker" / "ui" / sub).iterdir()}
     assert wanted and wanted <= names, sorted(wanted - names)
-    assert "broker/ui/static/uPlot.LICENSE" in names and "broker/store/migrations/versions/0003_ui_indexes.py" in names
+    assert "broker/ui/static/uPlot.LICENSE" in names and "broker/store/migrations/versions/0004_ui_indexes.py" in names

@@ -1,7 +1,7 @@
 """Dashboard indexes: the Jobs page pages newest-first by id within a state or a pool.
 
-Revision ID: 0003_ui_indexes
-Revises: 0002_attempt_timings
+Revision ID: 0004_ui_indexes
+Revises: 0003_events
 Create Date: 2026-11-30
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0003_ui_indexes"
-down_revision = "0002_attempt_timings"
+revision = "0004_ui_indexes"
+down_revision = "0003_events"
 branch_labels = None
 depends_on = None
 

@@ -30,10 +30,10 @@ from broker.sim.workloads import (
     zipf_environments,
 )
 
-CALLERS = 12
+CALLERS = 4
 """The agents behind the sessions: each session belongs to one of them at random and has its own reuse tag, so
 a caller's pod survives the pause between its sessions only if the keep-alive (and owner hold) outlasts it."""
-REFERENCE_POOL = 48
+REFERENCE_POOL = 32
 """Pods of the always-full reference pool: above any peak these workloads reach."""
 
 

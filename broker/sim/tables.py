@@ -158,7 +158,7 @@ GRID = (openloop.Knobs("floor 1, idle cap 2, 60 s", floor=1, idle_cap=2, keep_al
         openloop.Knobs("floor 0, idle cap 2, 60 s", floor=0, idle_cap=2, keep_alive=60.0))
 FRONTIER_RATE = 0.2
 """Agent sessions per second (mean); peaks of 5–13 concurrent jobs, as App. C.1's 5–7 (steady) and bursts."""
-FRONTIER_HORIZON_S = 1200.0
+FRONTIER_HORIZON_S = 900.0
 
 
 def _knobs(pattern: str) -> list[openloop.Knobs]:
@@ -237,7 +237,7 @@ def frontier_rows(table: dict[str, Any]) -> list[Row]:
 ENVIRONMENTS = (1, 2, 4, 8, 16, 32, 64)
 PAPER_FIG5 = {"shared_held_64": 1.06, "per_env_held_64": 2.15, "per_env_hit_1": 0.85, "per_env_hit_64": 0.68,
               "split_p90_64": 400.0}
-LB_BATCHES = 40
+LB_BATCHES = 30
 LB_GAP_S = 30.0
 
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s", "frontier")
-"""The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
+              "recovery", "k8s", "loops", "all", "frontier")
+"""The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124
 """`submit --wait` of a job that ran past its timeout exits like timeout(1)."""

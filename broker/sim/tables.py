@@ -58,10 +58,12 @@ TABLE5: tuple[tuple[str, str, Venue, Arm, bool, dict[str, float]], ...] = (
 )
 
 
-def loop_columns(seed: int = 1, repeats: int = 6) -> list[dict[str, Any]]:
+def loop_columns(seed: int = 1, repeats: int = 6, venues: Sequence[str] = ("h200", "cpu")) -> list[dict[str, Any]]:
     """Table 5 in simulation: per column, `repeats` paired repeats of Reuse On and its baseline arm."""
     out = []
     for column, name, venue, base, tick, paper in TABLE5:
+        if venue.name not in venues:
+            continue
         seeds = [seed * 1000 + r for r in range(repeats)]
         on = [scenarios.run_loop(name, venue, "reuse-on", s, tick_dispatch=tick) for s in seeds]
         off = [scenarios.run_loop(name, venue, base, s, tick_dispatch=tick) for s in seeds]
@@ -83,10 +85,11 @@ def _pair(on: Sequence[RunResult], off: Sequence[RunResult]) -> dict[str, Any]:
             "makespans_on": mk_on, "makespans_off": mk_off}
 
 
-def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | None = None) -> list[Row]:
+def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | None = None,
+              venues: Sequence[str] = ("h200", "cpu")) -> list[Row]:
     """B7's full-scale simulated rows (Table 5): speedups in the paper's band, the arms' order, the p90 tail."""
     rows = []
-    for col in columns if columns is not None else loop_columns(seed, repeats):
+    for col in columns if columns is not None else loop_columns(seed, repeats, venues):
         p = col["paper"]
         label = f"sim {col['column']}"
         rows.append(row("B7", f"{label}: loop speedup [{col['speedup_ci'][0]:.3g}, {col['speedup_ci'][1]:.3g}]",

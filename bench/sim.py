@@ -96,7 +96,7 @@ def run_standby(args: argparse.Namespace) -> int:
         print(f"{'Table 6 (H200, 2-GPU pool)':<40} {'standby on':>22} {'standby off':>22}")
         print(f"{'handovers served by standby':<40} {on['by_standby']:>9}/{on['handovers']:<4} (paper 101/117) "
               f"{off['by_standby']:>5}/{off['handovers']:<4} (paper 0/156)")
-        print(f"{'queue wait at handover, median (s)':<40} {on['wait']:>9.2f} (paper {p['wait_on']}) "
+        print(f"{'handover submit->first, median (s)':<40} {on['wait']:>9.2f} (paper {p['wait_on']}) "
               f"{off['wait']:>9.2f} (paper {p['wait_off']})")
         print(f"{'submit->first p50 (s)':<40} {on['p50']:>9.2f} (paper {p['p50_on']}) "
               f"{off['p50']:>9.2f} (paper {p['p50_off']})")

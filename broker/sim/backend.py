@@ -39,6 +39,10 @@ class Costs(Protocol):
         """Launch -> the job's first instruction runs."""
         ...
 
+    def promotion(self, rng: random.Random) -> float:
+        """A standby's first launch: its promotion to the card's active pod (paid on top of the hand-off)."""
+        ...
+
 
 @dataclass
 class PodLife:
@@ -61,13 +65,18 @@ class PodLife:
 class SimAgent(FakeAgent):
     """A fake agent whose launch takes the venue's hand-off and whose job starts after its first instruction."""
 
-    def __init__(self, pod: str, clock: Clock, costs: Costs, rng: random.Random) -> None:
+    def __init__(self, pod: str, clock: Clock, costs: Costs, rng: random.Random, standby: bool = False) -> None:
         super().__init__(pod, clock)
         self.costs = costs
         self.rng = rng
+        self.standby = standby
 
     async def launch(self, request: LaunchRequest) -> AttemptStatus:
-        await self.clock.sleep(self.costs.handoff(self.rng))
+        delay = self.costs.handoff(self.rng)
+        if self.standby:
+            self.standby = False  # promoted once; it is the card's active pod from now on
+            delay += self.costs.promotion(self.rng)
+        await self.clock.sleep(delay)
         status = await super().launch(request)
         first = status.started_at + self.costs.first_instruction(self.rng) if status.started_at is not None else None
         status = dataclasses.replace(status, first_instruction_at=first)
@@ -111,7 +120,7 @@ class SimBackend(FakeBackend):
             raise
         finally:
             self.starting -= 1
-        self.agents[request.name] = SimAgent(request.name, self.clock, self.costs, self.rng)
+        self.agents[request.name] = SimAgent(request.name, self.clock, self.costs, self.rng, standby=bool(request.gpus))
         life.ready_at = self.clock.now()
         return info
 
@@ -155,3 +164,6 @@ class VenueCosts:
 
     def first_instruction(self, rng: random.Random) -> float:
         return float(self.venue.first_instruction_s)
+
+    def promotion(self, rng: random.Random) -> float:
+        return float(self.venue.promotion_s)

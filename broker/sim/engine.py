@@ -109,6 +109,7 @@ class JobRecord:
     path: str
     submitted: float
     claimed: float | None
+    handed_off: float | None
     first: float | None
     finished: float | None
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -120,8 +121,8 @@ class JobRecord:
 
     @property
     def queue_wait(self) -> float | None:
-        """Submit -> claim (paper Table 6's queue wait at handover)."""
-        return None if self.claimed is None else self.claimed - self.submitted
+        """Submit -> handed off to the agent: queueing, claim and a standby's promotion (Table 6's wait)."""
+        return None if self.handed_off is None else self.handed_off - self.submitted
 
 
 @dataclass
@@ -261,4 +262,5 @@ def _record(job: Job, labels: Mapping[str, str]) -> JobRecord:
     path = job.acquisition[0].path if job.acquisition else ""
     return JobRecord(id=job.id, caller=job.caller, tag=job.spec.lease_tag, pool=job.spec.pool, state=str(job.state),
                      path=path, submitted=t.get("submitted_at", EPOCH) - EPOCH, claimed=_rel(t.get("claimed_at")),
+                     handed_off=_rel(t.get("handed_off_at")),
                      first=_rel(t.get("first_instruction_at")), finished=_rel(t.get("finished_at")), labels=labels)

@@ -99,7 +99,7 @@ def run_standby(venue: Venue, standby: bool, seed: int) -> StandbyOutcome:
     """Table 6: 30 sequential jobs, a fresh reuse tag each, on the venue's pool with standby on or off.
 
     A handover is a job that found no idle pod of its own session's predecessor (path standby or new);
-    its queue wait is submit -> claim. The floor pod (and its standbys) are ready before the loop starts."""
+    its wait is submit -> first instruction (queueing, a standby's promotion, hand-off). The floor pod (and its standbys) are ready before the loop starts."""
     per_active = max(1, venue.standbys_per_active) if standby else 0
     spec = loop_pool(venue, "reuse-off", standbys=per_active, min_count=1)
     plan = standby_loop(seed)
@@ -112,7 +112,7 @@ def run_standby(venue: Venue, standby: bool, seed: int) -> StandbyOutcome:
 
     result = Simulation(pools=[spec], costs=costs_for(venue), seed=seed, gpus=8).run(driver)
     handovers = [j for j in result.jobs if j.path in ("standby", "new")]
-    waits = [w for j in handovers if (w := j.queue_wait) is not None]
+    waits = [w for j in handovers if (w := j.start_latency) is not None]
     return StandbyOutcome(result, len(handovers), sum(1 for j in handovers if j.path == "standby"), waits)
 
 

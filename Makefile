@@ -49,8 +49,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	for b in tracker warm-start reset late-binding gangs standby rollout mcp jupyter recovery k8s dashboard; do \
+	for b in tracker warm-start reset late-binding gangs standby rollout mcp jupyter recovery k8s dashboard frontier; do \
 	  $(BIN)/firepool bench $$b || exit 1; done
+	$(BIN)/firepool bench late-binding --sim
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -117,7 +117,12 @@ def bench_dependencies(repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str], json_out: bool = False) -> int:
+    if "--sim" in argv:  # B10: late binding vs per-environment pools, in the simulator
+        from bench.late_binding_sim import main as sim_main
+
+        return sim_main([a for a in argv if a != "--sim"], json_out=json_out)
     parser = argparse.ArgumentParser(prog="firepool bench late-binding", description=__doc__)
+    parser.add_argument("--sim", action="store_true", help="B10 in the simulator instead (see bench/late_binding_sim.py)")
     parser.add_argument("--jobs", type=int, default=20, help="packaged jobs (and as many without)")
     parser.add_argument("--size-mb", type=float, default=4.0, help="package size before compression")
     parser.add_argument("--repeats", type=int, default=5, help="dependency sequences, one fresh pod each")

@@ -20,6 +20,7 @@ from broker.locations import DEFAULT_PORT
 from broker.pools import CatalogError
 
 BENCHMARKS = cmds.BENCHMARKS
+SIM_SCENARIOS = cmds.SIM_SCENARIOS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -208,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark options")
     p.set_defaults(fn=cmds.cmd_bench)
+
+    p = _subparser(sub, "sim", "run a scenario in the simulator (Firepool's control plane in virtual time)")
+    p.add_argument("scenario", choices=SIM_SCENARIOS, help="the scenario")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="scenario options (--venue, --seed, --plot, --json)")
+    p.set_defaults(fn=cmds.cmd_sim)
 
     from jupyter_ext.kernelspec import add_parser as add_kernelspec_parser
 

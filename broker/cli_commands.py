@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s", "dashboard")
-"""The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
+              "recovery", "k8s", "dashboard", "loops", "all", "frontier")
+"""The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124
 """`submit --wait` of a job that ran past its timeout exits like timeout(1)."""
@@ -306,6 +306,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     json_out = args.json or len(rest) != len(args.rest)
     module: Any = importlib.import_module("bench." + args.name.replace("-", "_"))
     return int(module.main(rest, json_out=json_out) or 0)
+
+
+SIM_SCENARIOS = ("loops", "standby", "frontier", "late-binding", "sweep", "calibrate")
+"""`firepool sim` scenarios (bench/sim.py); the simulator stays out of the broker's imports."""
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    import importlib
+
+    module: Any = importlib.import_module("bench.sim")
+    return int(module.main([args.scenario, *args.rest]) or 0)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ from broker.backends.sandboxing import (
     python_prefixes,
     uses,
 )
+from broker.backends.startdelay import VenueDelays
 from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
@@ -118,6 +119,8 @@ class LocalBackend:
         self._records: dict[str, dict[str, Any]] = {}
         self.nets = PodNetworks(self._records, self._write, isolated=self.isolated, root=self.uid is not None)
         self._starting: set[str] = set()
+        self.venue_delays = VenueDelays()
+        """A pool's `template.venue_delay`: a modelled cold start added to each real start (startdelay.py)."""
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
         self.procs = PodProcesses()
@@ -232,7 +235,8 @@ class LocalBackend:
                                 "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
                                 "root": str(self._dirs(record["name"]).root),
-                                "limits": record.get("limits", {})})
+                                "limits": record.get("limits", {}),
+                                "venue_delay_s": record.get("venue_delay_s", 0.0)})
 
     def _allocate(self, count: int, name: str) -> list[str]:
         """Exclusive GPUs for a pod; synchronous, so two concurrent creates never get the same one."""
@@ -267,6 +271,8 @@ class LocalBackend:
             network = networking.parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
             limits = parse_limits(request.pool.template, request.pool.cpus, self.limiter.default_memory)
+            # every pod starting now, this one included, contends for the node (paper Table 1: 8 at once)
+            modelled = self.venue_delays.draw(request.pool.name, request.pool.template, len(self._starting) + 1)
         except ValueError as exc:
             raise BackendError(f"pool {request.pool.name}: {exc}") from exc
         for bind in binds:
@@ -286,7 +292,7 @@ class LocalBackend:
             "origin": str(request.origin), "secret": secrets.token_urlsafe(32),
             "network": network if self.isolated else "host",
             "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
-            "limits": {"cgroup": "off"},
+            "limits": {"cgroup": "off"}, "venue_delay_s": modelled,
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
@@ -294,7 +300,7 @@ class LocalBackend:
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
                            network=network, tmp_size=limits.tmp_size, shm_size=limits.shm_size,
                            gpu_nodes=tuple(f"/dev/nvidia{g.minor}" for g in chosen if g.minor is not None))
-        delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0)
+        delay = float(request.pool.template.get("start_delay_s", 0.0) or 0.0) + modelled
         starting = asyncio.ensure_future(self._start(spec, record, limits))
         sleeping = asyncio.ensure_future(self.clock.sleep(delay)) if delay > 0 else None
         try:

@@ -1,7 +1,7 @@
 """The local backend with real bubblewrap sandboxes (and its unisolated fallback): pods' whole life.
 
 create/list/annotate/delete, restart recovery through a second backend over the same state
-directory, exclusive virtual GPUs, the venue start delay on the injected clock, and resets that
+directory, exclusive virtual GPUs, the venue start delay and a venue model's draw on the injected clock, and resets that
 cannot be proven clean.
 """
 
@@ -133,6 +133,40 @@ async def test_start_delay_runs_on_the_injected_clock(tmp_path: Path) -> None:
         assert info.name == "slow-1"
     finally:
         await backend.delete("slow-1")
+        await backend.close()
+
+
+async def test_venue_delay_adds_the_models_draw_to_a_real_start_and_records_it(tmp_path: Path) -> None:
+    assert shutil.which("bwrap"), "bubblewrap is not installed"
+    clock = VirtualClock()
+    backend = LocalBackend(tmp_path / "state", clock, sandbox="bwrap")
+    # a fixed 30 s cold start at a tenth of the venue's time; two pods starting at once take twice as long
+    model = {"median_s": 30.0, "p90_s": 30.0, "crowd_n": 2, "crowd_factor": 2.0, "scale": 0.1, "seed": 1}
+    venue = PoolSpec(name="venue", template={"venue_delay": model})
+    try:
+        alone = asyncio.ensure_future(backend.create(PodRequest(name="v-1", pool=venue)))
+        while not (backend.pods_dir / "v-1" / "pod.json").exists():
+            await asyncio.sleep(0.01)
+        crowded = asyncio.ensure_future(backend.create(PodRequest(name="v-2", pool=venue)))
+        while not (backend.pods_dir / "v-2" / "pod.json").exists():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # both real sandboxes start; the model's delay keeps both creates waiting
+        assert not alone.done() and not crowded.done()
+        clock.advance(3.0)
+        first = await asyncio.wait_for(alone, 10)
+        assert not crowded.done()  # the second started while the first was starting: 6 s
+        clock.advance(3.0)
+        second = await asyncio.wait_for(crowded, 10)
+        assert first.details["venue_delay_s"] == 3.0 and second.details["venue_delay_s"] == 6.0
+        assert json.loads((backend.pods_dir / "v-2" / "pod.json").read_text())["venue_delay_s"] == 6.0
+        await backend.agent("v-1").health()  # the pod really started
+        with pytest.raises(BackendError, match="venue_delay"):
+            await backend.create(PodRequest(name="v-3", pool=PoolSpec(name="bad", template={
+                "venue_delay": {"median_s": 1.0, "colour": "red"}})))
+        assert not (backend.pods_dir / "v-3").exists()
+    finally:
+        for name in ("v-1", "v-2"):
+            await backend.delete(name)
         await backend.close()
 
 

@@ -1,0 +1,218 @@
+"""Open-loop scenarios: arrivals over a horizon, the held-capacity frontier (App. C.1) and late binding (Fig. 5).
+
+Held capacity is processor-seconds held by the pool's pods (busy, idle or owner-held) over the run,
+divided by what an always-on pool sized to the workload's peak concurrency holds over the same span:
+peak × span. The peak, and the start latency an always-on pool gives, come from a reference run of the
+same arrivals against a pool that is always full (floor = ceiling, no keep-alive expiry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from broker.jobs import JobSpec
+from broker.pools import PoolSpec
+from broker.sim.engine import JobRecord, RunResult, Simulation
+from broker.sim.scenarios import costs_for
+from broker.sim.stats import percentile
+from broker.sim.venues import Venue
+from broker.sim.workloads import (
+    AGENT_BODY_S,
+    AGENT_CALLS,
+    AGENT_THINK_S,
+    RL_BODY_S,
+    Pattern,
+    arrivals,
+    zipf_environments,
+)
+
+CALLERS = 4
+"""The agents behind the sessions: each session belongs to one of them at random and has its own reuse tag, so
+a caller's pod survives the pause between its sessions only if the keep-alive (and owner hold) outlasts it."""
+REFERENCE_POOL = 32
+"""Pods of the always-full reference pool: above any peak these workloads reach."""
+
+
+def peak_concurrency(jobs: Sequence[JobRecord]) -> int:
+    """The most jobs holding a pod at once (claim -> finish)."""
+    edges: list[tuple[float, int]] = []
+    for j in jobs:
+        if j.claimed is not None and j.finished is not None:
+            edges += [(j.claimed, 1), (j.finished, -1)]
+    level = peak = 0
+    for _, step in sorted(edges):
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+@dataclass
+class Cell:
+    """One configuration's outcome, relative to the always-on pool at peak."""
+
+    label: str
+    held_ratio: float
+    p50: float
+    p90: float
+    hit_rate: float
+    pods_created: int
+    jobs: int
+    peak: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _cell(label: str, result: RunResult, peak: int, span: float) -> Cell:
+    lat = result.latencies()
+    hits = sum(1 for j in result.jobs if j.path in ("warm", "recycled", "standby"))
+    return Cell(label, result.held / max(1e-9, peak * span), percentile(lat, 50), percentile(lat, 90),
+                hits / max(1, len(result.jobs)), result.pods_created, len(result.jobs), peak)
+
+
+# ---------------------------------------------------------------------------------------- frontier (App. C.1)
+
+@dataclass(frozen=True)
+class Knobs:
+    """A pool policy of the frontier grid: floor, idle cap, keep-alive (None: never expires), single-use."""
+
+    label: str
+    floor: int = 0
+    idle_cap: int = 0
+    keep_alive: float | None = 60.0
+    single_use: bool = False
+
+
+def session_plan(pattern: Pattern, rate: float, horizon_s: float, seed: int) -> list[tuple[float, list[tuple[float, float]]]]:
+    """Agent sessions arriving by `pattern`: (start, [(think before, body), ...]) with W-Agent's shapes."""
+    rng = random.Random(f"sessions/{pattern}/{seed}")
+    plan = []
+    for t in arrivals(pattern, rate, horizon_s, seed):
+        calls = rng.randint(*AGENT_CALLS)
+        plan.append((t, [(0.0 if k == 0 else rng.uniform(*AGENT_THINK_S), rng.uniform(*AGENT_BODY_S))
+                         for k in range(calls)]))
+    return plan
+
+
+def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
+    return PoolSpec(name="cpu", cpus=1.0, min_count=knobs.floor, max_idle_count=knobs.idle_cap, max_count=ceiling,
+                    idle_timeout=knobs.keep_alive, step=4)
+
+
+def run_sessions(venue: Venue, knobs: Knobs, plan: list[tuple[float, list[tuple[float, float]]]], seed: int,
+                 ceiling: int) -> RunResult:
+    spec = frontier_pool(knobs, ceiling)
+    pick = random.Random(f"owners/{seed}")
+    owners = [pick.randrange(CALLERS) for _ in plan]
+
+    async def session(sim: Simulation, n: int, start: float, calls: list[tuple[float, float]]) -> None:
+        await sim.sleep(start)
+        caller = f"agent{owners[n]}"
+        for think, body in calls:
+            if think:
+                await sim.sleep(think)
+            await sim.run_job(caller, JobSpec(pool=spec.name, command=("sleep", f"{body:.6f}"), lease_tag=f"s{n}",
+                                              single_use=knobs.single_use))
+
+    async def driver(sim: Simulation) -> None:
+        while sum(1 for p in sim.cp.tracker.snapshot() if p.state.value == "idle") < knobs.floor:
+            await sim.sleep(1.0)  # the floor is ready before the first arrival
+        sim.mark()
+        await asyncio.gather(*(session(sim, n, start, calls) for n, (start, calls) in enumerate(plan)))
+
+    return Simulation(pools=[spec], costs=costs_for(venue), seed=seed).run(driver)
+
+
+def frontier_cells(venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed: int, *, rate: float,
+                   horizon_s: float) -> tuple[Cell, list[Cell]]:
+    """The always-on reference and one cell per policy, for one pattern and seed."""
+    plan = session_plan(pattern, rate, horizon_s, seed)
+    ref_knobs = Knobs("always-on", floor=REFERENCE_POOL, idle_cap=REFERENCE_POOL, keep_alive=None)
+    ref = run_sessions(venue, ref_knobs, plan, seed, REFERENCE_POOL)
+    peak = peak_concurrency(ref.jobs)
+    reference = _cell("always-on", ref, peak, ref.ended - ref.began)
+    reference.held_ratio = 1.0  # by definition: a pool of `peak` pods over the span
+    cells = []
+    for k in knobs:
+        r = run_sessions(venue, k, plan, seed, REFERENCE_POOL)
+        cells.append(_cell(k.label, r, peak, r.ended - r.began))
+    return reference, cells
+
+
+def median_cells(runs: Sequence[Sequence[Cell]]) -> list[Cell]:
+    """Per policy, the median over seeds of each figure (App. C.1: "median of 3 seeds")."""
+    out = []
+    for group in zip(*runs, strict=True):
+        first = group[0]
+        out.append(Cell(first.label, statistics.median(c.held_ratio for c in group),
+                        statistics.median(c.p50 for c in group), statistics.median(c.p90 for c in group),
+                        statistics.median(c.hit_rate for c in group),
+                        int(statistics.median(c.pods_created for c in group)), sum(c.jobs for c in group),
+                        int(statistics.median(c.peak for c in group))))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- late binding (Fig. 5)
+
+BUDGET = 64
+"""App. C.5: a 64-pod budget."""
+LB_KEEP_ALIVE_S = 900.0
+"""App. C.5: a 900 s keep-alive."""
+ROLLOUTS_PER_BATCH = 8
+"""W-RL's rollout fan-out (§9)."""
+
+
+def rollout_plan(environments: int, batches: int, gap_s: float, seed: int) -> list[tuple[float, int, list[float]]]:
+    """Rollout batches at steady arrivals: (time, environment, bodies); environments Zipf-popular."""
+    rng = random.Random(f"rollouts/{environments}/{seed}")
+    envs = zipf_environments(environments, batches, seed)
+    times = arrivals("steady", 1.0 / gap_s, batches * gap_s, seed)[:batches]
+    return [(t, e, [rng.uniform(*RL_BODY_S) for _ in range(ROLLOUTS_PER_BATCH)]) for t, e in zip(times, envs, strict=False)]
+
+
+def lb_pools(mode: str, environments: int) -> list[PoolSpec]:
+    """`shared`: one late-binding pool; `per-env`: a pool per environment, each up to the budget;
+    `split`: a pool per environment with the budget split between them."""
+    def pool(name: str, ceiling: int) -> PoolSpec:
+        return PoolSpec(name=name, accelerator="cpu", cpus=1.0, max_idle_count=ceiling, max_count=ceiling,
+                        idle_timeout=LB_KEEP_ALIVE_S, step=ROLLOUTS_PER_BATCH)
+
+    if mode == "shared":
+        return [pool("shared", BUDGET)]
+    ceiling = BUDGET if mode == "per-env" else max(1, BUDGET // environments)
+    return [pool(f"env{k}", ceiling) for k in range(environments)]
+
+
+def run_rollouts(venue: Venue, mode: str, plan: list[tuple[float, int, list[float]]], environments: int,
+                 seed: int) -> RunResult:
+    pools = lb_pools(mode, environments)
+
+    async def batch(sim: Simulation, at: float, env: int, bodies: list[float]) -> None:
+        await sim.sleep(at)
+        name = "shared" if mode == "shared" else f"env{env}"
+        jobs = [await sim.submit("trainer", JobSpec(pool=name, command=("sleep", f"{b:.6f}"),
+                                                    extra={"environment": env} if mode == "shared" else {}))
+                for b in bodies]
+        await asyncio.gather(*(sim.finish(j) for j in jobs))
+
+    async def driver(sim: Simulation) -> None:
+        sim.mark()
+        await asyncio.gather(*(batch(sim, t, e, b) for t, e, b in plan))
+
+    budgets = {} if mode == "per-env" else {"cpu": float(BUDGET)}  # per-env: each pool may grow to the budget
+    return Simulation(pools=pools, costs=costs_for(venue), seed=seed, budgets=budgets).run(driver)
+
+
+def late_binding_cells(venue: Venue, environments: int, seed: int, *, batches: int, gap_s: float,
+                       modes: Sequence[str] = ("shared", "per-env", "split")) -> dict[str, Cell]:
+    plan = rollout_plan(environments, batches, gap_s, seed)
+    # The always-on reference: one pool always holding the budget; its peak concurrency sizes the baseline.
+    ref = run_rollouts(venue, "shared", plan, 1, seed)
+    out: dict[str, Cell] = {}
+    runs = {mode: run_rollouts(venue, mode, plan, environments, seed) for mode in modes}
+    peak = peak_concurrency(ref.jobs)
+    for mode, r in runs.items():
+        out[mode] = _cell(mode, r, peak, r.ended - r.began)
+    return out

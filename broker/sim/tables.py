@@ -1,0 +1,296 @@
+"""The paper's tables reproduced in simulation: rows in the benchmark format, ours beside the paper's.
+
+Each function runs its scenarios and returns row dicts ({"id", "metric", "ours", "unit", "paper", "target",
+"met"}) plus the side-by-side data the commands print and plot. Bands: App. B.4's prediction intervals,
+×0.76–1.31 of the paper's figure for makespan-based results; orderings and crossovers are checked outright.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from broker.sim import openloop, scenarios
+from broker.sim.engine import RunResult
+from broker.sim.stats import paired_difference, percentile, pooled_percentile, speedup
+from broker.sim.venues import Venue, cpu, h200
+from broker.sim.workloads import PATTERNS, Arm
+
+BAND = (0.76, 1.31)
+"""App. B.4: the simulator's prediction interval for makespan and throughput, ×0.76–1.31."""
+
+Row = dict[str, Any]
+
+
+def row(id_: str, metric: str, ours: float | None, unit: str, paper: str, target: str = "",
+        met: bool | None = None) -> Row:
+    return {"id": id_, "metric": metric, "ours": ours, "unit": unit, "paper": paper, "target": target, "met": met}
+
+
+def in_band(ours: float, paper: float) -> bool:
+    return BAND[0] * paper <= ours <= BAND[1] * paper
+
+
+def band_text(paper: float, unit: str = "x") -> str:
+    return f"{BAND[0] * paper:.3g}-{BAND[1] * paper:.3g} {unit}"
+
+
+# ------------------------------------------------------------------------------------------------ Table 5
+
+TABLE5: tuple[tuple[str, str, Venue, Arm, bool, dict[str, float]], ...] = (
+    # (column, workload, venue, baseline arm, tick-driven dispatch, the paper's figures)
+    ("H200 W-Agent (4) vs fresh pod", "w-agent-4", h200, "fresh-pod", False,
+     {"p50_on": 0.61, "p50_off": 89.5, "p90_on": 3.51, "p90_off": 354.6, "mk_on": 119.3, "mk_off": 1554.2,
+      "speedup": 13.0}),
+    ("H200 W-RL vs fresh pod", "w-rl", h200, "fresh-pod", False,
+     {"p50_on": 3.92, "p50_off": 115.8, "p90_on": 80.8, "p90_off": 315.2, "mk_on": 163.0, "mk_off": 1761.9,
+      "speedup": 10.8}),
+    # Table 5's caption: the Reuse Off columns ran the earlier tick-driven dispatcher.
+    ("H200 W-Agent (2) vs Reuse Off", "w-agent-2", h200, "reuse-off", True,
+     {"p50_on": 1.91, "p50_off": 2.29, "p90_on": 3.52, "p90_off": 59.1, "mk_on": 51.8, "mk_off": 186.4,
+      "speedup": 3.6}),
+    ("CPU W-RL vs Reuse Off", "w-rl", cpu, "reuse-off", True,
+     {"p50_on": 2.83, "p50_off": 52.6, "p90_on": 29.9, "p90_off": 62.0, "mk_on": 116, "mk_off": 516, "speedup": 4.5}),
+    ("CPU W-Agent (4) vs Reuse Off", "w-agent-4", cpu, "reuse-off", True,
+     {"p50_on": 1.78, "p50_off": 27.5, "p90_on": 52.8, "p90_off": 58.0, "mk_on": 186, "mk_off": 403, "speedup": 2.2}),
+)
+
+
+def loop_columns(seed: int = 1, repeats: int = 6, venues: Sequence[str] = ("h200", "cpu")) -> list[dict[str, Any]]:
+    """Table 5 in simulation: per column, `repeats` paired repeats of Reuse On and its baseline arm."""
+    out = []
+    for column, name, venue, base, tick, paper in TABLE5:
+        if venue.name not in venues:
+            continue
+        seeds = [seed * 1000 + r for r in range(repeats)]
+        on = [scenarios.run_loop(name, venue, "reuse-on", s, tick_dispatch=tick) for s in seeds]
+        off = [scenarios.run_loop(name, venue, base, s, tick_dispatch=tick) for s in seeds]
+        out.append({"column": column, "workload": name, "venue": venue.name, "baseline": base,
+                    "tick_dispatch": tick, "paper": paper, **_pair(on, off)})
+    return out
+
+
+def _pair(on: Sequence[RunResult], off: Sequence[RunResult]) -> dict[str, Any]:
+    lat_on, lat_off = [r.latencies() for r in on], [r.latencies() for r in off]
+    mk_on, mk_off = [r.makespan for r in on], [r.makespan for r in off]
+    fx = speedup(mk_on, mk_off)
+    diff = paired_difference([statistics.median(x) for x in lat_on], [statistics.median(x) for x in lat_off])
+    return {"p50_on": pooled_percentile(lat_on, 50), "p50_off": pooled_percentile(lat_off, 50),
+            "p90_on": pooled_percentile(lat_on, 90), "p90_off": pooled_percentile(lat_off, 90),
+            "mk_on": statistics.median(mk_on), "mk_off": statistics.median(mk_off),
+            "speedup": fx.estimate, "speedup_ci": [fx.lo, fx.hi], "p50_diff": diff.estimate,
+            "p50_diff_ci": [diff.lo, diff.hi], "jobs": sum(len(r.jobs) for r in [*on, *off]),
+            "makespans_on": mk_on, "makespans_off": mk_off}
+
+
+def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | None = None,
+              venues: Sequence[str] = ("h200", "cpu")) -> list[Row]:
+    """B7's full-scale simulated rows (Table 5): speedups in the paper's band, the arms' order, the p90 tail."""
+    rows = []
+    for col in columns if columns is not None else loop_columns(seed, repeats, venues):
+        p = col["paper"]
+        label = f"sim {col['column']}"
+        rows.append(row("B7", f"{label}: loop speedup [{col['speedup_ci'][0]:.3g}, {col['speedup_ci'][1]:.3g}]",
+                        col["speedup"], "x", f"{p['speedup']}x", band_text(p["speedup"]),
+                        in_band(col["speedup"], p["speedup"])))
+        rows.append(row("B7", f"{label}: start p50 On / {col['baseline']}", col["p50_on"], "s",
+                        f"{p['p50_on']} / {p['p50_off']} s", f"On < {col['baseline']}",
+                        col["p50_on"] <= col["p50_off"]))
+        rows.append(row("B7", f"{label}: start p90 {col['baseline']} (On {col['p90_on']:.3g} s)", col["p90_off"], "s",
+                        f"{p['p90_off']} s (On {p['p90_on']} s)", "On < baseline", col["p90_on"] < col["p90_off"]))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ Table 6
+
+TABLE6 = {"by_standby": 0.86, "wait_on": 0.94 + 0.5, "wait_off": 51.0 + 0.5, "p50_on": 1.66, "p50_off": 28.2,
+          "mk_on": 337.0, "mk_off": 1023.0, "ratio": 3.0}
+
+
+def standby_table(seed: int = 1, repeats: int = 10) -> dict[str, Any]:
+    seeds = [seed * 1000 + r for r in range(repeats)]
+    on = [scenarios.run_standby(h200, True, s) for s in seeds]
+    off = [scenarios.run_standby(h200, False, s) for s in seeds]
+
+    def side(outs: Sequence[scenarios.StandbyOutcome]) -> dict[str, Any]:
+        waits = [w for o in outs for w in o.handover_waits]
+        return {"handovers": sum(o.handovers for o in outs), "by_standby": sum(o.by_standby for o in outs),
+                "wait": percentile(waits, 50) if waits else float("nan"),
+                "p50": pooled_percentile([o.result.latencies() for o in outs], 50),
+                "makespan": statistics.median(o.result.makespan for o in outs),
+                "makespans": [o.result.makespan for o in outs]}
+
+    a, b = side(on), side(off)
+    fx = speedup(a["makespans"], b["makespans"])
+    return {"on": a, "off": b, "ratio": fx.estimate, "ratio_ci": [fx.lo, fx.hi], "paper": TABLE6}
+
+
+def standby_rows(table: dict[str, Any]) -> list[Row]:
+    on, off, p = table["on"], table["off"], table["paper"]
+    share = on["by_standby"] / max(1, on["handovers"])
+    return [
+        row("B8", "sim h200: handovers served by standby", share, "", "101/117 (86%)", "> 0.5", share > 0.5),
+        row("B8", "sim h200: handover submit->first, median, standby on", on["wait"], "s",
+            "0.94 s queue + 0.5 s hand-off", "< standby off", on["wait"] < off["wait"]),
+        row("B8", "sim h200: handover submit->first, median, standby off", off["wait"], "s",
+            "51.0 s queue + 0.5 s hand-off"),
+        row("B8", "sim h200: submit->first p50, standby on / off", on["p50"], "s",
+            f"{p['p50_on']} / {p['p50_off']} s", "on <= off", on["p50"] <= off["p50"]),
+        row("B8", f"sim h200: loop makespan ratio off/on [{table['ratio_ci'][0]:.3g}, {table['ratio_ci'][1]:.3g}]",
+            table["ratio"], "x", f"{p['ratio']}x (337 s vs 1,023 s)", band_text(p["ratio"]),
+            in_band(table["ratio"], p["ratio"])),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ App. C.1
+
+KEEP_ALIVES = (15.0, 60.0, 120.0, 300.0, 900.0)
+PAPER_C1: dict[str, dict[str, tuple[float, float | None]]] = {
+    # pattern -> column -> (held ÷ always-on, Δp50 s); App. C.1's table (Δp50 not recorded at 300 s)
+    "steady": {"15": (0.435, 0.38), "60": (0.571, 0.08), "120": (0.679, 0.01), "300": (0.916, None),
+               "900": (1.543, -0.02), "fresh": (1.347, 22.8)},
+    "bursty": {"15": (0.371, 0.64), "60": (0.476, 0.27), "120": (0.615, 0.13), "300": (0.849, None),
+               "900": (1.484, 0.09), "fresh": (0.646, 23.0)},
+    "diurnal": {"15": (0.486, 0.37), "60": (0.606, 0.01), "120": (0.659, 0.03), "300": (0.860, None),
+                "900": (1.124, -0.01), "fresh": (1.543, 22.9)},
+}
+GRID = (openloop.Knobs("floor 1, idle cap 2, 60 s", floor=1, idle_cap=2, keep_alive=60.0),
+        openloop.Knobs("floor 2, idle cap 2, 60 s", floor=2, idle_cap=2, keep_alive=60.0),
+        openloop.Knobs("floor 4, idle cap 2, 60 s", floor=4, idle_cap=2, keep_alive=60.0),
+        openloop.Knobs("floor 0, idle cap 2, 60 s", floor=0, idle_cap=2, keep_alive=60.0))
+FRONTIER_RATE = 0.2
+"""Agent sessions per second (mean); peaks of 5–13 concurrent jobs, as App. C.1's 5–7 (steady) and bursts."""
+FRONTIER_HORIZON_S = 900.0
+
+
+def _knobs(pattern: str) -> list[openloop.Knobs]:
+    ks = [openloop.Knobs(f"{t:g}", keep_alive=t) for t in KEEP_ALIVES] + [openloop.Knobs("fresh", single_use=True)]
+    return ks + list(GRID) if pattern == "bursty" else ks
+
+
+def _frontier_task(args: tuple[str, int, float, float]) -> tuple[str, int, Any]:
+    pattern, seed, rate, horizon = args
+    ref, cells = openloop.frontier_cells(cpu, pattern, _knobs(pattern), seed, rate=rate, horizon_s=horizon)  # type: ignore[arg-type]
+    return pattern, seed, (ref, cells)
+
+
+def frontier_table(seeds: Sequence[int] = (1, 2, 3), *, rate: float = FRONTIER_RATE,
+                   horizon_s: float = FRONTIER_HORIZON_S, workers: int = 1) -> dict[str, Any]:
+    """App. C.1's grid, CPU venue: per pattern and policy the median over seeds of held ÷ always-on and Δp50."""
+    tasks = [(p, s, rate, horizon_s) for p in PATTERNS for s in seeds]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(_frontier_task, tasks))
+    else:
+        done = [_frontier_task(t) for t in tasks]
+    table: dict[str, Any] = {}
+    for pattern in PATTERNS:
+        runs = [cells for p, _, (ref, cells) in done if p == pattern]
+        refs = [ref for p, _, (ref, cells) in done if p == pattern]
+        med = openloop.median_cells(runs)
+        ref_p50 = statistics.median(r.p50 for r in refs)
+        table[pattern] = {
+            "peak": statistics.median(r.peak for r in refs), "ref_p50": ref_p50,
+            "ref_p90": statistics.median(r.p90 for r in refs),
+            "cells": {c.label: {"held": c.held_ratio, "dp50": c.p50 - ref_p50, "p50": c.p50, "p90": c.p90,
+                                "hit": c.hit_rate, "pods": c.pods_created} for c in med}}
+    return {"patterns": table, "seeds": list(seeds), "rate": rate, "horizon_s": horizon_s, "paper": PAPER_C1}
+
+
+def frontier_rows(table: dict[str, Any]) -> list[Row]:
+    t = table["patterns"]
+    rows: list[Row] = []
+    for pattern in PATTERNS:
+        cells, paper = t[pattern]["cells"], PAPER_C1[pattern]
+        held = [cells[f"{k:g}"]["held"] for k in KEEP_ALIVES]
+        rising = all(b >= a * 0.98 for a, b in zip(held, held[1:], strict=False))
+        rows.append(row("B9", f"{pattern}: held grows with keep-alive 15->900 s (x at 900 / x at 15 s)",
+                        held[-1] / held[0], "x", f"{paper['15'][0]} -> {paper['900'][0]}", "rises at every step",
+                        rising))
+        rows.append(row("B9", f"{pattern}: 900 s keep-alive holds more than the always-on pool", held[-1], "x",
+                        f"{paper['900'][0]}x", "> 1x", held[-1] > 1.0))
+        for tau in ("60", "120"):
+            rows.append(row("B9", f"{pattern}: held at {tau} s keep-alive", cells[tau]["held"], "x",
+                            f"{paper[tau][0]}x ({paper[tau][1]:+.2f} s)", band_text(paper[tau][0]),
+                            in_band(cells[tau]["held"], paper[tau][0])))
+        fresh = cells["fresh"]
+        rows.append(row("B9", f"{pattern}: fresh pod per job pays a pod start (dp50)", fresh["dp50"], "s",
+                        f"+{paper['fresh'][1]} s", "> 10 s", fresh["dp50"] > 10.0))
+        rows.append(row("B9", f"{pattern}: fresh pod per job is not the cost floor (held / held at 15 s)",
+                        fresh["held"] / cells["15"]["held"], "x",
+                        f"{paper['fresh'][0] / paper['15'][0]:.2f}x ({paper['fresh'][0]} / {paper['15'][0]})",
+                        "> 1x", fresh["held"] > cells["15"]["held"]))
+    b60 = {p: t[p]["cells"]["60"]["held"] for p in PATTERNS}
+    rows.append(row("B9", "bursty holds least at 60 s keep-alive", b60["bursty"], "x", "0.476 < 0.571, 0.606",
+                    "bursty < steady, diurnal", b60["bursty"] < min(b60["steady"], b60["diurnal"])))
+    bc = t["bursty"]["cells"]
+    f1 = bc["floor 1, idle cap 2, 60 s"]["held"]
+    rows.append(row("B9", "bursty: floor 1, idle cap 2, 60 s keep-alive held", f1, "x",
+                    "0.52x (measured, local cluster; bare 60 s 0.24x, 900 s 1.15x)",
+                    "between bare 60 s and 900 s", bc["60"]["held"] * 0.98 <= f1 < bc["900"]["held"]))
+    f4 = bc["floor 4, idle cap 2, 60 s"]
+    rows.append(row("B9", f"bursty: floor 4, idle cap 2, 60 s: p90 start (held {f4['held']:.2f}x)", f4["p90"], "s",
+                    "3.39 s at 0.78x", f"< bare 60 s p90 ({bc['60']['p90']:.3g} s)", f4["p90"] < bc["60"]["p90"]))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ Fig. 5
+
+ENVIRONMENTS = (1, 2, 4, 8, 16, 32, 64)
+PAPER_FIG5 = {"shared_held_64": 1.06, "per_env_held_64": 2.15, "per_env_hit_1": 0.85, "per_env_hit_64": 0.68,
+              "split_p90_64": 400.0}
+LB_BATCHES = 30
+LB_GAP_S = 30.0
+
+
+def _lb_task(args: tuple[int, int, int, float]) -> tuple[int, int, dict[str, openloop.Cell]]:
+    e, seed, batches, gap = args
+    return e, seed, openloop.late_binding_cells(cpu, e, seed, batches=batches, gap_s=gap)
+
+
+def late_binding_table(seeds: Sequence[int] = (1, 2, 3), environments: Sequence[int] = ENVIRONMENTS, *,
+                       batches: int = LB_BATCHES, gap_s: float = LB_GAP_S, workers: int = 1) -> dict[str, Any]:
+    """Fig. 5 (RL rollouts): per E and pool layout, median over seeds of held ÷ always-on, hit rate, p90 start."""
+    tasks = [(e, s, batches, gap_s) for e in environments for s in seeds]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(_lb_task, tasks))
+    else:
+        done = [_lb_task(t) for t in tasks]
+    series: dict[str, dict[str, list[float]]] = {}
+    for mode in ("shared", "per-env", "split"):
+        s: dict[str, list[float]] = {"E": [], "held": [], "hit": [], "p90": []}
+        for e in environments:
+            cells = [c[mode] for ee, _, c in done if ee == e]
+            s["E"].append(float(e))
+            s["held"].append(statistics.median(c.held_ratio for c in cells))
+            s["hit"].append(statistics.median(c.hit_rate for c in cells))
+            s["p90"].append(statistics.median(c.p90 for c in cells))
+        series[mode] = s
+    return {"series": series, "seeds": list(seeds), "batches": batches, "gap_s": gap_s, "paper": PAPER_FIG5}
+
+
+def late_binding_rows(table: dict[str, Any]) -> list[Row]:
+    s, p = table["series"], PAPER_FIG5
+    last = len(s["shared"]["E"]) - 1
+    e = int(s["shared"]["E"][last])
+    sh, pe, sp = (s[m]["held"][last] for m in ("shared", "per-env", "split"))
+    rows = [
+        row("B10", f"held / always-on at E = {e}, one late-binding pool", sh, "x", f"{p['shared_held_64']}x",
+            "< per-environment pools", sh < pe),
+        row("B10", f"held / always-on at E = {e}, a pool per environment (each up to the budget)", pe, "x",
+            f"{p['per_env_held_64']}x", "> shared pool", pe > sh),
+        row("B10", f"shared pool held stays flat E = 1 -> {e} (x at E={e} / x at E=1)",
+            sh / s["shared"]["held"][0], "x", "1.06x flat", "<= 1.2x", sh / s["shared"]["held"][0] <= 1.2),
+        row("B10", f"hit rate, pool per environment, E = {e} (E = 1: {s['per-env']['hit'][0]:.2f})",
+            s["per-env"]["hit"][last], "", f"{p['per_env_hit_64']} (E = 1: {p['per_env_hit_1']})", "falls with E",
+            s["per-env"]["hit"][last] < s["per-env"]["hit"][0]),
+        row("B10", f"hit rate, one late-binding pool, E = {e}", s["shared"]["hit"][last], "", "flat (~0.85)",
+            ">= per-environment", s["shared"]["hit"][last] >= s["per-env"]["hit"][last]),
+        row("B10", f"p90 start, per-environment pools with the budget split, E = {e} (held {sp:.2f}x)",
+            s["split"]["p90"][last], "s", f"{p['split_p90_64']:.0f} s", "> shared pool p90",
+            s["split"]["p90"][last] > s["shared"]["p90"][last]),
+    ]
+    return rows

@@ -74,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
     if args.max_request_bytes < 4096:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
+    virtual_gpus, per_node = virtual_fleet(args.virtual_gpus, args.virtual_nodes, args.virtual_gpus_per_node)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else
@@ -81,13 +82,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=state_dir, db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
+        virtual_gpus=virtual_gpus, virtual_gpus_per_node=per_node, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
         metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes,
         kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id))
     return serve(settings)
+
+
+def virtual_fleet(gpus: int | None, nodes: int | None, per_node: int | None) -> tuple[int | None, int | None]:
+    """`--virtual-gpus N` (one node) or `--virtual-nodes N --virtual-gpus-per-node G`: (GPUs, GPUs per node)."""
+    if nodes is None and per_node is None:
+        return gpus, None
+    if nodes is None or per_node is None or nodes < 1 or per_node < 1:
+        raise UsageError("--virtual-nodes and --virtual-gpus-per-node go together, each at least 1")
+    if gpus is not None and gpus != nodes * per_node:
+        raise UsageError(f"--virtual-gpus {gpus} disagrees with {nodes} nodes x {per_node} GPUs")
+    return nodes * per_node, per_node
 
 
 def cmd_cache_dir(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s")
+              "recovery", "k8s", "fragmentation")
 """The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
 
 EXIT_TIMEOUT = 124
@@ -269,9 +269,17 @@ def cmd_pools(args: argparse.Namespace) -> int:
         return 0
     keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
             "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
-    header = [k.upper() for k in keys]
-    print_table([[p.get(k) for k in keys] for p in pools], header, right=header[1:])
+    header = [k.upper() for k in keys] + ["PLACEABLE 1/2/4/8/NODE"]
+    print_table([[p.get(k) for k in keys] + [placeable_cell(p.get("largest_placeable"))] for p in pools], header,
+                right=header[1:])
     return 0
+
+
+def placeable_cell(placeable: dict[str, int] | None) -> str:
+    """`largest_placeable` as one cell: 1/2/4/8-GPU allocations and whole nodes placeable now; - without nodes."""
+    if not placeable:
+        return "-"
+    return "/".join(str(placeable.get(k, 0)) for k in ("1", "2", "4", "8", "node"))
 
 
 def cmd_pods(args: argparse.Namespace) -> int:
@@ -289,8 +297,8 @@ def cmd_pods(args: argparse.Namespace) -> int:
              + (" (standby)" if p.get("standby") else ""), p.get("caller"),
              p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
              f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
-             "yes" if p.get("isolated") else "NO (--unisolated)") for p in pods]
-    print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED"))
+             "yes" if p.get("isolated") else "NO (--unisolated)", p.get("node") or "") for p in pods]
+    print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED", "NODE"))
     return 0
 
 

@@ -35,6 +35,7 @@ from broker.running.packages import PackageStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.borrowing import Borrowing
+from broker.warmth.fleetview import fleet_view, placeable_view
 from broker.warmth.pooling import PoolController, count
 from broker.warmth.poolview import pool_view
 
@@ -271,11 +272,16 @@ class ControlPlane:
         queued: dict[str, int] = {}
         for job in self.dispatcher.queued.values():
             queued[job.spec.pool] = queued.get(job.spec.pool, 0) + job.spec.pods
-        return [pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
-                          queued.get(name, 0), self.controller.last_plan.get(name),
-                          self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
-                          self.controller.ledger)
+        fleet = self.controller.fleet()
+        return [{**pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
+                             queued.get(name, 0), self.controller.last_plan.get(name),
+                             self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
+                             self.controller.ledger), **placeable_view(fleet, spec)}
                 for name, spec in self.catalog.pools.items()]
+
+    def fleet_view(self) -> dict[str, Any]:
+        """The nodes and, per accelerator (GPU model), what could still be placed (docs/fleet.md)."""
+        return fleet_view(self.controller.fleet())
 
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()

@@ -174,7 +174,8 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/v1/pools", responses=ERRORS)
     async def pools(who: Who) -> dict[str, Any]:
         views = cp.pools_view()
-        return {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views]}
+        return {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views],
+                "fleet": cp.fleet_view()}
 
     @app.get("/v1/pods", responses=ERRORS)
     async def pods(who: Who, pool: str | None = None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ def summarise(r: Result, nodes: int) -> dict[str, Any]:
     waits = sorted(r.gang_waits)
     return {"policy": r.policy, "occupancy": r.occupancy, "utilization": r.utilization / (nodes * 8),
             "free_nodes": r.mean("node"), "placeable_4": r.mean("4"), "eight_gpu_placed": r.eight_gpu_placed,
+            "eight_gpu_at_once": r.at_once,
             "arrived_8": sum(n for name, n in r.arrived.items() if name in ("train-8", "train-16")),
             "gang_wait_p50_s": percentile(waits, 50) if waits else None,
             "gang_wait_p90_s": percentile(waits, 90) if waits else None,
@@ -92,9 +93,10 @@ def main(argv: list[str], json_out: bool = False) -> int:
         rows.append(Row("B15", f"best-fit-aligned: whole free nodes at {occ:.0%} (first-fit "
                                f"{first['free_nodes']:.2f})", ours["free_nodes"], "nodes", "-",
                         "> first-fit", ours["free_nodes"] > first["free_nodes"]))
-        rows.append(Row("B15", f"best-fit-aligned: 8-GPU jobs placed at {occ:.0%} (first-fit "
-                               f"{first['eight_gpu_placed']})", ours["eight_gpu_placed"], "jobs", "-",
-                        "> first-fit", ours["eight_gpu_placed"] > first["eight_gpu_placed"]))
+        rows.append(Row("B15", f"best-fit-aligned: 8+ GPU jobs placed on arrival at {occ:.0%} (first-fit "
+                               f"{first['eight_gpu_at_once']} of {first['arrived_8']})", ours["eight_gpu_at_once"],
+                        "jobs", "-", "> first-fit, or all", ours["eight_gpu_at_once"] > first["eight_gpu_at_once"]
+                        or ours["eight_gpu_at_once"] == ours["arrived_8"]))
         rows.append(Row("B15", f"best-fit-aligned: gang queue wait p90 at {occ:.0%} (first-fit "
                                f"{(first['gang_wait_p90_s'] or 0) / 60:.1f} min)",
                         (ours["gang_wait_p90_s"] or 0) / 60, "min", "-"))

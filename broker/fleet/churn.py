@@ -69,6 +69,8 @@ class Result:
     arrived: dict[str, int] = field(default_factory=dict)
     gang_waits: list[float] = field(default_factory=list)
     """Queue waits (s) of placed jobs of 8 GPUs or more."""
+    at_once: int = 0
+    """Jobs of 8 GPUs or more placed the moment they arrived (no queue wait)."""
 
     def mean(self, what: str) -> float:
         values = [float(s.placeable[what]) for s in self.samples]
@@ -147,7 +149,10 @@ def run(nodes: Sequence[Node], classes: Sequence[JobClass], occupancy: float, po
             c = jobs[job][0]
             release(fleet, running.pop(job))
         waiting = []
-        for j in queue:
+        # An arrival frees nothing: only the new job can fit now. A departure: every queued job may.
+        tries, kept = (queue[-1:], queue[:-1]) if kind == "arrive" else (queue, [])
+        waiting = kept
+        for j in tries:
             c, arrived, duration = jobs[j]
             p = place(fleet, Ask(c.pods, c.gpus, c.topology), policy)
             if p is None:
@@ -158,6 +163,7 @@ def run(nodes: Sequence[Node], classes: Sequence[JobClass], occupancy: float, po
             out.placed[c.name] = out.placed.get(c.name, 0) + 1
             if c.total >= 8:
                 out.gang_waits.append(t - arrived)
+                out.at_once += t == arrived
             push(t + duration, "leave", j)
         queue = waiting
     return out

@@ -48,3 +48,32 @@ def test_a_4_pod_gang_of_1_gpu_pods_lands_on_one_node(tmp_path) -> None:
         assert 'firepool_largest_placeable{accelerator="virtual",shape="node"} 0.0' in metrics
     finally:
         b.stop()
+
+
+async def test_kubernetes_nodes_come_from_node_objects_and_a_placed_pod_lands_on_its_node(tmp_path) -> None:
+    import kubernetes
+
+    from broker.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
+    from broker.backends.kubernetes.emulator import Emulator
+    from broker.backends.kubernetes.kubeapi import KubeApi
+    from broker.clock import RealClock
+    from broker.pools import parse_pool
+    from broker.ports.backend import PodRequest
+
+    pool = parse_pool({"name": "h100", "gpus": 1, "template": {
+        "image": "firepool/sandbox-gpu:0.1.0", "schedulerName": "hami-scheduler",
+        "resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}}})
+    with Emulator(tmp_path / "k8s", gpus=2, nodes=2) as emu:
+        api = KubeApi(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=emu.url)), "default")
+        backend = KubernetesBackend(RealClock(), api, KubernetesSettings())
+        try:
+            nodes = await backend.refresh_nodes()
+            assert [(n.id, n.size) for n in nodes] == [("node-0", 2), ("node-1", 2)]
+            assert all(n.boot_epoch and n.gpus[0].startswith("GPU-") for n in nodes)
+            for name in ("h100-a", "h100-b"):
+                info = await backend.create(PodRequest(name=name, pool=pool, node="node-1"))
+                assert info.node == "node-1" and set(info.gpus) <= set(nodes[1].gpus)
+        finally:
+            for name in list(backend.cache.pods):
+                await backend.delete(name)
+            await backend.close()

@@ -190,8 +190,11 @@ class KubernetesBackend:
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
-        if request.node:  # placement chose the node (broker.fleet): the scheduler binds the pod there
-            manifest["spec"]["nodeSelector"] = {**manifest["spec"].get("nodeSelector", {}), HOSTNAME: request.node}
+        # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
+        # scheduler binds the pod there.
+        chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
+        if chosen:
+            manifest["spec"]["nodeSelector"] = {**manifest["spec"].get("nodeSelector", {}), **chosen}
         rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from broker.fleet.nodes import Node
-from broker.ports.backend import Device, split_nodes
+from broker.ports.backend import DOMAIN_LABEL, NODE_LABEL, Device, split_nodes
 
 log = logging.getLogger(__name__)
 
@@ -131,5 +131,6 @@ def local_nodes(devices: Sequence[Device], per_node: int | None, *, virtual: boo
     if virtual:
         return split_nodes(devices, per_node, "virtual-node", epoch=epoch)
     host = socket.gethostname() or "local"
-    return [Node(id=host, gpus=n.gpus, model=n.model, domain=n.domain, boot_epoch=epoch)
+    return [Node(id=host, gpus=n.gpus, model=n.model, domain=n.domain, boot_epoch=epoch,
+                 labels={NODE_LABEL: host, DOMAIN_LABEL: n.domain})
             for n in split_nodes(devices, None, host, epoch=epoch)]

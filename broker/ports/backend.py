@@ -60,6 +60,11 @@ class PodInfo:
     """The node the pod runs on; empty when the backend has no nodes (CPU-only)."""
 
 
+NODE_LABEL = "firepool.dev/node"
+DOMAIN_LABEL = "firepool.dev/domain"
+"""Labels of the nodes a backend makes up (virtual, fake): a pool's `node_selector` can name them."""
+
+
 def split_nodes(devices: Sequence[Device], per_node: int | None, prefix: str, *, domain_size: int = 0,
                 epoch: str = "") -> list[Node]:
     """Devices grouped into nodes of `per_node` GPUs (None: one node with all of them), named `<prefix>-<i>`;
@@ -71,8 +76,9 @@ def split_nodes(devices: Sequence[Device], per_node: int | None, prefix: str, *,
     for i in range(0, len(devices), size):
         chunk = devices[i:i + size]
         n = i // size
-        nodes.append(Node(id=f"{prefix}-{n}", gpus=tuple(d.key for d in chunk), model=chunk[0].model,
-                          domain=f"{prefix}-domain-{n // domain_size if domain_size else 0}", boot_epoch=epoch))
+        node_id, domain = f"{prefix}-{n}", f"{prefix}-domain-{n // domain_size if domain_size else 0}"
+        nodes.append(Node(id=node_id, gpus=tuple(d.key for d in chunk), model=chunk[0].model, domain=domain,
+                          boot_epoch=epoch, labels={NODE_LABEL: node_id, DOMAIN_LABEL: domain}))
     return nodes
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from broker.fleet.nodes import Fleet, Node
-from broker.fleet.placement import Ask, place
+from broker.fleet.placement import Ask, apply, place
 from broker.pods import Pod, PodState
 from broker.pools import PoolSpec
 
@@ -40,14 +40,27 @@ def pool_fleet(fleet: Fleet, spec: PoolSpec) -> Fleet:
 
 
 def where(fleet: Fleet, spec: PoolSpec, pods: int) -> list[str]:
-    """The node of each of `pods` new pods, placed as one set with the pool's topology; "" lets the backend
-    choose (no nodes, a CPU pool, or no room placement can see: the backend decides, and refuses when full)."""
+    """The node of each of up to `pods` new pods, placed as one set with the pool's topology, else as many
+    as fit one by one. "" lets the backend choose (no nodes, a CPU pool, or no room placement can see: the
+    backend decides, and refuses when full), except for a pool with a `node_selector`: its pods never
+    leave its node set, so the list is shorter when the set is full."""
     if pods <= 0:
         return []
     mine = pool_fleet(fleet, spec)
-    if spec.gpus <= 0 or not len(mine):
+    if spec.gpus <= 0 or (not len(mine) and not spec.node_selector):
         return [""] * pods
     placed = place(mine, Ask(pods, spec.gpus, spec.topology))
     if placed is None and spec.topology != "any":
-        placed = place(mine, Ask(pods, spec.gpus, "any"))  # each pod still best-fit on its own
-    return placed.nodes() if placed is not None else [""] * pods
+        placed = place(mine, Ask(pods, spec.gpus, "any"))
+    if placed is not None:
+        return placed.nodes()
+    nodes: list[str] = []
+    for _ in range(pods):  # one by one, each best-fit, while any fits
+        one = place(mine, Ask(1, spec.gpus, "node"))
+        if one is None:
+            break
+        apply(mine, one)
+        nodes += one.nodes()
+    for node in nodes:  # `mine` shares its loads with the caller's fleet: leave it as it was
+        mine.loads[node].remove(spec.gpus)
+    return nodes if spec.node_selector else nodes + [""] * (pods - len(nodes))

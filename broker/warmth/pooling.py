@@ -132,18 +132,21 @@ class PoolController:
                     break
                 created += 1
             if created < p.create:
-                p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
+                why = f"budget of {spec.accelerator}" if len(self.where(spec, p.create)) >= p.create else \
+                    "the pool's node set"
+                p = Plan(create=created, reason=f"{p.reason}; {why} allowed {created}")
             room = spec.max_count - counts.physical - created
             blocked_singles = 0
             for job_id, n in singles:
                 # In dispatch order, each job's whole set or nothing: pods made for one job serve no other, so
                 # a part of a set would hold room another job could run in (two half-made sets deadlock).
                 fits = self.headroom(spec)
-                if room < n or (fits is not None and fits < n):
+                nodes = self.where(spec, n)
+                if room < n or (fits is not None and fits < n) or len(nodes) < n:
                     blocked_singles += n
                     continue
                 room -= n
-                for node in self.where(spec, n):
+                for node in nodes:
                     self._create(spec, Origin.SINGLE_USE, reserved_for=job_id, node=node)  # headroom checked above
                 created += n
             retire = list(p.retire)

@@ -89,3 +89,20 @@ def test_a_gang_claims_its_fresh_pods_from_the_tightest_node_that_holds_them() -
     assert isinstance(lease, Lease) and {p.node for p in lease.pods} == {"b"}
     lease = tracker.claim(Claim("job-3", "alice", "gpu", pods=3), now=0.0)  # 2 on a, 1 on b: no node holds 3
     assert isinstance(lease, Lease) and len(lease.pods) == 3
+
+
+async def test_a_pool_with_a_node_selector_never_leaves_its_node_set() -> None:
+    backend = FakeBackend(VirtualClock(), gpus=8, gpus_per_node=4)
+    small = gpu_pool(name="small", min_count=6, max_count=8, step=8,
+                     node_selector={"firepool.dev/node": "fake-node-1"})
+    h = Harness([small], backend=backend, clock=backend.clock)  # type: ignore[arg-type]
+    await h.start()
+    try:
+        await h.run_for(5.0)
+        pods = h.cp.tracker.snapshot()
+        assert len(pods) == 4 and {p.node for p in pods} == {"fake-node-1"}  # the floor of 6 stops at the set's 4
+        assert "node set" in h.cp.controller.last_plan["small"].reason
+        view = next(v for v in h.cp.pools_view() if v["name"] == "small")
+        assert view["nodes"] == 1 and view["largest_placeable"]["1"] == 0
+    finally:
+        await h.stop()

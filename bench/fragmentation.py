@@ -13,6 +13,7 @@ placement leaves ≈ 0.5 fully free 8-GPU nodes of 128 (128 × 0.5⁸ for random
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from bench.common import RESULTS, Row, percentile, report
@@ -101,9 +102,10 @@ def main(argv: list[str], json_out: bool = False) -> int:
                                f"{(first['gang_wait_p90_s'] or 0) / 60:.1f} min)",
                         (ours["gang_wait_p90_s"] or 0) / 60, "min", "-"))
     png = plot(results, occupancies, str(RESULTS / "fragmentation.png"))
-    extra = {"nodes": args.nodes, "days": args.days, "seed": args.seed, "plot": png,
-             "runs": [{k: v for k, v in r.items() if k != "series"} for r in results],
-             "series": {f"{r['policy']}@{r['occupancy']}": r["series"] for r in results}}
+    series = RESULTS / "fragmentation-series.json"  # the plot's raw data: [hour, whole free nodes, GPUs used]
+    series.write_text(json.dumps({f"{r['policy']}@{r['occupancy']}": r["series"] for r in results}) + "\n")
+    extra = {"nodes": args.nodes, "days": args.days, "seed": args.seed, "plot": png, "series": str(series),
+             "runs": [{k: v for k, v in r.items() if k != "series"} for r in results]}
     code = report("fragmentation", rows, json_out=json_out, extra=extra)
     if not json_out:
         print(f"plot: {png}")

@@ -104,6 +104,7 @@ class KubernetesBackend:
         self._devices: dict[str, Device] = {}
         self._nodes: list[Node] = []
         self._nodes_at = -math.inf
+        self._nodes_failed = False
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -112,7 +113,10 @@ class KubernetesBackend:
         try:
             self._nodes = parse_nodes(await self.api.nodes())
         except BackendError as exc:
-            log.warning("listing nodes failed (placement keeps the last list): %s", exc)
+            # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
+            (log.debug if self._nodes_failed else log.warning)(
+                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc)
+            self._nodes_failed = True
         self._nodes_at = self.clock.now()
         return self._nodes
 

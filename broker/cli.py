@@ -82,6 +82,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
     p.add_argument("--virtual-gpus", type=int, default=None, help="pretend this many GPUs exist (no NVML)")
+    p.add_argument("--virtual-nodes", type=int, default=None,
+                   help="split virtual GPUs into this many nodes (with --virtual-gpus-per-node; docs/fleet.md)")
+    p.add_argument("--virtual-gpus-per-node", type=int, default=None, help="virtual GPUs on each virtual node")
     p.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
     p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap"],
                    help="local isolation: bubblewrap (both choices require it; without it the broker refuses to start)")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s", "dashboard", "loops", "all", "frontier")
+              "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation")
 """The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124
@@ -74,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
     if args.max_request_bytes < 4096:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
+    virtual_gpus, per_node = virtual_fleet(args.virtual_gpus, args.virtual_nodes, args.virtual_gpus_per_node)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call drowns everything else
@@ -81,13 +82,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_dir=state_dir, db_url=args.db,
         backend=args.backend, pools_file=Path(args.pools) if args.pools else None,
         tokens_file=Path(args.tokens) if args.tokens else None, host=args.host, port=args.port,
-        virtual_gpus=args.virtual_gpus, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
+        virtual_gpus=virtual_gpus, virtual_gpus_per_node=per_node, sandbox=args.sandbox, unisolated=args.unisolated, keep_pods=args.keep_pods, capacity=args.capacity,
         packages=PackageLimits(max_compressed=args.package_max_bytes, max_extracted=args.package_max_extracted,
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
         metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes,
         kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id))
     return serve(settings)
+
+
+def virtual_fleet(gpus: int | None, nodes: int | None, per_node: int | None) -> tuple[int | None, int | None]:
+    """`--virtual-gpus N` (one node) or `--virtual-nodes N --virtual-gpus-per-node G`: (GPUs, GPUs per node)."""
+    if nodes is None and per_node is None:
+        return gpus, None
+    if nodes is None or per_node is None or nodes < 1 or per_node < 1:
+        raise UsageError("--virtual-nodes and --virtual-gpus-per-node go together, each at least 1")
+    if gpus is not None and gpus != nodes * per_node:
+        raise UsageError(f"--virtual-gpus {gpus} disagrees with {nodes} nodes x {per_node} GPUs")
+    return nodes * per_node, per_node
 
 
 def cmd_cache_dir(args: argparse.Namespace) -> int:
@@ -257,8 +269,9 @@ def cmd_pools(args: argparse.Namespace) -> int:
         return 0
     keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
             "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
-    header = [k.upper() for k in keys]
-    print_table([[p.get(k) for k in keys] for p in pools], header, right=header[1:])
+    header = [k.upper() for k in keys] + ["PLACEABLE 1/2/4/8/NODE"]
+    print_table([[p.get(k) for k in keys] + [placeable_cell(p.get("largest_placeable"))] for p in pools], header,
+                right=header[1:])
     for p in pools:  # R2: a gang that cannot fill says so (docs/quotas.md)
         for a in p.get("capacity_alerts") or ():
             print(f"capacity alert: pool {p['name']}: gang {a['job']} holds {a['held']} of {a['pods']} pods "
@@ -279,6 +292,13 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def placeable_cell(placeable: dict[str, int] | None) -> str:
+    """`largest_placeable` as one cell: 1/2/4/8-GPU allocations and whole nodes placeable now; - without nodes."""
+    if not placeable:
+        return "-"
+    return "/".join(str(placeable.get(k, 0)) for k in ("1", "2", "4", "8", "node"))
+
+
 def cmd_pods(args: argparse.Namespace) -> int:
     with _client(args) as fp:
         pods = fp.pods(args.pool)
@@ -294,8 +314,8 @@ def cmd_pods(args: argparse.Namespace) -> int:
              + (" (standby)" if p.get("standby") else ""), p.get("caller"),
              p.get("lease_tag"), ",".join(p.get("gpus", [])), p.get("job"),
              f"{max(0.0, p['hold_until'] - now):.0f}s" if p.get("held") and p.get("hold_until") else "",
-             "yes" if p.get("isolated") else "NO (--unisolated)") for p in pods]
-    print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED"))
+             "yes" if p.get("isolated") else "NO (--unisolated)", p.get("node") or "") for p in pods]
+    print_table(rows, ("POD", "POOL", "STATE", "CALLER", "TAG", "GPUS", "JOB", "HOLD", "ISOLATED", "NODE"))
     return 0
 
 

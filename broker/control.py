@@ -38,6 +38,7 @@ from broker.running.packages import PackageStore
 from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.borrowing import Borrowing
+from broker.warmth.fleetview import fleet_view, placeable_view
 from broker.warmth.pooling import PoolController, count
 from broker.warmth.poolview import pool_view
 
@@ -293,10 +294,11 @@ class ControlPlane:
         queued: dict[str, int] = {}
         for job in self.dispatcher.queued.values():
             queued[job.spec.pool] = queued.get(job.spec.pool, 0) + job.spec.pods
-        views = [pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
-                           queued.get(name, 0), self.controller.last_plan.get(name),
-                           self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
-                           self.controller.ledger)
+        fleet = self.controller.fleet()
+        views = [{**pool_view(spec, count(by_pool[name], spec, now, self.controller.queued_by.get(name, {})),
+                              queued.get(name, 0), self.controller.last_plan.get(name),
+                              self.controller.borrowed(by_pool[name]), self.controller.holds_broken.get(name, 0),
+                              self.controller.ledger), **placeable_view(fleet, spec)}
                  for name, spec in self.catalog.pools.items()]
         for view in views:  # fleet scheduling (docs/quotas.md): gang reservations, their capacity alerts
             view["reservations"] = [
@@ -305,6 +307,10 @@ class ControlPlane:
             view["capacity_alerts"] = [r for r in view["reservations"] if r["alert"]]
             view["budget_throttled"] = view["name"] in self.controller.throttled
         return views
+
+    def fleet_view(self) -> dict[str, Any]:
+        """The nodes and, per accelerator (GPU model), what could still be placed (docs/fleet.md)."""
+        return fleet_view(self.controller.fleet())
 
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()

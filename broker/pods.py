@@ -86,6 +86,7 @@ class Pod:
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
         "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
+        "node",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -110,6 +111,8 @@ class Pod:
         self.reason: str | None = None
         self.standby = False
         """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.warmth.standby)."""
+        self.node = ""
+        """The node placement put the pod on (broker.fleet); empty without nodes."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""
@@ -128,6 +131,7 @@ class Pod:
             "queue": self.key[1] if self.key else None, "hold_until": self.hold_until or None,
             "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
             "retire_at_release": self.retire, "created_at": self.created_at, "standby": self.standby,
+            "node": self.node or None,
         }
 
 

@@ -35,6 +35,8 @@ from broker.fleet.quotas import check as check_quotas
 ReuseTag = Literal["boundary", "hint", "retire"]
 REUSE_TAG_MODES: tuple[str, ...] = get_args(ReuseTag)
 KernelMode = Literal["auto", "prestart", "learned", "cold"]
+Topology = Literal["node", "domain", "any"]
+"""Where a job's pods may be: on one node, within one topology domain, anywhere (broker.fleet.placement)."""
 
 # Strict: YAML `"1"`, `1.5` or `true` is not a count, `"3"` or `true` not a number of seconds.
 Count = Annotated[int, Strict(), Field(ge=0)]
@@ -123,6 +125,11 @@ class PoolSpec:
     kernels: KernelMode = "auto"
     """Pre-imported kernel on idle non-standby pods: prestart (always), learned (while the pool serves kernel
     jobs: learned per pool, forgotten after its keep-alive), cold (never); auto: learned."""
+    topology: Topology = "any"
+    """Default for the pool's jobs: `node` keeps a job's pods on one node, `domain` in one topology domain,
+    `any` prefers one node (docs/fleet.md)."""
+    node_selector: Mapping[str, Key] = field(default_factory=dict)
+    """Node labels a node must carry for this pool's pods (shape segregation: a node set for sub-node shapes)."""
 
     @property
     def hold_seconds(self) -> float:

@@ -176,6 +176,7 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
 def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport) -> Pod:
     pod = Pod(info.name, info.pool, info.gpus, state=PodState.IDLE, template=info.template,
               created_at=info.created_at)
+    pod.node = info.node
     restore_owner(pod, info.annotations)
     pod.job = None
     cp.tracker.add(pod)

@@ -57,6 +57,8 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     virtual_gpus: int | None = None
+    virtual_gpus_per_node: int | None = None
+    """Split the virtual GPUs into nodes of this many (`--virtual-nodes`); None: one node."""
     sandbox: str = "auto"
     """Local backend isolation: bubblewrap, required (auto and bwrap), or none (unisolated)."""
     unisolated: bool = False
@@ -146,7 +148,8 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
         from broker.backends.local import LocalBackend
 
         backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus,
-                               sandbox="none" if settings.unisolated else settings.sandbox)
+                               sandbox="none" if settings.unisolated else settings.sandbox,
+                               gpus_per_node=settings.virtual_gpus_per_node)
     else:
         raise ValueError(f"backend {settings.backend!r} is not available here (choose: local, kubernetes)")
     devices = backend.devices()

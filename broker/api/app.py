@@ -206,9 +206,11 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     @app.get("/v1/pools", responses=ERRORS)
     async def pools(who: Who) -> dict[str, Any]:
         views = cp.pools_view()
+        body: dict[str, Any] = {"pools": views if who.admin else [caller_pool_view(v, who.caller) for v in views],
+                                "fleet": cp.fleet_view()}
         if who.admin:  # team quotas (docs/quotas.md): GPUs held in quota per node and on loan per team
-            return {"pools": views, "quotas": cp.tracker.quota_view() if cp.quota_tree is not None else None}
-        return {"pools": [caller_pool_view(v, who.caller) for v in views]}
+            body["quotas"] = cp.tracker.quota_view() if cp.quota_tree is not None else None
+        return body
 
     @app.get("/v1/pods", responses=ERRORS)
     async def pods(who: Who, pool: str | None = None) -> dict[str, Any]:

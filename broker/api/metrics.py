@@ -81,6 +81,18 @@ def _pool_gauges(cp: ControlPlane, caller_labels: bool) -> Iterator[Metric]:
             value = v[name]
             g.add_metric([v["name"]], math.inf if value is None else float(value))
         yield g
+    placeable = GaugeMetricFamily("firepool_pool_largest_placeable", "Allocations of each shape (GPUs on one node, "
+                                  "or whole nodes) placeable now on the pool's nodes", labels=["pool", "shape"])
+    for v in views:
+        for shape, n in v.get("largest_placeable", {}).items():
+            placeable.add_metric([v["name"], shape], float(n))
+    yield placeable
+    fleet = GaugeMetricFamily("firepool_largest_placeable", "Allocations of each shape placeable now, per "
+                              "accelerator (design §9.1: the primary capacity figure)", labels=["accelerator", "shape"])
+    for model, acc in cp.fleet_view()["accelerators"].items():
+        for shape, n in acc["largest_placeable"].items():
+            fleet.add_metric([model, shape], float(n))
+    yield fleet
     held = GaugeMetricFamily("firepool_pool_held_by", "Owner-held idle pods by owner", labels=["pool", "caller"])
     plan = GaugeMetricFamily("firepool_pool_last_plan_create", "Pods the last reconcile pass created, with its reason",
                              labels=["pool", "reason"])

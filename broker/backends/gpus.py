@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from broker.ports.backend import Device
+from broker.fleet.nodes import Node
+from broker.ports.backend import DOMAIN_LABEL, NODE_LABEL, Device, split_nodes
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +113,24 @@ def discover(virtual: int | None = None) -> list[Gpu]:
     if virtual is not None:
         return virtual_gpus(virtual)
     return nvml_gpus()
+
+
+def boot_id() -> str:
+    """This host's boot id (a new one after every reboot: the node's epoch, design R5); empty if unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def local_nodes(devices: Sequence[Device], per_node: int | None, *, virtual: bool) -> list[Node]:
+    """This host's GPUs as nodes: virtual GPUs split into `virtual-node-<i>` of `per_node` each (one node
+    when None), all in one domain; real GPUs are one node named after the host. Each carries the boot id."""
+    epoch = boot_id()
+    if virtual:
+        return split_nodes(devices, per_node, "virtual-node", epoch=epoch)
+    host = socket.gethostname() or "local"
+    return [Node(id=host, gpus=n.gpus, model=n.model, domain=n.domain, boot_epoch=epoch,
+                 labels={NODE_LABEL: host, DOMAIN_LABEL: n.domain})
+            for n in split_nodes(devices, None, host, epoch=epoch)]

@@ -54,6 +54,7 @@ from broker.backends.startdelay import VenueDelays
 from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.fleet.nodes import Node
 from broker.pools import PoolSpec
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest, ResetResult
 from broker.ports.backend import Device, PodInfo, PodRequest
@@ -98,7 +99,8 @@ class LocalBackend:
     kind = "local"
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
-                 python_prefix: str = sys.prefix, sandbox_uid: int | None = None) -> None:
+                 python_prefix: str = sys.prefix, sandbox_uid: int | None = None,
+                 gpus_per_node: int | None = None) -> None:
         if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
@@ -113,6 +115,9 @@ class LocalBackend:
         self.agent_dir = agent_package_dir()
         self.uid = (sandbox_uid if sandbox_uid is not None else 65534) if os.geteuid() == 0 else None
         self._gpus = {g.device.key: g for g in gpu_discovery.discover(virtual_gpus)}
+        self._nodes = gpu_discovery.local_nodes([g.device for g in self._gpus.values()], gpus_per_node,
+                                                virtual=virtual_gpus is not None)
+        self._node_of = {key: node.id for node in self._nodes for key in node.gpus}
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
         self.limiter = PodLimiter(self.state_dir)
@@ -179,6 +184,10 @@ class LocalBackend:
     def devices(self) -> list[Device]:
         return [g.device for g in self._gpus.values()]
 
+    def nodes(self) -> list[Node]:
+        """Virtual nodes (`--virtual-nodes`) split this host's GPUs; real GPUs make one node, this host."""
+        return list(self._nodes)
+
     # -- records --------------------------------------------------------------------------------
 
     def _dirs(self, name: str) -> PodDirs:
@@ -236,16 +245,21 @@ class LocalBackend:
                                 "cuda_visible_devices": record["cuda_visible_devices"],
                                 "root": str(self._dirs(record["name"]).root),
                                 "limits": record.get("limits", {}),
-                                "venue_delay_s": record.get("venue_delay_s", 0.0)})
+                                "venue_delay_s": record.get("venue_delay_s", 0.0)},
+                       node=record.get("node") or (self._node_of.get(record["gpus"][0], "") if record["gpus"] else ""))
 
-    def _allocate(self, count: int, name: str) -> list[str]:
-        """Exclusive GPUs for a pod; synchronous, so two concurrent creates never get the same one."""
+    def _allocate(self, count: int, name: str, node: str = "") -> list[str]:
+        """Exclusive GPUs for a pod (on `node` when placement chose one); synchronous, so two concurrent
+        creates never get the same one."""
         if count <= 0:
             return []
+        if node and node not in {n.id for n in self._nodes}:
+            raise BackendError(f"pod {name}: no node {node}")
         used = {key for record in self._records.values() for key in record["gpus"]}
-        free = [key for key in self._gpus if key not in used]
+        free = [key for key in self._gpus if key not in used and (not node or self._node_of.get(key) == node)]
         if len(free) < count:
-            raise BackendError(f"pod {name} needs {count} GPU(s), {len(free)} free of {len(self._gpus)}")
+            where = f" on node {node}" if node else ""
+            raise BackendError(f"pod {name} needs {count} GPU(s){where}, {len(free)} free of {len(self._gpus)}")
         return free[:count]
 
     def _pin(self, keys: tuple[str, ...], pool: str, name: str) -> list[str]:
@@ -279,7 +293,7 @@ class LocalBackend:
             if uses([bind.src], str(self.state_dir)) is not None:
                 raise BackendError(f"pool {request.pool.name}: bind {bind.src} would expose the broker's state")
         keys = self._pin(request.gpus, request.pool.name, name) if request.gpus else \
-            self._allocate(request.pool.gpus, name)
+            self._allocate(request.pool.gpus, name, request.node)
         chosen = [self._gpus[k] for k in keys]
         real = all(not g.virtual for g in chosen)
         # Real GPUs are named by UUID: only their device nodes exist in the sandbox, so indices would shift.
@@ -293,6 +307,7 @@ class LocalBackend:
             "network": network if self.isolated else "host",
             "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
             "limits": {"cgroup": "off"}, "venue_delay_s": modelled,
+            "node": self._node_of.get(keys[0], "") if keys else "",
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)

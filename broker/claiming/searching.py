@@ -70,6 +70,19 @@ class Search(TrackerState):
                 if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
                         and take(pod, Path.WARM, REASON_TAG_HINT):
                     return picked
+        need = n - len(picked)
+        if need > 1 and len(bucket.fresh_by_node) > 1:
+            # A gang's never-used pods from one node: the node with the fewest that still holds the rest
+            # (best-fit, so whole nodes of idle pods stay whole); one pass over the per-node index.
+            best: dict[str, Pod] | None = None
+            for on in bucket.fresh_by_node.values():
+                if need <= len(on) and (best is None or len(on) < len(best)):
+                    best = on
+            for pod in reversed(best.values()) if best is not None else ():
+                if usable(pod):
+                    path = Path.NEW if pod.idle_since >= want.since else Path.WARM
+                    if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
+                        return picked
         for pod in reversed(bucket.fresh.values()):
             if usable(pod):
                 path = Path.NEW if pod.idle_since >= want.since else Path.WARM

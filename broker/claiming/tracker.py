@@ -103,13 +103,14 @@ class Tracker(QuotaClaims):
         with self._lock:
             self._unverified.difference_update(keys)
 
-    def ready(self, name: str, now: float, gpus: tuple[str, ...] = ()) -> bool:
-        """STARTING -> IDLE with the devices the backend bound; False when it is no longer starting."""
+    def ready(self, name: str, now: float, gpus: tuple[str, ...] = (), node: str = "") -> bool:
+        """STARTING -> IDLE with the devices (and node) the backend bound; False when it is no longer starting."""
         with self._lock:
             pod = self.pods.get(name)
             if pod is None or pod.state is not PodState.STARTING:
                 return False
             pod.gpus = gpus
+            pod.node = node or pod.node
             pod.move(_IDLE)
             pod.idle_since = now
             self._index_idle(pod)

@@ -91,7 +91,7 @@ class Shortfall:
 class Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical", "fresh_by_node")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -100,6 +100,8 @@ class Bucket:
         """The paper's rule: a pod that crosses a session boundary runs one job there, then retires."""
         self.fresh: dict[str, Pod] = {}
         """Idle pods no job has used, not reserved."""
+        self.fresh_by_node: dict[str, dict[str, Pod]] = {}
+        """The same pods by node (pods with a node only): a gang takes its pods from one node when it can."""
         self.by_key: dict[SessionKey, dict[str, Pod]] = {}
         """Idle used pods by the session that used them last."""
         self.by_caller: dict[str, dict[str, Pod]] = {}
@@ -205,6 +207,12 @@ class TrackerState:
         bucket = self._buckets[pod.pool]
         if pod.key is None:
             bucket.fresh[pod.name] = pod
+            if pod.node:
+                on = bucket.fresh_by_node.get(pod.node)
+                if on is None:
+                    bucket.fresh_by_node[pod.node] = {pod.name: pod}
+                else:
+                    on[pod.name] = pod
             return
         own = bucket.by_key.get(pod.key)
         if own is None:
@@ -229,6 +237,11 @@ class TrackerState:
         bucket = self._buckets[pod.pool]
         if pod.key is None:
             del bucket.fresh[pod.name]
+            if pod.node:
+                on = bucket.fresh_by_node[pod.node]
+                del on[pod.name]
+                if not on:
+                    del bucket.fresh_by_node[pod.node]
             return
         own = bucket.by_key[pod.key]
         del own[pod.name]

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from broker.clock import Clock
 from broker.errors import BackendError
+from broker.fleet.nodes import Node
 from broker.pods import Origin
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient, FakeAgent
@@ -38,6 +39,8 @@ class PodRequest:
     annotations: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()
     """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
+    node: str = ""
+    """Place the pod's exclusive GPUs on this node (placement chose it: broker.fleet); empty: the backend picks."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,30 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     endpoint: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    node: str = ""
+    """The node the pod runs on; empty when the backend has no nodes (CPU-only)."""
+
+
+NODE_LABEL = "firepool.dev/node"
+DOMAIN_LABEL = "firepool.dev/domain"
+"""Labels of the nodes a backend makes up (virtual, fake): a pool's `node_selector` can name them."""
+
+
+def split_nodes(devices: Sequence[Device], per_node: int | None, prefix: str, *, domain_size: int = 0,
+                epoch: str = "") -> list[Node]:
+    """Devices grouped into nodes of `per_node` GPUs (None: one node with all of them), named `<prefix>-<i>`;
+    `domain_size` nodes share a topology domain (0: one domain for all)."""
+    if not devices:
+        return []
+    size = per_node or len(devices)
+    nodes = []
+    for i in range(0, len(devices), size):
+        chunk = devices[i:i + size]
+        n = i // size
+        node_id, domain = f"{prefix}-{n}", f"{prefix}-domain-{n // domain_size if domain_size else 0}"
+        nodes.append(Node(id=node_id, gpus=tuple(d.key for d in chunk), model=chunk[0].model, domain=domain,
+                          boot_epoch=epoch, labels={NODE_LABEL: node_id, DOMAIN_LABEL: domain}))
+    return nodes
 
 
 class Backend(Protocol):
@@ -60,6 +87,10 @@ class Backend(Protocol):
 
     def devices(self) -> list[Device]:
         """The accelerators this backend can bind."""
+        ...
+
+    def nodes(self) -> list[Node]:
+        """The machines with GPUs: id, boot epoch, GPU keys and model, topology domain (broker.fleet)."""
         ...
 
     async def create(self, request: PodRequest) -> PodInfo:
@@ -97,10 +128,12 @@ class FakeBackend:
     kind = "fake"
 
     def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu",
-                 memory_mb: int = 0) -> None:
+                 memory_mb: int = 0, gpus_per_node: int | None = None) -> None:
         self.clock = clock
         self.start_delay = start_delay
         self._devices = [Device(key=f"fake-gpu-{i}", index=i, model=model, memory_mb=memory_mb) for i in range(gpus)]
+        self._nodes = split_nodes(self._devices, gpus_per_node, "fake-node", epoch="boot-0")
+        self._node_of = {key: node.id for node in self._nodes for key in node.gpus}
         self.pods: dict[str, PodInfo] = {}
         self.agents: dict[str, FakeAgent] = {}
         self.created: list[str] = []
@@ -113,9 +146,12 @@ class FakeBackend:
     def devices(self) -> list[Device]:
         return list(self._devices)
 
-    def _free_devices(self) -> list[str]:
+    def nodes(self) -> list[Node]:
+        return list(self._nodes)
+
+    def _free_devices(self, node: str = "") -> list[str]:
         used = {g for info in self.pods.values() for g in info.gpus}
-        return [d.key for d in self._devices if d.key not in used]
+        return [d.key for d in self._devices if d.key not in used and (not node or self._node_of[d.key] == node)]
 
     async def create(self, request: PodRequest) -> PodInfo:
         gpus: tuple[str, ...] = ()
@@ -125,12 +161,13 @@ class FakeBackend:
             if self.pin_gpu is not None:
                 gpus = (self.pin_gpu,)
             else:
-                free = self._free_devices()
+                free = self._free_devices(request.node)
                 if len(free) < request.pool.gpus:
                     raise BackendError(f"no free device for {request.name}")
                 gpus = tuple(free[: request.pool.gpus])
         info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
-                       created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations))
+                       created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
+                       node=self._node_of.get(gpus[0], "") if gpus else "")
         self.pods[request.name] = info  # devices are bound from the create call on
         self.created.append(request.name)
         delay = float(request.pool.template.get("start_delay_s", self.start_delay))

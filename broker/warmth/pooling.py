@@ -23,11 +23,13 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
+from broker.fleet.nodes import Fleet
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodRequest
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
+from broker.warmth import placing
 from broker.warmth.borrowing import Borrowing
 from broker.warmth.budgets import Ledger, units_of
 from broker.warmth.holds import MIN_TENURE_S, holds_to_break
@@ -131,12 +133,14 @@ class PoolController:
             singles = wanted(self.single_use, name, pods)
             p = plan(spec, pods, counts, demand, now, headroom, single_use=sum(n for _, n in singles))
             created = 0
-            for _ in range(p.create):
-                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM):
+            for node in self.where(spec, p.create):
+                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM, node=node):
                     break
                 created += 1
             if created < p.create:
-                p = Plan(create=created, reason=f"{p.reason}; budget of {spec.accelerator} allowed {created}")
+                why = f"budget of {spec.accelerator}" if len(self.where(spec, p.create)) >= p.create else \
+                    "the pool's node set"
+                p = Plan(create=created, reason=f"{p.reason}; {why} allowed {created}")
             self._note_throttle(spec, p, created, demand)
             room = spec.max_count - counts.physical - created
             blocked_singles = 0
@@ -144,12 +148,13 @@ class PoolController:
                 # In dispatch order, each job's whole set or nothing: pods made for one job serve no other, so
                 # a part of a set would hold room another job could run in (two half-made sets deadlock).
                 fits = self.headroom(spec)
-                if room < n or (fits is not None and fits < n):
+                nodes = self.where(spec, n)
+                if room < n or (fits is not None and fits < n) or len(nodes) < n:
                     blocked_singles += n
                     continue
                 room -= n
-                for _ in range(n):
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
+                for node in nodes:
+                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id, node=node)  # headroom checked above
                 created += n
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
@@ -243,6 +248,14 @@ class PoolController:
             self._sweeping = False
         self.on_ready()
 
+    def fleet(self) -> Fleet:
+        """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
+        return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools)
+
+    def where(self, spec: PoolSpec, pods: int) -> list[str]:
+        """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
+        return placing.where(self.fleet(), spec, pods) if pods > 0 and spec.gpus > 0 else [""] * pods
+
     def headroom(self, spec: PoolSpec) -> int | None:
         """Whole pods the pool's accelerator budget (plus borrowable capacity) still allows; None: unbounded."""
         units = units_of(spec)
@@ -331,7 +344,7 @@ class PoolController:
                                  None, caller, {"busy": busy})
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = ()) -> bool:
+                gpus: tuple[str, ...] = (), node: str = "") -> bool:
         """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
 
         A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
@@ -342,6 +355,7 @@ class PoolController:
         pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
                   created_at=self.clock.now(), reserved_for=reserved_for)
         pod.standby = origin is Origin.STANDBY
+        pod.node = node
         self.tracker.add(pod)
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
@@ -370,7 +384,8 @@ class PoolController:
         pin = group_key(pod) if pod.standby else ()
         try:
             info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod) if pod.standby else {}))
+                                                        annotations=owner_annotations(pod) if pod.standby else {},
+                                                        node=pod.node))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
@@ -380,7 +395,7 @@ class PoolController:
             self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
             return
         self.stats.pods_created[spec.name] += 1
-        if not self.tracker.ready(pod.name, self.clock.now(), info.gpus):
+        if not self.tracker.ready(pod.name, self.clock.now(), info.gpus, info.node):
             await self._delete(pod.name)  # retired while starting
             return
         self.on_ready()

@@ -146,6 +146,8 @@ def test_label_and_annotation_keys_and_values_are_what_the_api_server_accepts(re
 BROKER_RULES = {("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
                 ("", "secrets"): {"create", "get", "delete"}, ("", "events"): {"create"}}
 CARD_SWEEP_RULES = {("", "nodes"): {"get"}, ("", "pods"): {"list"}}
+FLEET_NODES_RULES = {("", "nodes"): {"list"}}
+"""Topology-aware placement reads the cluster's nodes (docs/fleet.md)."""
 
 
 def _grants(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -161,7 +163,7 @@ def _grants(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
 def test_rbac_grants_exactly_the_verbs_the_broker_uses(rendered: list[dict[str, Any]]) -> None:
     assert _grants(_one(rendered, "Role")) == BROKER_RULES
     cluster_roles = [o for o in rendered if o["kind"] == "ClusterRole"]
-    assert all(_grants(r) == CARD_SWEEP_RULES for r in cluster_roles)
+    assert all(_grants(r) in (CARD_SWEEP_RULES, FLEET_NODES_RULES) for r in cluster_roles)
     broker_sa = _broker(rendered)["spec"]["template"]["spec"]["serviceAccountName"]
     namespace = _broker(rendered)["metadata"]["namespace"]
     for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):

@@ -87,6 +87,10 @@ class FakeKubeApi:
         await self._notify()
         return True
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Node objects put in `objects` under ("Node", name) (tests add them; none by default)."""
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "Node"]
+
     async def get_secret(self, name: str) -> dict[str, Any] | None:
         obj = self.objects.get(("Secret", name))
         return copy.deepcopy(obj) if obj else None

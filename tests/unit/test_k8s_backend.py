@@ -171,3 +171,15 @@ async def test_restarted_backend_distrusts_a_pod_whose_secret_names_another_uid(
         assert not h.api.objects  # the stranger and its Secret are deleted
     finally:
         await again.backend.close()
+
+
+async def test_a_placed_pod_asks_the_scheduler_for_its_node_and_the_pools_node_set(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import make_node
+
+    h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=2, labels={"firepool.io/shape": "small"})
+    pool = parse_pool({**{"name": "small", "gpus": 1, "node_selector": {"firepool.io/shape": "small"}},
+                       "template": {"image": "sandbox-gpu:1", "nodeSelector": {"zone": "a"}}})
+    await start(h, "small-1", pool, node="gpu-a")
+    assert h.api.pod("small-1")["spec"]["nodeSelector"] == {
+        "zone": "a", "firepool.io/shape": "small", "kubernetes.io/hostname": "gpu-a"}
+    assert [n.id for n in h.backend.nodes()] == ["gpu-a"]

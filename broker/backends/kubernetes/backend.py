@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from broker.backends.kubernetes.manifests import (
     secret_manifest,
     secret_name,
 )
+from broker.backends.kubernetes.nodes import parse_nodes
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
 from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
@@ -41,6 +43,7 @@ from broker.backends.local import agent_kernels
 from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.fleet.nodes import Node
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
@@ -50,6 +53,9 @@ from firepool_agent.kernel import POD_IP_ENV
 log = logging.getLogger("firepool.k8s")
 
 SYNC_TIMEOUT_S = 30.0
+NODES_EVERY_S = 30.0
+"""How old the node list may get before the next create or list reads it again."""
+HOSTNAME = "kubernetes.io/hostname"
 
 
 class LaunchError(BackendError):
@@ -96,10 +102,31 @@ class KubernetesBackend:
         """template hash -> (until, pause, reason) after an image pull error."""
         self._port = DEFAULT_MASTER_PORT
         self._devices: dict[str, Device] = {}
+        self._nodes: list[Node] = []
+        self._nodes_at = -math.inf
+        self._nodes_failed = False
 
     # -- watch ----------------------------------------------------------------------------------
 
+    async def refresh_nodes(self) -> list[Node]:
+        """Read the cluster's Node objects again (at most every NODES_EVERY_S unless forced by a create)."""
+        try:
+            self._nodes = parse_nodes(await self.api.nodes())
+        except BackendError as exc:
+            # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
+            (log.debug if self._nodes_failed else log.warning)(
+                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc)
+            self._nodes_failed = True
+        self._nodes_at = self.clock.now()
+        return self._nodes
+
+    def nodes(self) -> list[Node]:
+        """The Ready, schedulable nodes with GPUs, as last read (the watch loop and list_pods refresh them)."""
+        return list(self._nodes)
+
     async def _ensure(self) -> None:
+        if self.clock.now() - self._nodes_at >= NODES_EVERY_S:
+            await self.refresh_nodes()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.watcher.run(), name="firepool k8s pod watch")
         if not self.watcher.synced.is_set():
@@ -167,6 +194,11 @@ class KubernetesBackend:
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
+        # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
+        # scheduler binds the pod there.
+        chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
+        if chosen:
+            manifest["spec"]["nodeSelector"] = {**manifest["spec"].get("nodeSelector", {}), **chosen}
         rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))
@@ -348,6 +380,7 @@ class KubernetesBackend:
         return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
+                       node=str((pod.get("spec") or {}).get("nodeName", "")),
                        details={"uid": rec.uid, "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})

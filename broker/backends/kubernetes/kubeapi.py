@@ -153,6 +153,12 @@ class KubeApi:
             return None
         return result
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Every Node object of the cluster (for placement: broker.backends.kubernetes.nodes)."""
+        page: dict[str, Any] = await self._call("list nodes", lambda: _json(
+            self.core.list_node(_preload_content=False)))
+        return list(page.get("items") or [])
+
     async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         """Every pod on `node`, in every namespace (the card sweep: who else holds a share)."""
         page: dict[str, Any] = await self._call(f"list pods on {node}", lambda: _json(

@@ -1,0 +1,66 @@
+"""Where the pool controller creates pods: the fleet as the tracker sees it, and placement over it.
+
+The backend reports nodes; the tracked pods say what is taken on each (a starting pod counts its pool's
+GPUs on the node placement chose for it; standbys share their active pod's GPUs and count once). A
+pool sees the nodes its `node_selector` admits and, when nodes report its accelerator as their model,
+only those. New pods of one reconcile pass are placed as one set with the pool's `topology`
+(broker.fleet.placement: best-fit over topology sets, shape-aligned), so a gang's pods are made together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from broker.fleet.nodes import Fleet, Node
+from broker.fleet.placement import Ask, apply, place
+from broker.pods import Pod, PodState
+from broker.pools import PoolSpec
+
+
+def fleet_of(nodes: Iterable[Node], pods: Iterable[Pod], pools: Mapping[str, PoolSpec]) -> Fleet:
+    """The nodes with the GPUs these pods hold on them."""
+    nodes = list(nodes)
+    node_of = {key: node.id for node in nodes for key in node.gpus}
+    allocations = []
+    for pod in pods:
+        if pod.state is PodState.GONE or pod.standby:
+            continue
+        node = pod.node or (node_of.get(pod.gpus[0], "") if pod.gpus else "")
+        spec = pools.get(pod.pool)
+        gpus = len(pod.gpus) or (spec.gpus if spec is not None else 0)
+        if node and gpus:
+            allocations.append((node, gpus))
+    return Fleet.of(nodes, allocations)
+
+
+def pool_fleet(fleet: Fleet, spec: PoolSpec) -> Fleet:
+    """The nodes a pool may use: its `node_selector`, and its accelerator when nodes report that model."""
+    models = {load.node.model for load in fleet.loads.values()}
+    return fleet.subset(spec.node_selector or None, spec.accelerator if spec.accelerator in models else None)
+
+
+def where(fleet: Fleet, spec: PoolSpec, pods: int) -> list[str]:
+    """The node of each of up to `pods` new pods, placed as one set with the pool's topology, else as many
+    as fit one by one. "" lets the backend choose (no nodes, a CPU pool, or no room placement can see: the
+    backend decides, and refuses when full), except for a pool with a `node_selector`: its pods never
+    leave its node set, so the list is shorter when the set is full."""
+    if pods <= 0:
+        return []
+    mine = pool_fleet(fleet, spec)
+    if spec.gpus <= 0 or (not len(mine) and not spec.node_selector):
+        return [""] * pods
+    placed = place(mine, Ask(pods, spec.gpus, spec.topology))
+    if placed is None and spec.topology != "any":
+        placed = place(mine, Ask(pods, spec.gpus, "any"))
+    if placed is not None:
+        return placed.nodes()
+    nodes: list[str] = []
+    for _ in range(pods):  # one by one, each best-fit, while any fits
+        one = place(mine, Ask(1, spec.gpus, "node"))
+        if one is None:
+            break
+        apply(mine, one)
+        nodes += one.nodes()
+    for node in nodes:  # `mine` shares its loads with the caller's fleet: leave it as it was
+        mine.loads[node].remove(spec.gpus)
+    return nodes if spec.node_selector else nodes + [""] * (pods - len(nodes))

@@ -195,6 +195,14 @@ def test_standby_plan_fills_open_slots_and_retires_lonely_or_excess_standbys() -
     assert set(plan_standbys(off, [active, mine, lonely], 1.0).retire) == {"s1", "s2"}
 
 
+def test_a_card_held_only_by_a_single_use_pod_gets_no_standby() -> None:
+    spec = gpu_pool(standbys_per_active=1)
+    single = Pod("a", "gpu", ("g0",), state=PodState.RUNNING, origin=Origin.SINGLE_USE)
+    assert plan_standbys(spec, [single], 10.0).create == ()
+    warm = Pod("b", "gpu", ("g1",), state=PodState.RUNNING)
+    assert plan_standbys(spec, [single, warm], 10.0).create == (("g1",),)
+
+
 def test_a_standby_on_a_free_or_resetting_card_is_taken_before_one_behind_a_running_job() -> None:
     tracker = Tracker({"gpu": gpu_pool(standbys_per_active=1)})
     pods = {}

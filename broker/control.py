@@ -124,7 +124,8 @@ class ControlPlane:
 
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
-        job = admit(spec, caller, self.catalog.pools, self.clock.now())
+        job = admit(spec, caller, self.catalog.pools, self.clock.now(),
+                    runs_images=bool(getattr(self.backend, "runs_images", False)))
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id

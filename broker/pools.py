@@ -117,6 +117,10 @@ class PoolSpec:
     kernels: KernelMode = "auto"
     """Pre-imported kernel on idle non-standby pods: prestart (always), learned (while the pool serves kernel
     jobs: learned per pool, forgotten after its keep-alive), cold (never); auto: learned."""
+    images: tuple[Annotated[str, Strict(), Field(min_length=1)], ...] = ()
+    """Custom images a job of this pool may name (`image`): shell globs over the whole reference, e.g.
+    `registry.example/team/*`; empty allows none. A mutable tag runs on a single-use pod; a digest-pinned
+    image's pod serves only its caller's jobs of that image (broker.images)."""
 
     @property
     def hold_seconds(self) -> float:

@@ -43,12 +43,16 @@ class JobRequest(Strict):
                                      description="Text of a requirements file, installed on the pod before the job.")
     kernel: bool = Field(default=False, description="Agent kernel mode: the command may run the agent's "
                          "Jupyter kernel launcher (`python3 -m firepool_agent.kernel`).")
+    image: str | None = Field(default=None, min_length=1, max_length=512,
+                              description="A custom container image from the pool's `images` allowlist (kubernetes "
+                              "backend only): a mutable tag runs on a single-use pod; a digest-pinned one "
+                              "(`@sha256:`) on a pod only this caller's jobs of that image reuse.")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
-                       extra={**late_binding_extra(self.package, self.requirements),
+                       image=self.image or "", extra={**late_binding_extra(self.package, self.requirements),
                               **({"kernel": True} if self.kernel else {})})
 
 
@@ -97,6 +101,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "waiting_reason": waiting_reason,
         "package": spec.extra.get("package"), "requirements": spec.extra.get("requirements"),
         "kernel": True if spec.extra.get("kernel") else None,
+        "image": spec.image or None,
     }
     return _clean(view)
 

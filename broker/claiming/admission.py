@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
+from broker.images import admit_image
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
 from broker.running.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
@@ -83,8 +84,10 @@ def check_spec(spec: JobSpec) -> None:
                 raise InvalidRequest(f"{key} {problem}", {"field": key})
 
 
-def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float) -> Job:
-    """Check `spec` against the catalog and return the job as it will be inserted (QUEUED)."""
+def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float, runs_images: bool = False) -> Job:
+    """Check `spec` against the catalog and return the job as it will be inserted (QUEUED).
+
+    `runs_images`: the backend can run a job's custom image (broker.images); else naming one is refused."""
     check_spec(spec)
     pool = pools.get(spec.pool)
     if pool is None:
@@ -96,6 +99,8 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float)
     if spec.pods > pool.max_count:
         raise Unschedulable(f"{spec.pods} pods can never fit pool {pool.name!r} (ceiling {pool.max_count})",
                             {"pool": pool.name, "pods": spec.pods, "max_count": pool.max_count})
+    if spec.image:
+        admit_image(spec.image, pool.name, pool.images, runs_images)
     env, dropped = filter_env(spec.env)
     job = Job(id=new_job_id(now), caller=caller, spec=dataclasses.replace(spec, env=env),
               dropped_env=tuple(dropped), timings={"submitted_at": now})

@@ -21,6 +21,7 @@ from broker.claiming.reserving import reserve_if_due
 from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING, Claim, Lease, Shortfall, Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.images import pinned
 from broker.jobs import (
     Acquisition,
     Attempt,
@@ -80,7 +81,7 @@ class Dispatcher:
         if job is not None and job.spec.pods > 1:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
-        if job is None or job.spec.single_use:
+        if job is None or job.spec.single_use or job.spec.image:
             self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
     def dispatch_once(self) -> int:
@@ -91,6 +92,7 @@ class Dispatcher:
         single_use: dict[str, tuple[str, int]] = {}
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
+        images: dict[str, tuple[str, bool]] = {}
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
@@ -98,14 +100,16 @@ class Dispatcher:
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           order, recycle=spec.recycle), now)
+                                           order, recycle=spec.recycle, image=spec.image), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
-                if spec.single_use:
+                if spec.single_use or spec.image:  # a custom image's pods are made for the job (broker.images)
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)
+                        if spec.image:
+                            images[job.id] = (spec.image, pinned(spec.image) and not spec.single_use)
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -125,7 +129,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images)
         return claimed
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:

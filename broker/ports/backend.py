@@ -38,6 +38,9 @@ class PodRequest:
     annotations: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()
     """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
+    image: str = ""
+    """A job's custom image (broker.images) in place of the pool template's; only backends with
+    `runs_images = True` are ever asked for one."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class FakeBackend:
     """Pods in memory: GPUs are numbered slots, starts take `start_delay` of clock time."""
 
     kind = "fake"
+    runs_images = True
+    """The fake records a custom image on the pod (`images`) as a container backend would run it."""
 
     def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu",
                  memory_mb: int = 0) -> None:
@@ -106,6 +111,8 @@ class FakeBackend:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.fail_creates = 0
+        self.images: dict[str, str] = {}
+        """pod name -> the custom image it was created with."""
         self.pin_gpu: str | None = None
         self._next_port = 29499
         """When set, every GPU pod lands on this device (to exercise the per-GPU gate)."""
@@ -132,6 +139,8 @@ class FakeBackend:
         info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations))
         self.pods[request.name] = info  # devices are bound from the create call on
+        if request.image:
+            self.images[request.name] = request.image
         self.created.append(request.name)
         delay = float(request.pool.template.get("start_delay_s", self.start_delay))
         if delay:

@@ -63,7 +63,9 @@ class PoolController:
         """pool -> caller -> of those, pods waiting on the caller's quota: they spare no hold (they could not
         take a held pod now, and the caller's own finishing jobs bring theirs back)."""
         self.single_use: dict[str, tuple[str, int]] = {}
-        """job id -> (pool, pods) of unplaced single-use jobs."""
+        """job id -> (pool, pods) of unplaced single-use jobs (custom-image jobs too)."""
+        self.images: dict[str, tuple[str, bool]] = {}
+        """job id -> (custom image, reusable: digest-pinned) of the unplaced single-use jobs that bring one."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
         """Whether a job is queued or being bound (the dispatcher sets it): its single-use pods are no orphans."""
         self.last_plan: dict[str, Plan] = {}
@@ -80,7 +82,8 @@ class PoolController:
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
-                      over_quota: Mapping[str, Mapping[str, int]] | None = None) -> None:
+                      over_quota: Mapping[str, Mapping[str, int]] | None = None,
+                      images: Mapping[str, tuple[str, bool]] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
         on their caller's quota), unplaced single-use jobs."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
@@ -89,6 +92,7 @@ class PoolController:
                    or by != self.queued_by or quota != self.over_quota)
         self.demand = dict(demand)
         self.single_use = dict(single_use)
+        self.images = dict(images or {})
         self.queued_by = by
         self.over_quota = quota
         if changed:
@@ -141,8 +145,10 @@ class PoolController:
                     blocked_singles += n
                     continue
                 room -= n
+                image, reusable = self.images.get(job_id, ("", False))
+                origin = Origin.CUSTOM_IMAGE if image and reusable else Origin.SINGLE_USE
                 for _ in range(n):
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id)  # headroom checked above
+                    self._create(spec, origin, reserved_for=job_id, image=image)  # headroom checked above
                 created += n
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
@@ -285,7 +291,7 @@ class PoolController:
                      pre.gpus)
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = ()) -> bool:
+                gpus: tuple[str, ...] = (), image: str = "") -> bool:
         """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
 
         A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
@@ -294,7 +300,7 @@ class PoolController:
         if origin is not Origin.STANDBY and not self._reserve(name, spec):
             return False
         pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
-                  created_at=self.clock.now(), reserved_for=reserved_for)
+                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
         pod.standby = origin is Origin.STANDBY
         self.tracker.add(pod)
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
@@ -323,8 +329,11 @@ class PoolController:
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
         pin = group_key(pod) if pod.standby else ()
         try:
+            # A standby's and a custom image's record is written at create: a restarted broker must never
+            # take either for a plain pool pod.
             info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod) if pod.standby else {}))
+                                                        annotations=owner_annotations(pod)
+                                                        if pod.standby or pod.image else {}, image=pod.image))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
@@ -343,11 +352,13 @@ class PoolController:
     def forget_single_use(self, job_id: str) -> None:
         """A single-use job was placed: its pods are leased, nothing more to make for it."""
         self.single_use.pop(job_id, None)
+        self.images.pop(job_id, None)
 
     def abandon_single_use(self, job_id: str) -> None:
         """A single-use job left the queue (cancelled, failed): the pods made for it retire at once,
         starting or idle, since no other job may ever take them."""
         self.single_use.pop(job_id, None)
+        self.images.pop(job_id, None)
         for pod in orphans(self.tracker.snapshot(), lambda waiting: waiting != job_id):
             self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
 

@@ -4,6 +4,10 @@ A single-use job takes only pods made for it (`reserved_for` its id). What a job
 from the pods reserved for it that are starting or idle, never kept as a parallel count, so a failed
 create or a retired pod is simply made again. A pod made for a job that is no longer waiting (cancelled,
 failed, placed on other pods) is an orphan: no other job may ever take it, so it retires at once.
+
+A custom image's pod (broker.images) is made for one job the same way: a mutable tag's is single-use; a
+digest-pinned one's (`Origin.CUSTOM_IMAGE`) then serves its caller's jobs of that image, so it is an orphan
+only while no job has used it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ _WAITING = (PodState.STARTING, PodState.IDLE)
 
 
 def _made_for(pod: Pod) -> bool:
-    return pod.origin is Origin.SINGLE_USE and pod.state in _WAITING
+    return (pod.origin is Origin.SINGLE_USE or (pod.origin is Origin.CUSTOM_IMAGE and not pod.used)) \
+        and pod.state in _WAITING
 
 
 def wanted(jobs: Mapping[str, tuple[str, int]], pool: str, pods: Iterable[Pod]) -> list[tuple[str, int]]:

@@ -74,6 +74,8 @@ class KubernetesSettings:
 class KubernetesBackend:
     kind = "kubernetes"
     isolated = True
+    runs_images = True
+    """A job's custom image replaces the template's in its pod's agent container (broker.images)."""
 
     def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings(),
                  agent_factory: AgentFactory | None = None) -> None:
@@ -93,7 +95,7 @@ class KubernetesBackend:
         self._templates: dict[str, PodTemplate] = {}
         self._bucket = TokenBucket(clock, settings.rate.qps, settings.rate.burst)
         self._pull_block: dict[str, tuple[float, float, str]] = {}
-        """template hash -> (until, pause, reason) after an image pull error."""
+        """template hash (or custom image) -> (until, pause, reason) after an image pull error."""
         self._port = DEFAULT_MASTER_PORT
         self._devices: dict[str, Device] = {}
 
@@ -156,17 +158,20 @@ class KubernetesBackend:
         name, pool = request.name, request.pool
         await self._ensure()
         tpl = self.template(pool)
-        blocked = self._pull_block.get(pool.template_hash)
+        image = request.image or tpl.image
+        pull_key = request.image or pool.template_hash  # a caller's broken image never blocks the pool's own
+        blocked = self._pull_block.get(pull_key)
         if blocked is not None and blocked[0] > self.clock.now():
-            raise LaunchError(f"pool {pool.name}: image {tpl.image} failed to pull ({blocked[2]}); "
+            raise LaunchError(f"pool {pool.name}: image {image} failed to pull ({blocked[2]}); "
                               f"not retried for {blocked[0] - self.clock.now():.0f} s",
-                              details={"reason": blocked[2], "image": tpl.image})
+                              details={"reason": blocked[2], "image": image})
         if name in self._pods or name in self.cache.pods:
             raise BackendError(f"pod {name} already exists")
         now = self.clock.now()
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
-                                pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
+                                pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
+                                image=request.image)
         rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))
@@ -181,7 +186,7 @@ class KubernetesBackend:
             # The Secret names its pod's UID: after a restart, only that incarnation is trusted.
             await with_backoff(self.clock, rate, lambda: self.api.patch(
                 "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
-            pod = await self._wait_running(rec, tpl, pool)
+            pod = await self._wait_running(rec, image, pull_key, tpl.start_timeout_s)
             await self._wait_agent(rec)
             self._learn_devices(pod, standby=bool(request.gpus))
             if not rec.gpus and pool.gpus:
@@ -197,15 +202,15 @@ class KubernetesBackend:
             if isinstance(exc, BackendError) or not isinstance(exc, Exception):
                 raise
             raise BackendError(f"creating pod {name} failed: {exc!r}") from exc
-        self._pull_block.pop(pool.template_hash, None)
+        self._pull_block.pop(pull_key, None)
         rec.up = True
         log.info("pod %s up: %s", name, rec.ready.view())
         return self._info(rec)
 
-    async def _wait_running(self, rec: PodRecord, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
+    async def _wait_running(self, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float) -> dict[str, Any]:
         """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
         start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
-        deadline = self.clock.now() + tpl.start_timeout_s
+        deadline = self.clock.now() + start_timeout_s
         while True:
             rec.changed.clear()
             pod = self.cache.pods.get(rec.name)
@@ -217,23 +222,23 @@ class KubernetesBackend:
                     return dict(pod)
                 reason = podstatus.pull_error(pod)
                 if reason:
-                    self._block(pool, reason)
-                    raise LaunchError(f"pod {rec.name}: image {tpl.image} cannot be pulled: {reason}",
-                                      details={"reason": reason.split(":", 1)[0], "image": tpl.image})
+                    self._block(pull_key, reason)
+                    raise LaunchError(f"pod {rec.name}: image {image} cannot be pulled: {reason}",
+                                      details={"reason": reason.split(":", 1)[0], "image": image})
                 why = podstatus.ended(pod)
                 if why:
                     raise BackendError(f"pod {rec.name} ended while starting: {why}")
             left = deadline - self.clock.now()
             if left <= 0:
-                raise BackendError(f"pod {rec.name} still not running after {tpl.start_timeout_s:.0f} s "
+                raise BackendError(f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
                                    f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
             await self.clock.wait(rec.changed, left)
 
-    def _block(self, pool: PoolSpec, reason: str) -> None:
-        """No retry storm: creates of this template fail at once for a while, doubling per failure."""
-        previous = self._pull_block.get(pool.template_hash)
+    def _block(self, key: str, reason: str) -> None:
+        """No retry storm: creates of this template (or custom image) fail at once for a while, doubling."""
+        previous = self._pull_block.get(key)
         pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
-        self._pull_block[pool.template_hash] = (self.clock.now() + pause, pause, reason)
+        self._pull_block[key] = (self.clock.now() + pause, pause, reason)
 
     async def _wait_agent(self, rec: PodRecord) -> None:
         client = self.agent(rec.name)

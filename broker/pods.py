@@ -87,7 +87,7 @@ class Pod:
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
         "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
-        "image",
+        "image", "gang",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -114,6 +114,9 @@ class Pod:
         """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.warmth.standby)."""
         self.image = image
         """A job's custom image the pod runs (broker.images): it never joins the shared pool."""
+        self.gang = ""
+        """The waiting gang this pod was made for (a placement hint: its claim takes it first, the cluster
+        puts it beside the gang's other pods); any job may still take it."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""

@@ -93,6 +93,7 @@ class Dispatcher:
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
         images: dict[str, tuple[str, bool]] = {}
+        gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
@@ -113,6 +114,8 @@ class Dispatcher:
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
+                    if spec.pods > 1:
+                        gangs[spec.pool].append((job.id, spec.pods))  # new pods for it are made beside each other
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
                         reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
                     if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
@@ -129,7 +132,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs)
         return claimed
 
     def _break_hold(self, pod: str, idle_since: float) -> bool:

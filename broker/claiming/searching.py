@@ -73,6 +73,12 @@ class Search(TrackerState):
                 if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
                         and take(pod, Path.WARM, REASON_TAG_HINT):
                     return picked
+        if n > 1:  # a gang first takes the pods made beside each other for it (the cluster's pod affinity)
+            for pod in reversed(bucket.fresh.values()):
+                if pod.gang == want.job_id and usable(pod):
+                    path = Path.NEW if pod.idle_since >= want.since else Path.WARM
+                    if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
+                        return picked
         for pod in reversed(bucket.fresh.values()):
             if usable(pod):
                 path = Path.NEW if pod.idle_since >= want.since else Path.WARM

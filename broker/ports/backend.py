@@ -38,6 +38,11 @@ class PodRequest:
     annotations: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()
     """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
+    gang: str = ""
+    """Placement hint: the gang (multi-pod job) this pod is made for; a cluster backend keeps a gang's pods
+    together (on one node when `gang_size` pods fit one, else on the fewest). Empty: no gang."""
+    gang_size: int = 1
+    """The gang's world size (pods)."""
     image: str = ""
     """A job's custom image (broker.images) in place of the pool template's; only backends with
     `runs_images = True` are ever asked for one."""
@@ -113,6 +118,8 @@ class FakeBackend:
         self.fail_creates = 0
         self.images: dict[str, str] = {}
         """pod name -> the custom image it was created with."""
+        self.requests: dict[str, PodRequest] = {}
+        """pod name -> the request it was created from (placement hints included)."""
         self.pin_gpu: str | None = None
         self._next_port = 29499
         """When set, every GPU pod lands on this device (to exercise the per-GPU gate)."""
@@ -139,6 +146,7 @@ class FakeBackend:
         info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations))
         self.pods[request.name] = info  # devices are bound from the create call on
+        self.requests[request.name] = request
         if request.image:
             self.images[request.name] = request.image
         self.created.append(request.name)

@@ -31,7 +31,7 @@ from broker.warmth.budgets import Ledger, units_of
 from broker.warmth.holds import MIN_TENURE_S, holds_to_break
 from broker.warmth.rollout import drain
 from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
-from broker.warmth.singleuse import orphans, wanted
+from broker.warmth.singleuse import gang_hints, orphans, wanted
 from broker.warmth.standby import exclusive_cards, group_key, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
@@ -66,6 +66,8 @@ class PoolController:
         """job id -> (pool, pods) of unplaced single-use jobs (custom-image jobs too)."""
         self.images: dict[str, tuple[str, bool]] = {}
         """job id -> (custom image, reusable: digest-pinned) of the unplaced single-use jobs that bring one."""
+        self.gangs: dict[str, list[tuple[str, int]]] = {}
+        """pool -> waiting gangs (job id, pods) in dispatch order: demand pods are made for them, side by side."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
         """Whether a job is queued or being bound (the dispatcher sets it): its single-use pods are no orphans."""
         self.last_plan: dict[str, Plan] = {}
@@ -78,12 +80,14 @@ class PoolController:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
+        self._gang_sizes: dict[str, int] = {}
         self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
                       over_quota: Mapping[str, Mapping[str, int]] | None = None,
-                      images: Mapping[str, tuple[str, bool]] | None = None) -> None:
+                      images: Mapping[str, tuple[str, bool]] | None = None,
+                      gangs: Mapping[str, list[tuple[str, int]]] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
         on their caller's quota), unplaced single-use jobs."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
@@ -93,6 +97,7 @@ class PoolController:
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         self.images = dict(images or {})
+        self.gangs = {pool: list(waiting) for pool, waiting in (gangs or {}).items()}
         self.queued_by = by
         self.over_quota = quota
         if changed:
@@ -129,8 +134,10 @@ class PoolController:
             singles = wanted(self.single_use, name, pods)
             p = plan(spec, pods, counts, demand, now, headroom, single_use=sum(n for _, n in singles))
             created = 0
-            for _ in range(p.create):
-                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM):
+            hints = gang_hints(self.gangs.get(name, ()), pods, p.create) if demand else []
+            for i in range(p.create):
+                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM,
+                                    gang=hints[i] if i < len(hints) else ("", 1)):
                     break
                 created += 1
             if created < p.create:
@@ -291,7 +298,7 @@ class PoolController:
                      pre.gpus)
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = (), image: str = "") -> bool:
+                gpus: tuple[str, ...] = (), image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
         """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
 
         A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
@@ -302,7 +309,9 @@ class PoolController:
         pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
                   created_at=self.clock.now(), reserved_for=reserved_for, image=image)
         pod.standby = origin is Origin.STANDBY
+        pod.gang = gang[0]
         self.tracker.add(pod)
+        self._gang_sizes[name] = gang[1]
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
 
@@ -333,7 +342,8 @@ class PoolController:
             # take either for a plain pool pod.
             info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
                                                         annotations=owner_annotations(pod)
-                                                        if pod.standby or pod.image else {}, image=pod.image))
+                                                        if pod.standby or pod.image else {}, image=pod.image,
+                                                        gang=pod.gang, gang_size=self._gang_sizes.pop(pod.name, 1)))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0

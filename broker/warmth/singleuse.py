@@ -31,6 +31,18 @@ def wanted(jobs: Mapping[str, tuple[str, int]], pool: str, pods: Iterable[Pod]) 
     return [(job_id, n - have[job_id]) for job_id, (where, n) in jobs.items() if where == pool and n > have[job_id]]
 
 
+def gang_hints(gangs: Iterable[tuple[str, int]], pods: Iterable[Pod], create: int) -> list[tuple[str, int]]:
+    """(gang, world size) for each of `create` demand pods: the waiting gangs in dispatch order, each until
+    it has its size in never-used starting or idle pods made for it; the rest get no hint."""
+    have = Counter(p.gang for p in pods if p.gang and not p.used and p.state in _WAITING)
+    out: list[tuple[str, int]] = []
+    for job_id, size in gangs:
+        out += [(job_id, size)] * max(0, size - have[job_id])
+        if len(out) >= create:
+            break
+    return out[:create]
+
+
 def orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:
     """Starting or idle single-use pods whose job no longer waits for them (`waiting(job id)` is False)."""
     return [p for p in pods if _made_for(p) and (p.reserved_for is None or not waiting(p.reserved_for))]

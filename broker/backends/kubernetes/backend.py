@@ -171,7 +171,7 @@ class KubernetesBackend:
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
-                                image=request.image)
+                                image=request.image, gang=request.gang, gang_size=request.gang_size)
         rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))

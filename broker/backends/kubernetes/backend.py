@@ -357,6 +357,13 @@ class KubernetesBackend:
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 
+    def set_create_rate(self, qps: float, burst: int) -> None:
+        """Re-pace pod creates (the catalog's `create_rate` was reloaded); creates waiting now use it too."""
+        self.settings = dataclasses.replace(self.settings, rate=dataclasses.replace(self.settings.rate, qps=qps,
+                                                                                      burst=burst))
+        self._bucket.retune(qps, burst)
+        log.info("pod creates paced at %.3g/s, burst %d", qps, burst)
+
     def ready_record(self, name: str) -> dict[str, float | None] | None:
         """Seconds from create to scheduled, image pulled, container started, agent answered."""
         rec = self._pods.get(name)

@@ -199,4 +199,8 @@ class Dispatcher:
         assert self.executor is not None
         for p in lease.pods:
             self.stats.acquisitions[(p.pool, p.path)] += 1
-        await self.executor.start(committed, lease)
+        try:
+            await self.executor.start(committed, lease)
+        except Exception as exc:  # a bug on the launch path must not leave the job RUNNING for ever
+            log.exception("running %s failed inside the broker; ending its attempt", job_id)
+            await self.executor.abort(committed, lease, exc)

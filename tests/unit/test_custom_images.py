@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from broker.backends.kubernetes.backend import LaunchError
 from broker.claiming.admission import admit
 from broker.claiming.tracker import Claim, Tracker
 from broker.clock import VirtualClock
@@ -12,9 +15,11 @@ from broker.images import allowed, pinned
 from broker.jobs import JobSpec, JobState
 from broker.pods import Origin, Pod, PodState, owner_annotations, restore_owner
 from broker.pools import CatalogError, PoolSpec, parse_pool
-from broker.ports.backend import FakeBackend
+from broker.ports.backend import FakeBackend, PodRequest
 from broker.warmth.scaling import count, plan
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
+from tests.unit.test_k8s_backend import CPU, settle, start
+from tests.unit.test_k8s_backend import Harness as K8sHarness
 
 DIGEST = "registry.example/team/train@sha256:" + "ab" * 32
 OTHER_DIGEST = "registry.example/team/train@sha256:" + "cd" * 32
@@ -166,3 +171,22 @@ def test_a_restored_image_pod_is_only_its_callers() -> None:
 
 def test_an_unpinned_pool_spec_field_defaults_to_no_images() -> None:
     assert PoolSpec(name="x").images == ()
+
+
+async def test_a_custom_images_pull_error_blocks_that_image_not_the_pools_own() -> None:
+    h = K8sHarness()
+    try:
+        task = asyncio.create_task(h.backend.create(PodRequest(name="cpu-bad", pool=CPU, image=TAG)))
+        await settle()
+        agent = h.api.pod("cpu-bad")["spec"]["containers"][0]
+        assert (agent["image"], agent["imagePullPolicy"]) == (TAG, "Always")
+        await h.api.fail_pull("cpu-bad")
+        with pytest.raises(LaunchError) as caught:
+            await asyncio.wait_for(task, 5)
+        assert caught.value.details["image"] == TAG
+        with pytest.raises(LaunchError, match="not retried"):
+            await h.backend.create(PodRequest(name="cpu-bad2", pool=CPU, image=TAG))
+        info = await start(h, "cpu-own")  # the pool's own image is not blocked
+        assert info.name == "cpu-own"
+    finally:
+        await h.backend.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
+from broker.backends.kubernetes.annotating import DEFER_S, Annotator
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_PORT,
@@ -69,6 +70,9 @@ class KubernetesSettings:
     """How long a running pod's agent may take to answer its first health check."""
     pull_backoff_s: float = 30.0
     """After an image pull error, new pods of that template fail at once for this long (doubling)."""
+    annotate_defer_s: float = DEFER_S
+    """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
+    (broker.backends.kubernetes.annotating); identity changes are written at once."""
 
 
 class KubernetesBackend:
@@ -98,6 +102,7 @@ class KubernetesBackend:
         """template hash (or custom image) -> (until, pause, reason) after an image pull error."""
         self._port = DEFAULT_MASTER_PORT
         self._devices: dict[str, Device] = {}
+        self.annotator = Annotator(clock, self._patch_annotations, settings.annotate_defer_s)
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -267,6 +272,7 @@ class KubernetesBackend:
     async def _destroy(self, name: str) -> None:
         """Delete the pod and its Secret; idempotent. The pod's agent client is closed first."""
         self._deleting.add(name)
+        self.annotator.forget(name)
         try:
             client = self._clients.pop(name, None)
             if client is not None:
@@ -370,10 +376,17 @@ class KubernetesBackend:
         return rec.ready.view() if rec is not None else None
 
     async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        """Identity changes are on the pod when this returns; ageing ones within `annotate_defer_s`."""
         rec = self._pods.get(name)
         if rec is None or rec.lost:
             raise BackendError(f"pod {name} is gone")
-        body = {"metadata": {"annotations": dict(annotations)}}
+        await self.annotator.annotate(name, rec.annotations, annotations)
+
+    async def _patch_annotations(self, name: str, annotations: dict[str, str]) -> None:
+        rec = self._pods.get(name)
+        if rec is None or rec.lost or name in self._deleting:
+            return
+        body = {"metadata": {"annotations": annotations}}
         await with_backoff(self.clock, self.settings.rate, lambda: self.api.patch("Pod", name, body))
         rec.annotations.update(annotations)
 
@@ -402,7 +415,9 @@ class KubernetesBackend:
         return Rendezvous(rec.ip, self._port, kernel_env=((POD_IP_ENV, rec.ip),))
 
     async def close(self) -> None:
-        """Stop watching and close agent connections; pods keep running for the next broker."""
+        """Write pending owner records, stop watching and close agent connections; pods keep running for
+        the next broker."""
+        await self.annotator.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -36,6 +36,7 @@ from broker.backends.kubernetes.manifests import (
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
 from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
+from broker.backends.kubernetes.sweeping import sweep_cards
 from broker.backends.kubernetes.templates import PodTemplate, parse_template
 from broker.backends.kubernetes.watching import Change, PodCache, Watcher
 from broker.backends.local import agent_kernels
@@ -316,33 +317,11 @@ class KubernetesBackend:
             else:
                 log.warning("pod %s does not answer; deleting it", name)
                 await self._destroy(name)
-        await self._sweep_cards(live)
+        await sweep_cards(self.api, live)
         for name in by_name.keys() - {secret_name(n) for n in self.cache.pods}:
             with contextlib.suppress(BackendError, Retryable):
                 await self.api.delete("Secret", name)  # a Secret whose pod is gone
         return live
-
-    async def _sweep_cards(self, live: list[PodInfo]) -> None:
-        """Mark the cards of shared (standby) groups that hold a share of anyone else (`details.foreign`).
-
-        Reads each node's HAMi register and every pod on it; a failed read marks the node's cards foreign,
-        so promotions stay fenced until a sweep succeeds. Only pools with standbys share cards.
-        """
-        nodes: dict[str, list[int]] = {}
-        for i, info in enumerate(live):
-            if info.gpus and info.details.get("node") and any(p.gpus == info.gpus and p.name != info.name
-                                                              for p in live):
-                nodes.setdefault(str(info.details["node"]), []).append(i)
-        for node, indexes in nodes.items():
-            try:
-                node_obj, on_node = await self.api.node(node), await self.api.pods_on_node(node)
-            except (BackendError, Retryable) as exc:
-                log.warning("card sweep of node %s failed; its cards stay fenced: %s", node, exc)
-                node_obj, on_node = None, []
-            for i in indexes:
-                foreign = hami.foreign_cards(live[i].gpus, live[i].pool, node_obj, on_node)
-                if foreign:
-                    live[i] = dataclasses.replace(live[i], details={**live[i].details, "foreign": foreign})
 
     async def _healthy(self, name: str) -> bool:
         for _ in range(2):

@@ -140,7 +140,8 @@ class ControlPlane:
 
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
-        job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree)
+        job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree,
+                    runs_images=bool(getattr(self.backend, "runs_images", False)))
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
@@ -279,7 +280,11 @@ class ControlPlane:
     def reload_catalog(self, catalog: Catalog) -> None:
         """Apply a changed catalog: new knobs at once; pods of a changed template turn stale and drain."""
         self.catalog = dataclasses.replace(self.catalog, pools={**self.catalog.pools, **catalog.pools},
-                                           caller_limits=catalog.caller_limits, budgets=catalog.budgets)
+                                           caller_limits=catalog.caller_limits, budgets=catalog.budgets,
+                                           create_rate=catalog.create_rate)
+        pace = getattr(self.backend, "set_create_rate", None)  # a backend that paces creates (kubernetes)
+        if pace is not None:
+            pace(catalog.create_rate.qps, catalog.create_rate.burst)
         self.tracker.update_pools(self.catalog.pools)
         for accelerator in set(self.controller.ledger.view()) | set(catalog.budgets):
             self.controller.ledger.set_limit(accelerator, catalog.budgets.get(accelerator))

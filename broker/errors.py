@@ -2,6 +2,7 @@
 
     FirepoolError                 class name = the wire `class`, `status` = HTTP status
     ├── InvalidRequest (422)      ├── UnknownField (422)   └── UnknownPool (400), Unschedulable (400)
+    ├── ImageNotAllowed (403: not in the pool's allowlist)  ImagesUnsupported (400: backend runs no images)
     ├── Unauthorized (401)        ├── NotFound (404)       └── Conflict (409)
     ├── PackageError (4xx)        └── QuotaExceeded (429)
     │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
@@ -60,6 +61,18 @@ class UnknownPool(FirepoolError):
 
 class Unschedulable(FirepoolError):
     """The request can never be placed (e.g. more pods than the pool's ceiling)."""
+
+    status = 400
+
+
+class ImageNotAllowed(FirepoolError):
+    """The job names a custom image its pool's `images` allowlist does not match."""
+
+    status = 403
+
+
+class ImagesUnsupported(FirepoolError):
+    """The backend cannot run a job's custom image (the local backend has no container runtime)."""
 
     status = 400
 

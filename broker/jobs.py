@@ -138,6 +138,8 @@ class JobSpec:
     before a standby or a new pod? Either way the pod then stays with the new session. False protects
     sessions that live side by side (MCP conversations): only at the pool's ceiling does the caller's least
     recently used session hand its pod over. broker.claiming.tracker's docstring says why both exist."""
+    image: str = ""
+    """A custom container image from the pool's allowlist (broker.images); empty: the pool's own."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

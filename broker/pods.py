@@ -70,6 +70,7 @@ class Origin(enum.StrEnum):
     WARM = "warm"          # the floor kept it ahead of demand
     SINGLE_USE = "single_use"  # created for one job, deleted at its release
     STANDBY = "standby"    # staged on an active pod's GPU (broker.warmth.standby)
+    CUSTOM_IMAGE = "custom_image"  # a digest-pinned custom image: made for one job, then its caller's only
 
 
 SessionKey = tuple[str, str, str]
@@ -86,12 +87,12 @@ class Pod:
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
         "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
-        "node",
+        "node", "image", "gang",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
                  origin: Origin = Origin.DEMAND, template: str = "", created_at: float = 0.0,
-                 reserved_for: str | None = None) -> None:
+                 reserved_for: str | None = None, image: str = "") -> None:
         self.name = name
         self.pool = pool
         self.state = state
@@ -113,6 +114,11 @@ class Pod:
         """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.warmth.standby)."""
         self.node = ""
         """The node placement put the pod on (broker.fleet); empty without nodes."""
+        self.image = image
+        """A job's custom image the pod runs (broker.images): it never joins the shared pool."""
+        self.gang = ""
+        """The waiting gang this pod was made for (a placement hint: its claim takes it first, the cluster
+        puts it beside the gang's other pods); any job may still take it."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""
@@ -132,6 +138,7 @@ class Pod:
             "idle_since": self.idle_since, "job": self.job, "used": self.used, "origin": self.origin.value,
             "retire_at_release": self.retire, "created_at": self.created_at, "standby": self.standby,
             "node": self.node or None,
+            **({"image": self.image} if self.image else {}),
         }
 
 
@@ -151,6 +158,7 @@ def owner_annotations(pod: Pod) -> dict[str, str]:
         ANNOTATION_PREFIX + "origin": pod.origin.value,
         ANNOTATION_PREFIX + "job": pod.job or "",
         ANNOTATION_PREFIX + "role": "standby" if pod.standby else "",
+        ANNOTATION_PREFIX + "image": pod.image,
     }
 
 
@@ -168,3 +176,4 @@ def restore_owner(pod: Pod, annotations: Mapping[str, str]) -> None:
     if origin in Origin._value2member_map_:
         pod.origin = Origin(origin)
     pod.standby = get(ANNOTATION_PREFIX + "role") == "standby"
+    pod.image = get(ANNOTATION_PREFIX + "image", "")

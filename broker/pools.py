@@ -130,6 +130,10 @@ class PoolSpec:
     `any` prefers one node (docs/fleet.md)."""
     node_selector: Mapping[str, Key] = field(default_factory=dict)
     """Node labels a node must carry for this pool's pods (shape segregation: a node set for sub-node shapes)."""
+    images: tuple[Annotated[str, Strict(), Field(min_length=1)], ...] = ()
+    """Custom images a job of this pool may name (`image`): shell globs over the whole reference, e.g.
+    `registry.example/team/*`; empty allows none. A mutable tag runs on a single-use pod; a digest-pinned
+    image's pod serves only its caller's jobs of that image (broker.images)."""
 
     @property
     def hold_seconds(self) -> float:

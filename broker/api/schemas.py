@@ -46,12 +46,16 @@ class JobRequest(Strict):
     preemptible: bool = Field(default=False, description="May run beyond its team's guaranteed quota on quota "
                               "borrowed from other teams, and be preempted (SIGTERM, SIGKILL after the grace) and "
                               "re-queued when an owner reclaims it (docs/quotas.md).")
+    image: str | None = Field(default=None, min_length=1, max_length=512,
+                              description="A custom container image from the pool's `images` allowlist (kubernetes "
+                              "backend only): a mutable tag runs on a single-use pod; a digest-pinned one "
+                              "(`@sha256:`) on a pod only this caller's jobs of that image reuse.")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
-                       extra={**late_binding_extra(self.package, self.requirements),
+                       image=self.image or "", extra={**late_binding_extra(self.package, self.requirements),
                               **({"kernel": True} if self.kernel else {}),
                               **({"preemptible": True} if self.preemptible else {})})
 
@@ -104,6 +108,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "preemptible": True if spec.extra.get("preemptible") else None,
         "preempt_count": job.preempt_count or None,
         "effective_priority": job.priority if job.priority != spec.priority else None,
+        "image": spec.image or None,
     }
     return _clean(view)
 

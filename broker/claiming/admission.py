@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.fleet.quotas import QuotaTree
+from broker.images import admit_image
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
 from broker.running.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
@@ -84,8 +85,11 @@ def check_spec(spec: JobSpec) -> None:
                 raise InvalidRequest(f"{key} {problem}", {"field": key})
 
 
-def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float, quotas: QuotaTree | None = None) -> Job:
-    """Check `spec` against the catalog (and the team quotas) and return the job as it will be inserted (QUEUED)."""
+def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float, quotas: QuotaTree | None = None,
+          runs_images: bool = False) -> Job:
+    """Check `spec` against the catalog (and the team quotas) and return the job as it will be inserted (QUEUED).
+
+    `runs_images`: the backend can run a job's custom image (broker.images); else naming one is refused."""
     check_spec(spec)
     pool = pools.get(spec.pool)
     if pool is None:
@@ -101,6 +105,8 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float,
         why = quotas.never_fits(caller, spec.pods * pool.gpus, bool(spec.extra.get("preemptible")))
         if why is not None:
             raise Unschedulable(f"team quota: {why}", {"pool": pool.name, "gpus": spec.pods * pool.gpus})
+    if spec.image:
+        admit_image(spec.image, pool.name, pool.images, runs_images)
     env, dropped = filter_env(spec.env)
     job = Job(id=new_job_id(now), caller=caller, spec=dataclasses.replace(spec, env=env),
               dropped_env=tuple(dropped), timings={"submitted_at": now})

@@ -30,6 +30,7 @@ from broker.claiming.tracker import (
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
+from broker.images import pinned
 from broker.jobs import (
     Acquisition,
     Attempt,
@@ -95,7 +96,7 @@ class Dispatcher:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
         self.tracker.drop_reclaim(job_id)
-        if job is None or job.spec.single_use:
+        if job is None or job.spec.single_use or job.spec.image:
             self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
     def dispatch_once(self) -> int:
@@ -106,6 +107,8 @@ class Dispatcher:
         single_use: dict[str, tuple[str, int]] = {}
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
+        images: dict[str, tuple[str, bool]] = {}
+        gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
         if self.preempter is not None:
@@ -115,7 +118,7 @@ class Dispatcher:
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           order, recycle=spec.recycle,
+                                           order, recycle=spec.recycle, image=spec.image,
                                            preemptible=bool(spec.extra.get("preemptible"))), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
@@ -125,12 +128,16 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
-                if spec.single_use:
+                if spec.single_use or spec.image:  # a custom image's pods are made for the job (broker.images)
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)
+                        if spec.image:
+                            images[job.id] = (spec.image, pinned(spec.image) and not spec.single_use)
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
+                    if spec.pods > 1:
+                        gangs[spec.pool].append((job.id, spec.pods))  # new pods for it are made beside each other
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
                         reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
                     if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
@@ -147,7 +154,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs)
         return claimed
 
     def _alert(self, res: Reservation, held: int, why: str) -> None:
@@ -232,4 +239,8 @@ class Dispatcher:
         assert self.executor is not None
         for p in lease.pods:
             self.stats.acquisitions[(p.pool, p.path)] += 1
-        await self.executor.start(committed, lease)
+        try:
+            await self.executor.start(committed, lease)
+        except Exception as exc:  # a bug on the launch path must not leave the job RUNNING for ever
+            log.exception("running %s failed inside the broker; ending its attempt", job_id)
+            await self.executor.abort(committed, lease, exc)

@@ -13,6 +13,8 @@ Runs under the tracker lock (broker.claiming.tracker): no I/O, no logging, small
 from __future__ import annotations
 
 from broker.claiming.tracking import (
+    REASON_IMAGE_NEW,
+    REASON_IMAGE_STARTING,
     REASON_NO_IDLE,
     REASON_NO_SESSION_POD,
     REASON_SESSION_RESETTING,
@@ -27,6 +29,7 @@ from broker.claiming.tracking import (
     Shortfall,
     TrackerState,
 )
+from broker.images import pinned
 from broker.pods import Path, Pod
 
 
@@ -70,6 +73,15 @@ class Search(TrackerState):
                 if pod.key is not None and pod.key[1] == want.queue and usable(pod) \
                         and take(pod, Path.WARM, REASON_TAG_HINT):
                     return picked
+        def fresh(pod: Pod) -> bool:
+            """Take a never-used (or unheld) idle pod: `new` when it was made after the job queued."""
+            path = Path.NEW if pod.idle_since >= want.since else Path.WARM
+            return take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD)
+
+        if n > 1:  # a gang first takes the pods made beside each other for it (the cluster's pod affinity)
+            for pod in reversed(bucket.fresh.values()):
+                if pod.gang == want.job_id and usable(pod) and fresh(pod):
+                    return picked
         need = n - len(picked)
         if need > 1 and len(bucket.fresh_by_node) > 1:
             # A gang's never-used pods from one node: the node with the fewest that still holds the rest
@@ -79,15 +91,11 @@ class Search(TrackerState):
                 if need <= len(on) and (best is None or len(on) < len(best)):
                     best = on
             for pod in reversed(best.values()) if best is not None else ():
-                if usable(pod):
-                    path = Path.NEW if pod.idle_since >= want.since else Path.WARM
-                    if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
-                        return picked
-        for pod in reversed(bucket.fresh.values()):
-            if usable(pod):
-                path = Path.NEW if pod.idle_since >= want.since else Path.WARM
-                if take(pod, path, REASON_NO_IDLE if path is Path.NEW else REASON_NO_SESSION_POD):
+                if usable(pod) and fresh(pod):
                     return picked
+        for pod in reversed(bucket.fresh.values()):
+            if usable(pod) and fresh(pod):
+                return picked
         if mine and want.recycle:
             # Least recently released first: the session least likely to come back gives its pod up.
             reason = bucket.recycled_reason()
@@ -135,3 +143,26 @@ class Search(TrackerState):
             return Shortfall("single-use pod starting", want.pods - len(ready))
         del self._reserved[want.job_id]
         return [(pod, Path.NEW, REASON_SINGLE_USE) for pod in ready[: want.pods]]
+
+    def _pick_image(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
+        """A custom-image job: the caller's idle pods of its digest-pinned image first (reuse), then pods made
+        for it; a mutable tag (or `single_use`) only the pods made for it. Never a shared pod."""
+        picked: list[Pick] = []
+        cards: set[str] = set()
+        mine = bucket.images.get((want.caller, want.image)) if pinned(want.image) and not want.single_use else None
+        if mine:
+            for pod in reversed(mine.values()):
+                if self._gate_open(pod) and cards.isdisjoint(pod.gpus):
+                    picked.append((pod, Path.CUSTOM_IMAGE, None))
+                    cards.update(pod.gpus)
+                    if len(picked) == want.pods:
+                        return picked
+        ready = self._reserved.get(want.job_id, [])
+        made = [p for p in ready if cards.isdisjoint(p.gpus)][: want.pods - len(picked)]
+        if len(picked) + len(made) < want.pods:
+            return Shortfall(REASON_IMAGE_STARTING, want.pods - len(picked) - len(made))
+        for pod in made:
+            ready.remove(pod)
+        if not ready:
+            self._reserved.pop(want.job_id, None)
+        return picked + [(pod, Path.CUSTOM_IMAGE, REASON_IMAGE_NEW) for pod in made]

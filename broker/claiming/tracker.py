@@ -164,7 +164,11 @@ class Tracker(QuotaClaims):
                     return Shortfall(verdict.reason, want.pods)
                 borrowed = verdict.kind is Kind.BORROWED  # broker.claiming.quotaclaims
             picked: Sequence[Pick] | Shortfall | None = None
-            if want.single_use:
+            if want.image:
+                picked = self._pick_image(bucket, want)
+                if isinstance(picked, Shortfall):
+                    return picked  # never a shared pod, nor a gang's (no backfill)
+            elif want.single_use:
                 picked = self._pick_reserved(want)
             elif want.pods == 1 and (own := bucket.by_key.get((want.caller, want.queue, want.tag))):
                 # Fast path: the session's own idle pod, the common case of a warm loop.
@@ -190,6 +194,8 @@ class Tracker(QuotaClaims):
                 pod.job = job_id
                 pod.path = path
                 pod.reason = reason
+                if pod.image:
+                    pod.reserved_for = None  # its job took it: from now on it is its caller's (or it retires)
                 if path is Path.RECYCLED and bucket.retire:
                     pod.retire = True  # reuse_tag: retire, the paper's rule: one job across a boundary
             if self._gangs:
@@ -277,7 +283,7 @@ class Tracker(QuotaClaims):
             pod.caller = key[0]
             pod.key = key
             pod.job = None
-            if returning and not pod.retire and pod.origin is not Origin.SINGLE_USE:
+            if returning and not pod.retire and pod.origin is not Origin.SINGLE_USE and not pod.image:
                 self._returning[pod.name] = key
                 self._returning_keys[key] = self._returning_keys.get(key, 0) + 1
         self._unuse(lease)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from broker.claiming.reserving import Reservation
 from broker.fleet.quotas import QuotasSpec, QuotaTree, QuotaUse
-from broker.pods import Pod, PodState, SessionKey
+from broker.pods import Origin, Pod, PodState, SessionKey
 from broker.pools import CallerLimits, PoolSpec
 
 IDLE = PodState.IDLE
@@ -37,6 +37,8 @@ REASON_STANDBY = "no idle pod: a standby on an active GPU, promoted once the pre
 REASON_QUOTA = "caller quota"
 REASON_TEAM_QUOTA = "team quota"
 """Prefix of a team-quota refusal (broker.fleet.quotas says which node is full and why)."""
+REASON_IMAGE_NEW = "custom image: a pod created for this job"
+REASON_IMAGE_STARTING = "custom image pod starting"
 
 Pick = tuple[Pod, str, str | None]
 """A picked pod, the acquisition path it got and why a warmer one was not used."""
@@ -64,6 +66,9 @@ class Claim:
     only at the pool's ceiling (broker.claiming.tracker's docstring says why both exist)."""
     preemptible: bool = False
     """The job may run beyond its team's guarantee on borrowed quota, and yield it (broker.fleet.quotas)."""
+    image: str = ""
+    """A custom image (broker.images): only pods made for this job, or the caller's idle pods of this
+    digest-pinned image, serve it."""
 
 
 class Lease:
@@ -91,7 +96,8 @@ class Shortfall:
 class Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical", "fresh_by_node")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical", "fresh_by_node",
+                 "images")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -110,6 +116,8 @@ class Bucket:
         """Idle standbys (broker.warmth.standby): claimed only when no owner's or unheld idle pod exists."""
         self.physical = 0
         """Pods of the pool that hold a card's count (not unpromoted standbys): at the ceiling no new pod comes."""
+        self.images: dict[tuple[str, str], dict[str, Pod]] = {}
+        """Idle pods of a digest-pinned custom image by (caller, image): that caller's jobs of that image only."""
 
     def respec(self, spec: PoolSpec) -> None:
         self.spec = spec
@@ -199,6 +207,14 @@ class TrackerState:
         if pod.standby:
             self._buckets[pod.pool].standby[pod.name] = pod
             return
+        if pod.image:
+            # Never the shared pool: the job it was made for, else its caller's jobs of the same image.
+            # A never-used one nobody reserved (a restart) is indexed nowhere: the controller retires it.
+            if pod.reserved_for is not None:
+                self._reserved.setdefault(pod.reserved_for, []).append(pod)
+            elif pod.caller is not None and pod.origin is Origin.CUSTOM_IMAGE:
+                self._buckets[pod.pool].images.setdefault((pod.caller, pod.image), {})[pod.name] = pod
+            return
         if self._gangs and pod.key is None and pod.reserved_for is None:
             self._feed(pod)
         if pod.reserved_for is not None:
@@ -228,6 +244,12 @@ class TrackerState:
     def _unindex_idle(self, pod: Pod) -> None:
         if pod.standby:
             del self._buckets[pod.pool].standby[pod.name]
+            return
+        if pod.image and pod.reserved_for is None:
+            images = self._buckets[pod.pool].images
+            mine = images.get((pod.caller or "", pod.image))
+            if mine is not None and mine.pop(pod.name, None) is not None and not mine:
+                del images[(pod.caller or "", pod.image)]
             return
         if pod.reserved_for is not None:
             ready = self._reserved.get(pod.reserved_for)

@@ -41,6 +41,14 @@ class PodRequest:
     """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
     node: str = ""
     """Place the pod's exclusive GPUs on this node (placement chose it: broker.fleet); empty: the backend picks."""
+    gang: str = ""
+    """Placement hint: the gang (multi-pod job) this pod is made for; a cluster backend keeps a gang's pods
+    together (on one node when `gang_size` pods fit one, else on the fewest). Empty: no gang."""
+    gang_size: int = 1
+    """The gang's world size (pods)."""
+    image: str = ""
+    """A job's custom image (broker.images) in place of the pool template's; only backends with
+    `runs_images = True` are ever asked for one."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,8 @@ class FakeBackend:
     """Pods in memory: GPUs are numbered slots, starts take `start_delay` of clock time."""
 
     kind = "fake"
+    runs_images = True
+    """The fake records a custom image on the pod (`images`) as a container backend would run it."""
 
     def __init__(self, clock: Clock, gpus: int = 0, start_delay: float = 0.0, model: str = "fake-gpu",
                  memory_mb: int = 0, gpus_per_node: int | None = None) -> None:
@@ -139,6 +149,10 @@ class FakeBackend:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.fail_creates = 0
+        self.images: dict[str, str] = {}
+        """pod name -> the custom image it was created with."""
+        self.requests: dict[str, PodRequest] = {}
+        """pod name -> the request it was created from (placement hints included)."""
         self.pin_gpu: str | None = None
         self._next_port = 29499
         """When set, every GPU pod lands on this device (to exercise the per-GPU gate)."""
@@ -169,6 +183,9 @@ class FakeBackend:
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
                        node=self._node_of.get(gpus[0], "") if gpus else "")
         self.pods[request.name] = info  # devices are bound from the create call on
+        self.requests[request.name] = request
+        if request.image:
+            self.images[request.name] = request.image
         self.created.append(request.name)
         delay = float(request.pool.template.get("start_delay_s", self.start_delay))
         if delay:

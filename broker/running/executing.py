@@ -175,6 +175,21 @@ class Executor:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
 
+    async def abort(self, job: Job, lease: Lease, exc: BaseException) -> None:
+        """`start` raised (a bug, not an expected error): end the attempt `LaunchError` and follow the job's retry
+        policy, unless the attempt already ended (its pods were reset: they may serve another job now)."""
+        attempt = job.current_attempt
+        if attempt is None or not self.tracker.pods_of(job.id):
+            return
+        aid = attempt.id
+        if self.launched.get(job.id) == aid:  # ranks may run: stop them before the pods are reset
+            try:
+                await self._kill(aid, lease.pods)
+            except Exception:  # noqa: BLE001 - best effort; the reset below proves the pods clean or retires them
+                log.warning("stopping the ranks of %s failed", aid, exc_info=True)
+        message = f"the broker failed while launching or watching this attempt: {exc!r}"
+        await self._fail_launch(job, aid, lease.pods, ErrorClass.LAUNCH_ERROR, message)
+
     async def _deliver(self, job: Job, pods: Sequence[Pod]) -> dict[str, float] | str:
         """Push the job's package to every pod: the push timings, or why the launch must fail."""
         digest = job.spec.extra.get("package")

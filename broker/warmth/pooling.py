@@ -35,7 +35,7 @@ from broker.warmth.budgets import Ledger, units_of
 from broker.warmth.holds import MIN_TENURE_S, holds_to_break
 from broker.warmth.rollout import drain
 from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
-from broker.warmth.singleuse import orphans, wanted
+from broker.warmth.singleuse import gang_hints, orphans, wanted
 from broker.warmth.standby import exclusive_cards, group_key, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
@@ -67,7 +67,11 @@ class PoolController:
         """pool -> caller -> of those, pods waiting on the caller's quota: they spare no hold (they could not
         take a held pod now, and the caller's own finishing jobs bring theirs back)."""
         self.single_use: dict[str, tuple[str, int]] = {}
-        """job id -> (pool, pods) of unplaced single-use jobs."""
+        """job id -> (pool, pods) of unplaced single-use jobs (custom-image jobs too)."""
+        self.images: dict[str, tuple[str, bool]] = {}
+        """job id -> (custom image, reusable: digest-pinned) of the unplaced single-use jobs that bring one."""
+        self.gangs: dict[str, list[tuple[str, int]]] = {}
+        """pool -> waiting gangs (job id, pods) in dispatch order: demand pods are made for them, side by side."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
         """Whether a job is queued or being bound (the dispatcher sets it): its single-use pods are no orphans."""
         self.last_plan: dict[str, Plan] = {}
@@ -84,11 +88,14 @@ class PoolController:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
+        self._gang_sizes: dict[str, int] = {}
         self._sweeping = False
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
-                      over_quota: Mapping[str, Mapping[str, int]] | None = None) -> None:
+                      over_quota: Mapping[str, Mapping[str, int]] | None = None,
+                      images: Mapping[str, tuple[str, bool]] | None = None,
+                      gangs: Mapping[str, list[tuple[str, int]]] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
         on their caller's quota), unplaced single-use jobs."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
@@ -97,6 +104,8 @@ class PoolController:
                    or by != self.queued_by or quota != self.over_quota)
         self.demand = dict(demand)
         self.single_use = dict(single_use)
+        self.images = dict(images or {})
+        self.gangs = {pool: list(waiting) for pool, waiting in (gangs or {}).items()}
         self.queued_by = by
         self.over_quota = quota
         if changed:
@@ -133,8 +142,10 @@ class PoolController:
             singles = wanted(self.single_use, name, pods)
             p = plan(spec, pods, counts, demand, now, headroom, single_use=sum(n for _, n in singles))
             created = 0
-            for node in self.where(spec, p.create):
-                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM, node=node):
+            hints = gang_hints(self.gangs.get(name, ()), pods, p.create) if demand else []
+            for i, node in enumerate(self.where(spec, p.create)):
+                if not self._create(spec, Origin.DEMAND if demand else Origin.WARM, node=node,
+                                    gang=hints[i] if i < len(hints) else ("", 1)):
                     break
                 created += 1
             if created < p.create:
@@ -153,8 +164,10 @@ class PoolController:
                     blocked_singles += n
                     continue
                 room -= n
+                image, reusable = self.images.get(job_id, ("", False))
+                origin = Origin.CUSTOM_IMAGE if image and reusable else Origin.SINGLE_USE
                 for node in nodes:
-                    self._create(spec, Origin.SINGLE_USE, reserved_for=job_id, node=node)  # headroom checked above
+                    self._create(spec, origin, reserved_for=job_id, node=node, image=image)  # headroom checked above
                 created += n
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
@@ -344,7 +357,7 @@ class PoolController:
                                  None, caller, {"busy": busy})
 
     def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = (), node: str = "") -> bool:
+                gpus: tuple[str, ...] = (), node: str = "", image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
         """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
 
         A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
@@ -353,10 +366,12 @@ class PoolController:
         if origin is not Origin.STANDBY and not self._reserve(name, spec):
             return False
         pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
-                  created_at=self.clock.now(), reserved_for=reserved_for)
+                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
         pod.standby = origin is Origin.STANDBY
         pod.node = node
+        pod.gang = gang[0]
         self.tracker.add(pod)
+        self._gang_sizes[name] = gang[1]
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
 
@@ -383,9 +398,13 @@ class PoolController:
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
         pin = group_key(pod) if pod.standby else ()
         try:
+            # A standby's and a custom image's record is written at create: a restarted broker must never
+            # take either for a plain pool pod.
             info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod) if pod.standby else {},
-                                                        node=pod.node))
+                                                        annotations=owner_annotations(pod)
+                                                        if pod.standby or pod.image else {}, image=pod.image,
+                                                        node=pod.node, gang=pod.gang,
+                                                        gang_size=self._gang_sizes.pop(pod.name, 1)))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
@@ -404,11 +423,13 @@ class PoolController:
     def forget_single_use(self, job_id: str) -> None:
         """A single-use job was placed: its pods are leased, nothing more to make for it."""
         self.single_use.pop(job_id, None)
+        self.images.pop(job_id, None)
 
     def abandon_single_use(self, job_id: str) -> None:
         """A single-use job left the queue (cancelled, failed): the pods made for it retire at once,
         starting or idle, since no other job may ever take them."""
         self.single_use.pop(job_id, None)
+        self.images.pop(job_id, None)
         for pod in orphans(self.tracker.snapshot(), lambda waiting: waiting != job_id):
             self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
 

@@ -50,6 +50,8 @@ class Counts:
     stale: int = 0
     """Old-template pods not yet retiring: capacity that cannot serve warm jobs."""
     single_use: int = 0
+    """Pods made for one job, or of one caller's custom image: physical (the ceiling, the budget), never
+    supply for others, never floor nor idle-cap pods."""
     replacing: int = 0
     """Busy pods that retire at release (session boundary, drain, preemption): each wants a replacement."""
     standby: int = 0
@@ -82,10 +84,12 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
             c["standby"] += 1
             continue
         c["physical"] += 1
-        single = pod.origin is Origin.SINGLE_USE
+        single = pod.origin is Origin.SINGLE_USE or bool(pod.image)
         old = pod.template != template
         if single:
             c["single_use"] += 1
+            if pod.image and state is PodState.IDLE:
+                continue  # its caller's image only: not an idle, held or fresh pod of the pool
         if old and state is not PodState.RETIRING:
             c["stale"] += 1
         if pod.retire and state in _BUSY and pod.gpus not in standby_cards:
@@ -176,7 +180,7 @@ def plan(spec: PoolSpec, pods: list[Pod], counts: Counts, demand: int, now: floa
     expired_holds = [p.name for p in pods
                      if p.state is PodState.IDLE and p.used and p.hold_until <= now and not is_standby(p)]
     unused = sorted((p for p in pods if p.state is PodState.IDLE and not p.used and p.reserved_for is None
-                     and not is_standby(p)), key=lambda p: p.idle_since)
+                     and not is_standby(p) and not p.image), key=lambda p: p.idle_since)
     idle = len(unused)
     idle_cap = min(spec.max_idle_count, spec.max_count - (counts.physical - idle))
     retain = max(idle_cap, spec.min_count - (counts.held + busy), demand - counts.starting, 0)

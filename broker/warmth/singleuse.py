@@ -4,6 +4,10 @@ A single-use job takes only pods made for it (`reserved_for` its id). What a job
 from the pods reserved for it that are starting or idle, never kept as a parallel count, so a failed
 create or a retired pod is simply made again. A pod made for a job that is no longer waiting (cancelled,
 failed, placed on other pods) is an orphan: no other job may ever take it, so it retires at once.
+
+A custom image's pod (broker.images) is made for one job the same way: a mutable tag's is single-use; a
+digest-pinned one's (`Origin.CUSTOM_IMAGE`) then serves its caller's jobs of that image, so it is an orphan
+only while no job has used it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,26 @@ _WAITING = (PodState.STARTING, PodState.IDLE)
 
 
 def _made_for(pod: Pod) -> bool:
-    return pod.origin is Origin.SINGLE_USE and pod.state in _WAITING
+    return (pod.origin is Origin.SINGLE_USE or (pod.origin is Origin.CUSTOM_IMAGE and not pod.used)) \
+        and pod.state in _WAITING
 
 
 def wanted(jobs: Mapping[str, tuple[str, int]], pool: str, pods: Iterable[Pod]) -> list[tuple[str, int]]:
     """(job id, pods still to create) for the pool's unplaced single-use jobs, in dispatch order."""
     have = Counter(p.reserved_for for p in pods if _made_for(p))
     return [(job_id, n - have[job_id]) for job_id, (where, n) in jobs.items() if where == pool and n > have[job_id]]
+
+
+def gang_hints(gangs: Iterable[tuple[str, int]], pods: Iterable[Pod], create: int) -> list[tuple[str, int]]:
+    """(gang, world size) for each of `create` demand pods: the waiting gangs in dispatch order, each until
+    it has its size in never-used starting or idle pods made for it; the rest get no hint."""
+    have = Counter(p.gang for p in pods if p.gang and not p.used and p.state in _WAITING)
+    out: list[tuple[str, int]] = []
+    for job_id, size in gangs:
+        out += [(job_id, size)] * max(0, size - have[job_id])
+        if len(out) >= create:
+            break
+    return out[:create]
 
 
 def orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:

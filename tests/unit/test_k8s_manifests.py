@@ -57,11 +57,15 @@ VOLCANO = {"name": "a100", "gpus": 1, "accelerator": "a100", "standbys_per_activ
                               "limits": {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1}}}}}
 
 
-def _pod(raw: dict[str, Any], name: str, *, standby: bool = False, gang: str = "", size: int = 1) -> dict[str, Any]:
+def _pod(raw: dict[str, Any], name: str, *, standby: bool = False, gang: str = "", size: int = 1,
+         image: str = "") -> dict[str, Any]:
     pool = parse_pool(raw)
     return pod_manifest(name, pool, parse_template(pool.name, pool.template), broker="firepool", kernels="cold",
                         annotations=OWNER, standby=standby, pin_uuids=(UUID,) if standby else (), origin="demand",
-                        created_at=1_800_000_000.0, gang=gang, gang_size=size)
+                        created_at=1_800_000_000.0, gang=gang, gang_size=size, image=image)
+
+
+PINNED = "registry.example/team/train@sha256:" + "ab" * 32
 
 
 VARIANTS = {
@@ -70,6 +74,8 @@ VARIANTS = {
     "hami_standby": lambda: _pod(HAMI, "h100-5e6f7a8b", standby=True),
     "volcano_standby": lambda: _pod(VOLCANO, "a100-5e6f7a8b", standby=True),
     "gpu_gang": lambda: _pod(HAMI, "h100-9c0d1e2f", gang="job-1", size=4),
+    "custom_image_pinned": lambda: _pod(CPU, "cpu-3a4b5c6d", image=PINNED),
+    "custom_image_tag": lambda: _pod(HAMI, "h100-3a4b5c6d", image="registry.example/team/train:latest"),
 }
 
 
@@ -192,3 +198,12 @@ def test_pool_name_that_is_no_dns_label_is_refused() -> None:
     pool = PoolSpec(name="cpu")
     with pytest.raises(TemplateError, match="DNS label"):
         pod_manifest("CPU_pod", pool, parse_template("cpu", {}), broker="b", kernels="cold", annotations={})
+
+
+def test_a_custom_image_replaces_only_the_agent_containers_image() -> None:
+    pinned_pod = VARIANTS["custom_image_pinned"]()
+    agent = pinned_pod["spec"]["containers"][0]
+    assert (agent["image"], agent["imagePullPolicy"]) == (PINNED, "IfNotPresent")
+    assert pinned_pod["spec"]["initContainers"][0]["image"] == CPU["template"]["image"]  # the pre-pulled one
+    tagged = VARIANTS["custom_image_tag"]()["spec"]["containers"][0]
+    assert (tagged["image"], tagged["imagePullPolicy"]) == ("registry.example/team/train:latest", "Always")

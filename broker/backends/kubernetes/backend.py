@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
+from broker.backends.kubernetes.annotating import DEFER_S, Annotator
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_PORT,
@@ -37,6 +38,7 @@ from broker.backends.kubernetes.nodes import parse_nodes
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
 from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
+from broker.backends.kubernetes.sweeping import sweep_cards
 from broker.backends.kubernetes.templates import PodTemplate, parse_template
 from broker.backends.kubernetes.watching import Change, PodCache, Watcher
 from broker.backends.local import agent_kernels
@@ -75,11 +77,16 @@ class KubernetesSettings:
     """How long a running pod's agent may take to answer its first health check."""
     pull_backoff_s: float = 30.0
     """After an image pull error, new pods of that template fail at once for this long (doubling)."""
+    annotate_defer_s: float = DEFER_S
+    """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
+    (broker.backends.kubernetes.annotating); identity changes are written at once."""
 
 
 class KubernetesBackend:
     kind = "kubernetes"
     isolated = True
+    runs_images = True
+    """A job's custom image replaces the template's in its pod's agent container (broker.images)."""
 
     def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings(),
                  agent_factory: AgentFactory | None = None) -> None:
@@ -99,12 +106,13 @@ class KubernetesBackend:
         self._templates: dict[str, PodTemplate] = {}
         self._bucket = TokenBucket(clock, settings.rate.qps, settings.rate.burst)
         self._pull_block: dict[str, tuple[float, float, str]] = {}
-        """template hash -> (until, pause, reason) after an image pull error."""
+        """template hash (or custom image) -> (until, pause, reason) after an image pull error."""
         self._port = DEFAULT_MASTER_PORT
         self._devices: dict[str, Device] = {}
         self._nodes: list[Node] = []
         self._nodes_at = -math.inf
         self._nodes_failed = False
+        self.annotator = Annotator(clock, self._patch_annotations, settings.annotate_defer_s)
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -183,17 +191,20 @@ class KubernetesBackend:
         name, pool = request.name, request.pool
         await self._ensure()
         tpl = self.template(pool)
-        blocked = self._pull_block.get(pool.template_hash)
+        image = request.image or tpl.image
+        pull_key = request.image or pool.template_hash  # a caller's broken image never blocks the pool's own
+        blocked = self._pull_block.get(pull_key)
         if blocked is not None and blocked[0] > self.clock.now():
-            raise LaunchError(f"pool {pool.name}: image {tpl.image} failed to pull ({blocked[2]}); "
+            raise LaunchError(f"pool {pool.name}: image {image} failed to pull ({blocked[2]}); "
                               f"not retried for {blocked[0] - self.clock.now():.0f} s",
-                              details={"reason": blocked[2], "image": tpl.image})
+                              details={"reason": blocked[2], "image": image})
         if name in self._pods or name in self.cache.pods:
             raise BackendError(f"pod {name} already exists")
         now = self.clock.now()
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
                                 annotations=request.annotations, standby=bool(request.gpus),
-                                pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
+                                pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
+                                image=request.image, gang=request.gang, gang_size=request.gang_size)
         # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
         # scheduler binds the pod there.
         chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
@@ -213,7 +224,7 @@ class KubernetesBackend:
             # The Secret names its pod's UID: after a restart, only that incarnation is trusted.
             await with_backoff(self.clock, rate, lambda: self.api.patch(
                 "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
-            pod = await self._wait_running(rec, tpl, pool)
+            pod = await self._wait_running(rec, image, pull_key, tpl.start_timeout_s)
             await self._wait_agent(rec)
             self._learn_devices(pod, standby=bool(request.gpus))
             if not rec.gpus and pool.gpus:
@@ -229,15 +240,15 @@ class KubernetesBackend:
             if isinstance(exc, BackendError) or not isinstance(exc, Exception):
                 raise
             raise BackendError(f"creating pod {name} failed: {exc!r}") from exc
-        self._pull_block.pop(pool.template_hash, None)
+        self._pull_block.pop(pull_key, None)
         rec.up = True
         log.info("pod %s up: %s", name, rec.ready.view())
         return self._info(rec)
 
-    async def _wait_running(self, rec: PodRecord, tpl: PodTemplate, pool: PoolSpec) -> dict[str, Any]:
+    async def _wait_running(self, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float) -> dict[str, Any]:
         """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
         start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
-        deadline = self.clock.now() + tpl.start_timeout_s
+        deadline = self.clock.now() + start_timeout_s
         while True:
             rec.changed.clear()
             pod = self.cache.pods.get(rec.name)
@@ -249,23 +260,23 @@ class KubernetesBackend:
                     return dict(pod)
                 reason = podstatus.pull_error(pod)
                 if reason:
-                    self._block(pool, reason)
-                    raise LaunchError(f"pod {rec.name}: image {tpl.image} cannot be pulled: {reason}",
-                                      details={"reason": reason.split(":", 1)[0], "image": tpl.image})
+                    self._block(pull_key, reason)
+                    raise LaunchError(f"pod {rec.name}: image {image} cannot be pulled: {reason}",
+                                      details={"reason": reason.split(":", 1)[0], "image": image})
                 why = podstatus.ended(pod)
                 if why:
                     raise BackendError(f"pod {rec.name} ended while starting: {why}")
             left = deadline - self.clock.now()
             if left <= 0:
-                raise BackendError(f"pod {rec.name} still not running after {tpl.start_timeout_s:.0f} s "
+                raise BackendError(f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
                                    f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
             await self.clock.wait(rec.changed, left)
 
-    def _block(self, pool: PoolSpec, reason: str) -> None:
-        """No retry storm: creates of this template fail at once for a while, doubling per failure."""
-        previous = self._pull_block.get(pool.template_hash)
+    def _block(self, key: str, reason: str) -> None:
+        """No retry storm: creates of this template (or custom image) fail at once for a while, doubling."""
+        previous = self._pull_block.get(key)
         pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
-        self._pull_block[pool.template_hash] = (self.clock.now() + pause, pause, reason)
+        self._pull_block[key] = (self.clock.now() + pause, pause, reason)
 
     async def _wait_agent(self, rec: PodRecord) -> None:
         client = self.agent(rec.name)
@@ -294,6 +305,7 @@ class KubernetesBackend:
     async def _destroy(self, name: str) -> None:
         """Delete the pod and its Secret; idempotent. The pod's agent client is closed first."""
         self._deleting.add(name)
+        self.annotator.forget(name)
         try:
             client = self._clients.pop(name, None)
             if client is not None:
@@ -337,33 +349,11 @@ class KubernetesBackend:
             else:
                 log.warning("pod %s does not answer; deleting it", name)
                 await self._destroy(name)
-        await self._sweep_cards(live)
+        await sweep_cards(self.api, live)
         for name in by_name.keys() - {secret_name(n) for n in self.cache.pods}:
             with contextlib.suppress(BackendError, Retryable):
                 await self.api.delete("Secret", name)  # a Secret whose pod is gone
         return live
-
-    async def _sweep_cards(self, live: list[PodInfo]) -> None:
-        """Mark the cards of shared (standby) groups that hold a share of anyone else (`details.foreign`).
-
-        Reads each node's HAMi register and every pod on it; a failed read marks the node's cards foreign,
-        so promotions stay fenced until a sweep succeeds. Only pools with standbys share cards.
-        """
-        nodes: dict[str, list[int]] = {}
-        for i, info in enumerate(live):
-            if info.gpus and info.details.get("node") and any(p.gpus == info.gpus and p.name != info.name
-                                                              for p in live):
-                nodes.setdefault(str(info.details["node"]), []).append(i)
-        for node, indexes in nodes.items():
-            try:
-                node_obj, on_node = await self.api.node(node), await self.api.pods_on_node(node)
-            except (BackendError, Retryable) as exc:
-                log.warning("card sweep of node %s failed; its cards stay fenced: %s", node, exc)
-                node_obj, on_node = None, []
-            for i in indexes:
-                foreign = hami.foreign_cards(live[i].gpus, live[i].pool, node_obj, on_node)
-                if foreign:
-                    live[i] = dataclasses.replace(live[i], details={**live[i].details, "foreign": foreign})
 
     async def _healthy(self, name: str) -> bool:
         for _ in range(2):
@@ -385,16 +375,30 @@ class KubernetesBackend:
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 
+    def set_create_rate(self, qps: float, burst: int) -> None:
+        """Re-pace pod creates (the catalog's `create_rate` was reloaded); creates waiting now use it too."""
+        self.settings = dataclasses.replace(self.settings, rate=dataclasses.replace(self.settings.rate, qps=qps,
+                                                                                      burst=burst))
+        self._bucket.retune(qps, burst)
+        log.info("pod creates paced at %.3g/s, burst %d", qps, burst)
+
     def ready_record(self, name: str) -> dict[str, float | None] | None:
         """Seconds from create to scheduled, image pulled, container started, agent answered."""
         rec = self._pods.get(name)
         return rec.ready.view() if rec is not None else None
 
     async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        """Identity changes are on the pod when this returns; ageing ones within `annotate_defer_s`."""
         rec = self._pods.get(name)
         if rec is None or rec.lost:
             raise BackendError(f"pod {name} is gone")
-        body = {"metadata": {"annotations": dict(annotations)}}
+        await self.annotator.annotate(name, rec.annotations, annotations)
+
+    async def _patch_annotations(self, name: str, annotations: dict[str, str]) -> None:
+        rec = self._pods.get(name)
+        if rec is None or rec.lost or name in self._deleting:
+            return
+        body = {"metadata": {"annotations": annotations}}
         await with_backoff(self.clock, self.settings.rate, lambda: self.api.patch("Pod", name, body))
         rec.annotations.update(annotations)
 
@@ -423,7 +427,9 @@ class KubernetesBackend:
         return Rendezvous(rec.ip, self._port, kernel_env=((POD_IP_ENV, rec.ip),))
 
     async def close(self) -> None:
-        """Stop watching and close agent connections; pods keep running for the next broker."""
+        """Write pending owner records, stop watching and close agent connections; pods keep running for
+        the next broker."""
+        await self.annotator.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.backends.kubernetes import hami
 from broker.backends.kubernetes.templates import PodTemplate, TemplateError
+from broker.images import pinned
 from broker.pools import PoolSpec
 
 AGENT_PORT = 7070
@@ -110,8 +111,13 @@ def _gang_affinity(pool: PoolSpec, template: PodTemplate, gang: str, size: int) 
 
 def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: str, kernels: str,
                  annotations: Mapping[str, str], standby: bool = False, pin_uuids: tuple[str, ...] = (),
-                 origin: str = "", created_at: float = 0.0, gang: str = "", gang_size: int = 1) -> dict[str, Any]:
-    """The pod to create for `name` (a dict the API accepts as JSON)."""
+                 origin: str = "", created_at: float = 0.0, gang: str = "", gang_size: int = 1,
+                 image: str = "") -> dict[str, Any]:
+    """The pod to create for `name` (a dict the API accepts as JSON).
+
+    `image`: a job's custom image (broker.images) replaces the template's in the agent container, whose
+    entrypoint must still be the agent; a mutable tag is pulled every time (`Always`), a digest only when
+    absent. The init container that hands the agent its secret keeps the pool's own (pre-pulled) image."""
     check_pod_name(name)
     meta_ann = {**annotations, ANN_ORIGIN: origin, ANN_CREATED: repr(created_at)}
     if standby:
@@ -146,8 +152,9 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
     args = ["--kernels", kernels]
     if pool.gpus:
         args += ["--cuda-visible-devices", "auto"]
+    pull = template.pull_policy if not image else "IfNotPresent" if pinned(image) else "Always"
     container: dict[str, Any] = {
-        "name": "agent", "image": template.image, "imagePullPolicy": template.pull_policy, "args": args,
+        "name": "agent", "image": image or template.image, "imagePullPolicy": pull, "args": args,
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "resources": _resources(pool, template, standby), "securityContext": _security(template),
         "volumeMounts": mounts,

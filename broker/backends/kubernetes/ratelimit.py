@@ -49,6 +49,16 @@ class TokenBucket:
         self.tokens = float(burst)
         self.stamp = clock.now()
 
+    def retune(self, qps: float, burst: int) -> None:
+        """New pacing (a reloaded catalog): tokens earned so far count at the old rate, the rest at the new
+        one; a smaller burst caps what is saved up at once."""
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"qps must be > 0 and burst >= 1, got {qps}, {burst}")
+        self._refill()
+        self.qps = qps
+        self.burst = float(burst)
+        self.tokens = min(self.tokens, self.burst)
+
     def _refill(self) -> None:
         now = self.clock.now()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)

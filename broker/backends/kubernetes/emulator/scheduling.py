@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from broker.backends.kubernetes.emulator.nodes import gpu_fit, gpu_request
+from broker.backends.kubernetes.emulator.nodes import allocated_uuids, gpu_fit, gpu_request, node_gpus
 from broker.backends.kubernetes.emulator.objects import Obj
 from broker.backends.kubernetes.emulator.selectors import label_selector
 
@@ -109,11 +109,17 @@ def _preference(pod: Obj, node: Obj, nodes: Sequence[Obj], pods: Sequence[Obj]) 
                if _affine(pod, weighted.get("podAffinityTerm") or {}, node, nodes, pods))
 
 
+def _free_cards(node: Obj, pods: Sequence[Obj]) -> int:
+    """Cards of `node` no pod holds any share of."""
+    held = {u for p in pods if p["spec"].get("nodeName") == node["metadata"]["name"] for u in allocated_uuids(p)}
+    return sum(1 for u in node_gpus(node) if u not in held)
+
+
 def place(pod: Obj, nodes: Sequence[Obj], pods: Sequence[Obj]) -> tuple[str | None, list[str], str]:
     """The node for `pod` and the GPU UUIDs it gets there, or (None, [], why none fits)."""
     request = gpu_request(pod)
     reasons: dict[str, int] = {}
-    fitting: list[tuple[int, str, list[str]]] = []
+    fitting: list[tuple[tuple[int, int, int], str, list[str]]] = []
     for index, node in enumerate(nodes):
         why = _fits(pod, node, nodes, pods)
         uuids: list[str] | None = None
@@ -124,7 +130,10 @@ def place(pod: Obj, nodes: Sequence[Obj], pods: Sequence[Obj]) -> tuple[str | No
         if why is not None or uuids is None:
             reasons[why or ""] = reasons.get(why or "", 0) + 1
             continue
-        fitting.append((-_preference(pod, node, nodes, pods) * len(nodes) + index, node["metadata"]["name"], uuids))
+        # Like kube-scheduler's default scoring: pod affinity first, then the least allocated node (free
+        # whole cards, for GPU pods), then the node order.
+        free = _free_cards(node, pods) if request.count else 0
+        fitting.append(((-_preference(pod, node, nodes, pods), -free, index), node["metadata"]["name"], uuids))
     if fitting:
         _rank, name, uuids = min(fitting)
         return name, uuids, ""

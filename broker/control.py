@@ -19,6 +19,8 @@ from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
+from broker.health.monitor import HealthMonitor
+from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
@@ -26,6 +28,7 @@ from broker.ports.agent import LogChunk
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
+from broker.ports.quarantine import MemoryQuarantineStore, QuarantineStore
 from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
@@ -58,7 +61,7 @@ class Tuning:
 class ControlPlane:
     def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
                  tuning: Tuning = Tuning(), capacity: CapacitySource | None = None,
-                 packages: PackageStore | None = None) -> None:
+                 packages: PackageStore | None = None, quarantine: QuarantineStore | None = None) -> None:
         self.clock = clock
         self.store = store
         self.backend = backend
@@ -75,6 +78,8 @@ class ControlPlane:
                                          borrowing=Borrowing(capacity, clock, tuning.capacity_poll_s)
                                          if capacity is not None else None)
         self.kernels = KernelWarmth(clock=clock, tracker=self.tracker, backend=backend)
+        self.health = HealthMonitor(Quarantine(catalog.quarantine, quarantine or MemoryQuarantineStore(), clock),
+                                    self.tracker, self.controller, reader=getattr(backend, "gpu_health", None))
         self.dispatcher = Dispatcher(clock=clock, book=self.book, tracker=self.tracker, controller=self.controller,
                                      tasks=self.tasks, stats=self.stats, tick=tuning.dispatch_tick_s)
         self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
@@ -82,7 +87,7 @@ class ControlPlane:
                                  wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
                                  kill_grace_s=tuning.kill_grace_s,
                                  delivery=PackageDelivery(packages) if packages is not None else None,
-                                 kernels=self.kernels)
+                                 kernels=self.kernels, health=self.health)
         self.dispatcher.executor = self.executor
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
@@ -97,7 +102,10 @@ class ControlPlane:
     async def start(self, *, loops: bool = True) -> None:
         """Recover, then start the dispatch and reconcile loops (tests may drive them by hand)."""
         self.started_at = self.clock.now()
+        await self.health.quarantine.load()  # before recovery: a quarantined card gets no pod back
         self.recovery = await recover(self)
+        self.health.drain()
+        await self.health.prime([d.key for d in self.backend.devices()])
         if loops:
             self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)

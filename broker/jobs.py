@@ -98,6 +98,8 @@ class ErrorClass(enum.StrEnum):
     PACKAGE_ERROR = "PackageError"
     DEPENDENCY_ERROR = "DependencyError"
     UNSCHEDULABLE = "Unschedulable"
+    HARDWARE_FAULT = "HardwareFault"
+    """The GPU failed (Xid, ECC, NVML health): the job is re-queued elsewhere without spending a retry."""
 
 
 TIMING_FIELDS = (

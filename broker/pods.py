@@ -86,6 +86,7 @@ class Pod:
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
         "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
+        "epoch",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -110,6 +111,8 @@ class Pod:
         self.reason: str | None = None
         self.standby = False
         """A zero-VRAM standby on an active pod's GPU, until a job promotes it (broker.warmth.standby)."""
+        self.epoch = ""
+        """The identity epoch work is bound under (broker.health.epochs); "" until the agent first answers."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""
@@ -147,6 +150,7 @@ def owner_annotations(pod: Pod) -> dict[str, str]:
         ANNOTATION_PREFIX + "origin": pod.origin.value,
         ANNOTATION_PREFIX + "job": pod.job or "",
         ANNOTATION_PREFIX + "role": "standby" if pod.standby else "",
+        ANNOTATION_PREFIX + "epoch": pod.epoch,
     }
 
 

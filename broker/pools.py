@@ -160,6 +160,20 @@ class CreateRate:
 
 
 @dataclass(frozen=True)
+class QuarantineSettings:
+    """When a failing GPU or node stops getting pods (design §8; broker.health.quarantine)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    threshold: Annotated[int, Strict(), Field(ge=1)] = 3
+    """Hardware-class failures (Xid, ECC, NVML health, refused launches) of one device that quarantine it."""
+    node_threshold: Annotated[int, Strict(), Field(ge=1)] = 2
+    """Quarantined devices on one node that quarantine the whole node (the node is at fault, not a card)."""
+    free_requeues: Annotated[int, Strict(), Field(ge=0)] = 3
+    """Re-queues after a hardware fault that do not count against a job's max_retries."""
+
+
+@dataclass(frozen=True)
 class Catalog:
     pools: Mapping[str, PoolSpec]
     caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
@@ -168,6 +182,7 @@ class Catalog:
     """Per accelerator (GPU model or `cpu`): GPUs (cores) all pools together may hold; unnamed is unbounded."""
     create_rate: CreateRate = CreateRate()
     """How fast the broker may create pods (a cluster's API server is shared)."""
+    quarantine: QuarantineSettings = QuarantineSettings()
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
@@ -182,6 +197,7 @@ class _CatalogFile(BaseModel):
     caller_limits: dict[Key, CallerLimits] | None = None
     budgets: dict[Key, Number] | None = None
     create_rate: CreateRate | None = None
+    quarantine: QuarantineSettings | None = None
 
 
 @functools.cache
@@ -281,7 +297,8 @@ def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
         pools[spec.name] = spec
     return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
                    budgets={a: float(v) for a, v in (parsed.budgets or {}).items()},
-                   create_rate=parsed.create_rate or CreateRate())
+                   create_rate=parsed.create_rate or CreateRate(),
+                   quarantine=parsed.quarantine or QuarantineSettings())
 
 
 def load_catalog(text: str, source: str = "catalog") -> Catalog:

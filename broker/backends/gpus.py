@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from broker.health.gpuhealth import GpuHealth
 from broker.ports.backend import Device
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, ...]: ...
 
 
 def virtual_gpus(count: int) -> list[Gpu]:
@@ -110,3 +116,49 @@ def discover(virtual: int | None = None) -> list[Gpu]:
     if virtual is not None:
         return virtual_gpus(virtual)
     return nvml_gpus()
+
+
+UNCORRECTED = 1
+VOLATILE = 0
+"""NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC."""
+
+
+def read_health(keys: Sequence[str], nvml: Nvml | None = None) -> dict[str, GpuHealth]:
+    """NVML's health of these GPUs (by UUID); a key NVML cannot read (a virtual GPU, no driver) is left out.
+
+    A card without ECC or row remapping (NVMLError_NotSupported) reads as healthy in that respect."""
+    cards = [k for k in keys if k.startswith("GPU-")]
+    nvml = nvml if nvml is not None else (load_nvml() if cards else None)
+    if nvml is None or not cards:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return {}
+    out: dict[str, GpuHealth] = {}
+    try:
+        for key in cards:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(key)
+            except nvml.NVMLError:
+                continue
+            out[key] = _card_health(nvml, handle)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+    return out
+
+
+def _card_health(nvml: Nvml, handle: Any) -> GpuHealth:
+    def optional(read: Callable[[], int]) -> int:
+        try:
+            return read()
+        except nvml.NVMLError:  # not supported on this card: healthy in that respect
+            return 0
+
+    return GpuHealth(
+        ecc_uncorrected=optional(lambda: int(nvml.nvmlDeviceGetTotalEccErrors(handle, UNCORRECTED, VOLATILE))),
+        retired_pages_pending=bool(optional(lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))),
+        remap_failed=bool(optional(lambda: int(nvml.nvmlDeviceGetRemappedRows(handle)[3]))))

@@ -38,6 +38,8 @@ class PodRequest:
     annotations: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()
     """Pin to these devices, shared with the pool's active pod there (a standby); empty: exclusive ones."""
+    avoid: frozenset[str] = frozenset()
+    """Devices the pod must not get (quarantined, broker.health.quarantine)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     endpoint: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    """Backend-specific; `incarnation` is the agent incarnation the backend started (broker.health.epochs)."""
 
 
 class Backend(Protocol):
@@ -113,9 +116,9 @@ class FakeBackend:
     def devices(self) -> list[Device]:
         return list(self._devices)
 
-    def _free_devices(self) -> list[str]:
+    def _free_devices(self, avoid: frozenset[str] = frozenset()) -> list[str]:
         used = {g for info in self.pods.values() for g in info.gpus}
-        return [d.key for d in self._devices if d.key not in used]
+        return [d.key for d in self._devices if d.key not in used and d.key not in avoid]
 
     async def create(self, request: PodRequest) -> PodInfo:
         gpus: tuple[str, ...] = ()
@@ -125,12 +128,13 @@ class FakeBackend:
             if self.pin_gpu is not None:
                 gpus = (self.pin_gpu,)
             else:
-                free = self._free_devices()
+                free = self._free_devices(request.avoid)
                 if len(free) < request.pool.gpus:
                     raise BackendError(f"no free device for {request.name}")
                 gpus = tuple(free[: request.pool.gpus])
         info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
-                       created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations))
+                       created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
+                       details={"incarnation": 1})  # the incarnation its FakeAgent starts with
         self.pods[request.name] = info  # devices are bound from the create call on
         self.created.append(request.name)
         delay = float(request.pool.template.get("start_delay_s", self.start_delay))

@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.health.epochs import recorded_epoch
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
-from broker.ports.backend import Backend, PodRequest
+from broker.ports.backend import Backend, PodInfo, PodRequest
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.warmth.borrowing import Borrowing
@@ -77,6 +78,10 @@ class PoolController:
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
         self._sweeping = False
+        self.avoid: Callable[[], frozenset[str]] = frozenset
+        """Devices no new pod may get (broker.health.quarantine sets it)."""
+        self.created: Callable[[Pod, PodInfo], None] | None = None
+        """Told of every pod the backend started (broker.health learns its node)."""
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
@@ -324,7 +329,8 @@ class PoolController:
         pin = group_key(pod) if pod.standby else ()
         try:
             info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod) if pod.standby else {}))
+                                                        annotations=owner_annotations(pod) if pod.standby else {},
+                                                        avoid=self.avoid()))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
@@ -334,6 +340,9 @@ class PoolController:
             self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
             return
         self.stats.pods_created[spec.name] += 1
+        pod.epoch = str(recorded_epoch(info.details, {}) or "")  # R5: the identity work on it is bound under
+        if self.created is not None:
+            self.created(pod, info)
         if not self.tracker.ready(pod.name, self.clock.now(), info.gpus):
             await self._delete(pod.name)  # retired while starting
             return

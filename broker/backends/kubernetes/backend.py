@@ -22,6 +22,7 @@ from typing import Any, cast
 from broker.backends.kubernetes import hami, podstatus
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
+    AGENT_INCARNATION,
     AGENT_PORT,
     ANN_GPUS,
     ANN_ORIGIN,
@@ -41,6 +42,7 @@ from broker.backends.local import agent_kernels
 from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.health.epochs import Epoch, Verdict, judge
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
@@ -115,7 +117,7 @@ class KubernetesBackend:
         if rec is None:
             return
         pod_uid = podstatus.uid(change.pod)
-        if rec.uid and pod_uid and pod_uid != rec.uid:
+        if judge(Epoch(rec.uid), Epoch(pod_uid)) is Verdict.CHANGED:
             if not rec.lost:
                 rec.lost = f"replaced by another pod (UID {pod_uid}, not {rec.uid}): not trusted"
                 log.warning("pod %s %s", name, rec.lost)
@@ -165,7 +167,8 @@ class KubernetesBackend:
             raise BackendError(f"pod {name} already exists")
         now = self.clock.now()
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
-                                annotations=request.annotations, standby=bool(request.gpus),
+                                annotations={**request.annotations, **hami.avoid_annotations(request.avoid)},
+                                standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now)
         rec = PodRecord(name=name, pool=pool.name, secret=secrets.token_urlsafe(32), template=pool.template_hash,
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
@@ -296,7 +299,7 @@ class KubernetesBackend:
                     continue
                 self._pods[name] = rec
                 self._learn_devices(pod, standby=(podstatus.meta(pod).get("labels") or {}).get(LABEL_ROLE) == "standby")
-            if rec.lost or podstatus.uid(pod) != rec.uid:
+            if rec.lost or judge(Epoch(rec.uid), Epoch(podstatus.uid(pod))) is not Verdict.TRUSTED:
                 log.warning("pod %s is not trusted (%s); deleting it", name, rec.lost or "UID changed")
                 await self._destroy(name)
                 continue
@@ -348,7 +351,9 @@ class KubernetesBackend:
         return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
-                       details={"uid": rec.uid, "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
+                       details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
+                                "incarnation": AGENT_INCARNATION,
+                                "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 

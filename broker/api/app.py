@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from broker import __version__
 from broker.api import door
 from broker.api.auth import Identity, TokenAuth
+from broker.api.health_routes import add_health_routes
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
@@ -184,4 +185,5 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none"}
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
+    add_health_routes(app, cp, current_identity, ERRORS)
     return app

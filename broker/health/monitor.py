@@ -9,6 +9,7 @@ to the queue without spending its retry budget, up to the catalog's `free_requeu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -78,16 +79,19 @@ class HealthMonitor:
         return found
 
     async def attempt_ended(self, job_id: str, caller: str, pods: Sequence[Pod],
-                            statuses: Sequence[AttemptStatus | None]) -> bool:
-        """Count the hardware-class failures of a finished attempt; True when it failed on hardware."""
+                            statuses: Sequence[AttemptStatus | None]) -> list[AttemptStatus | None]:
+        """Count the hardware-class failures of a finished attempt; the statuses, a failure NVML explains
+        marked as a hardware fault like one the agent classified."""
         hardware = False
-        for pod, status in zip(pods, statuses, strict=True):
+        statuses = list(statuses)
+        for rank, (pod, status) in enumerate(zip(pods, statuses, strict=True)):
             if status is None:
                 continue
             failed = not status.cancelled and (status.exit_code not in (0, None) or status.error_class is not None)
             nvml = await self._nvml_faults(pod) if failed and not status.hardware_fault else []
             if nvml:  # NVML names the card(s): only those are counted
                 hardware = True
+                statuses[rank] = dataclasses.replace(status, hardware_fault="; ".join(why for _, why in nvml))
                 self.tracker.retire_at_release(pod.name)
                 for key, why in nvml:
                     await self._count((key,), pod.name, why, job_id, caller)
@@ -101,7 +105,9 @@ class HealthMonitor:
             else:
                 continue
             await self._count(pod.gpus, pod.name, why, job_id, caller)
-        return hardware
+        if hardware:
+            log.info("attempt of %s failed on hardware", job_id)
+        return statuses
 
     async def _count(self, gpus: Sequence[str], pod: str, why: str, job_id: str, caller: str) -> None:
         try:

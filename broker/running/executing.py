@@ -330,7 +330,7 @@ class Executor:
         lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
         if self.health is not None and not never_ran:
             job = self.book.live.get(job_id)
-            await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
+            statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
         committed, _ = await asyncio.gather(self._commit_outcome(job_id, aid, statuses, never_ran, may_retry),
                                             self._reset(job_id, pods, lost))
         if committed is not None and committed.state is JobState.QUEUED:

@@ -43,13 +43,17 @@ class JobRequest(Strict):
                                      description="Text of a requirements file, installed on the pod before the job.")
     kernel: bool = Field(default=False, description="Agent kernel mode: the command may run the agent's "
                          "Jupyter kernel launcher (`python3 -m firepool_agent.kernel`).")
+    mode: Literal["plain", "ray"] = Field(default="plain", description="`ray`: the job's pods form an ephemeral "
+                                          "Ray cluster (head on rank 0, a worker node on each other pod) and the "
+                                          "command runs as the driver with RAY_ADDRESS; the reset tears it down.")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
                        extra={**late_binding_extra(self.package, self.requirements),
-                              **({"kernel": True} if self.kernel else {})})
+                              **({"kernel": True} if self.kernel else {}),
+                              **({"mode": self.mode} if self.mode != "plain" else {})})
 
 
 def late_binding_extra(package: str | None, requirements: str | None) -> dict[str, Any]:
@@ -97,6 +101,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "waiting_reason": waiting_reason,
         "package": spec.extra.get("package"), "requirements": spec.extra.get("requirements"),
         "kernel": True if spec.extra.get("kernel") else None,
+        "mode": spec.extra.get("mode"),
     }
     return _clean(view)
 

@@ -233,6 +233,7 @@ def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport, epoch: s
         restore_owner(pod, info.annotations)
     pod.epoch = epoch
     pod.job = None
+    cp.health.created(pod, info)  # its node, for quarantine
     cp.tracker.add(pod)
     report.pods_adopted += 1
     return pod

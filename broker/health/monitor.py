@@ -15,11 +15,13 @@ from collections.abc import Sequence
 
 from broker.claiming.tracker import Tracker
 from broker.errors import FirepoolError
+from broker.health.decisions import EPOCH_INVALIDATED, decided
+from broker.health.epochs import Epoch, Verdict, judge
 from broker.health.gpuhealth import GpuHealth, HealthReader, worse
 from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job
 from broker.pods import Pod, PodState
-from broker.ports.agent import AttemptStatus
+from broker.ports.agent import AgentClient, AttemptStatus
 from broker.ports.backend import PodInfo
 from broker.warmth.pooling import PoolController
 
@@ -114,6 +116,28 @@ class HealthMonitor:
             await self.quarantine.fault(gpus, self.node_of(pod), why, subject=job_id, caller=caller)
         except FirepoolError as exc:  # the store is down: the count is lost, the job's outcome is not
             log.error("counting a hardware fault of pod %s failed: %s", pod, exc)
+
+    async def epoch_holds(self, pod: Pod, agent: AgentClient) -> bool:
+        """After a reset: does the pod's agent still answer with the epoch its work was bound under (R5)?
+
+        A changed one (the agent restarted under the pod's name) invalidates the pod: it is not returned,
+        so no hold is given on it and it is never reused. A pod whose epoch was never recorded (a backend
+        that reports none) is judged at the next restart's recovery instead."""
+        recorded = Epoch.parse(pod.epoch)
+        if recorded is None:
+            return True
+        try:
+            incarnation = (await agent.health()).incarnation
+        except FirepoolError:
+            return False  # it does not answer: not proven, not reused
+        reported = Epoch(recorded.identity, incarnation)
+        if judge(recorded, reported) is not Verdict.CHANGED:
+            return True
+        # EVENT: epoch_invalidated
+        decided(EPOCH_INVALIDATED, f"pod/{pod.name}", "its agent answers with another incarnation than the one "
+                "its work was bound under: the pod is not reused", caller=pod.caller,
+                detail={"recorded": str(recorded), "reported": str(reported)})
+        return False
 
     def drain(self) -> None:
         """Quarantined devices and nodes take no new work: idle pods on them retire, busy ones at release."""

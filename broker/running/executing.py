@@ -432,10 +432,13 @@ class Executor:
             clean = False
             if pod.name not in lost:
                 try:
-                    result = await self.backend.agent(pod.name).reset(request)
+                    agent = self.backend.agent(pod.name)
+                    result = await agent.reset(request)
                     clean = result.clean
                     if not clean:
                         log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
+                    elif self.health is not None:
+                        clean = await self.health.epoch_holds(pod, agent)  # R5: the same agent still
                 except AgentError as exc:
                     log.warning("reset of %s failed: %s", pod.name, exc)
             self.stats.resets[(pod.pool, clean)] += 1

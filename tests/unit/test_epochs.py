@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.health import decisions
 from broker.health.epochs import EPOCH_ANNOTATION, Epoch, Verdict, judge, recorded_epoch
 from broker.jobs import AttemptState, ErrorClass, JobState
 from broker.pods import PodState
@@ -133,3 +134,21 @@ async def test_an_unchanged_epoch_keeps_the_hold_and_reattaches_the_attempt() ->
         assert ErrorClass.POD_LOST not in {a.error_class for a in final.attempts}
     finally:
         await again.stop()
+
+
+async def test_an_agent_that_restarts_under_its_pod_name_while_the_broker_runs_loses_its_pod() -> None:
+    h = await Harness([cpu_pool(max_count=2, step=1)]).start()
+    try:
+        job = await h.submit(command=("sleep", "5"), lease_tag="t")
+        await h.until(lambda: h.store.get(job.id).state is JobState.RUNNING)  # type: ignore[union-attr]
+        pod = h.store.get(job.id).pods[0]  # type: ignore[union-attr]
+        assert h.cp.tracker.pods[pod].epoch == "#1"
+        h.backend.agents[pod].incarnation = 2  # answers the reset, but it is another agent
+        await h.finish(job)
+        await h.run_for(1.0)
+        assert pod in h.backend.deleted and pod not in h.cp.tracker.pods  # no hold on it, never reused
+        assert any(d.kind == "epoch_invalidated" and d.subject == f"pod/{pod}" for d in decisions.RECENT)
+        nxt = await h.run_job(command=("exit", "0"), lease_tag="t")
+        assert nxt.pods != (pod,)
+    finally:
+        await h.stop()

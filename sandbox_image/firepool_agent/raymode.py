@@ -119,7 +119,14 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
 def _wait_nodes(address: str, world: int, deadline: float) -> int:
     """Connect as a client until `world` nodes are alive; the count seen."""
     ray: Any = importlib.import_module("ray")  # only in the wrapper's process, never in the agent's
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    while True:
+        try:  # the GCS answers before the head's own node has registered: a client needs that node
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            break
+        except (ConnectionError, RuntimeError):
+            if time.monotonic() > deadline:
+                return 0
+            time.sleep(POLL_S * 5)
     try:
         alive = 0
         while time.monotonic() < deadline:

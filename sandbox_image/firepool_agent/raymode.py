@@ -177,19 +177,36 @@ def worker(temp_dir: str) -> int:
             print(f"firepool ray: the head at {addr}:{port} never answered", file=sys.stderr)
             return 1
         time.sleep(POLL_S)
-    proc = _spawn(["--address", f"{addr}:{port}", *_start_args(node_ip, temp_dir)], env)
+    args = ["--address", f"{addr}:{port}", *_start_args(node_ip, temp_dir)]
+    proc = _spawn(args, env)
     try:
         misses = 0
         while misses < HEAD_GONE_AFTER:
             if proc.poll() is not None:
-                # The node stopped by itself: fine once the head is gone, a failure while it still runs.
-                return 0 if not reachable(addr, port) else (proc.returncode or 1)
+                if _goes_away(addr, port):
+                    return 0  # the node stopped with the head: the driver finished
+                if time.monotonic() > deadline:
+                    print(f"firepool ray: this node could not join {addr}:{port} (ray start exited "
+                          f"{proc.returncode})", file=sys.stderr)
+                    return proc.returncode or 1
+                # The head is up but would not take the node yet (a loaded GCS): join again.
+                proc = _spawn(args, env)
             misses = 0 if reachable(addr, port) else misses + 1
             time.sleep(POLL_S * 2)
         return 0  # the head went away: the driver finished
     finally:
         _stop(proc, grace_s=5.0)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _goes_away(addr: str, port: int, within_s: float = 3.0) -> bool:
+    """Does the head stop answering within `within_s` (it is shutting down after the driver)?"""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if not reachable(addr, port):
+            return True
+        time.sleep(POLL_S)
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from broker.health.gpuhealth import GpuHealth, HealthReader, worse
 from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job
 from broker.pods import Pod, PodState
-from broker.ports.agent import AgentClient, AttemptStatus
+from broker.ports.agent import AttemptStatus
 from broker.ports.backend import PodInfo
 from broker.warmth.pooling import PoolController
 
@@ -117,19 +117,16 @@ class HealthMonitor:
         except FirepoolError as exc:  # the store is down: the count is lost, the job's outcome is not
             log.error("counting a hardware fault of pod %s failed: %s", pod, exc)
 
-    async def epoch_holds(self, pod: Pod, agent: AgentClient) -> bool:
+    def epoch_holds(self, pod: Pod, incarnation: int | None) -> bool:
         """After a reset: does the pod's agent still answer with the epoch its work was bound under (R5)?
 
-        A changed one (the agent restarted under the pod's name) invalidates the pod: it is not returned,
-        so no hold is given on it and it is never reused. A pod whose epoch was never recorded (a backend
-        that reports none) is judged at the next restart's recovery instead."""
+        `incarnation` is the one the agent's reset answer carried. A changed one (the agent restarted
+        under the pod's name) invalidates the pod: it is not returned, so no hold is given on it and it is
+        never reused. A pod whose epoch was never recorded, or an agent that does not say, is judged at
+        the next restart's recovery instead."""
         recorded = Epoch.parse(pod.epoch)
-        if recorded is None:
+        if recorded is None or incarnation is None:
             return True
-        try:
-            incarnation = (await agent.health()).incarnation
-        except FirepoolError:
-            return False  # it does not answer: not proven, not reused
         reported = Epoch(recorded.identity, incarnation)
         if judge(recorded, reported) is not Verdict.CHANGED:
             return True

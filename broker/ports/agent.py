@@ -76,6 +76,8 @@ class ResetResult:
     duration_s: float
     killed: int = 0
     problems: Sequence[str] = ()
+    incarnation: int | None = None
+    """The agent's incarnation when it answered (R5); None from an agent that does not say."""
 
 
 @dataclass(frozen=True)
@@ -283,8 +285,9 @@ class FakeAgent:
             self.session = None
         if self.unclean_next_reset:
             self.unclean_next_reset = False
-            return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"])
-        return ResetResult(clean=True, duration_s=0.001)
+            return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"],
+                               incarnation=self.incarnation)
+        return ResetResult(clean=True, duration_s=0.001, incarnation=self.incarnation)
 
     async def keep_kernels(self, keep: bool) -> None:
         self._check()

@@ -168,7 +168,7 @@ class HttpAgentClient:
         with self._decoding():
             body = response.json()
             return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
-                               problems=tuple(body.get("problems", ())))
+                               problems=tuple(body.get("problems", ())), incarnation=body.get("incarnation"))
 
     async def keep_kernels(self, keep: bool) -> None:
         await self._request("POST", "/v1/kernels", json={"keep": keep})

@@ -432,13 +432,12 @@ class Executor:
             clean = False
             if pod.name not in lost:
                 try:
-                    agent = self.backend.agent(pod.name)
-                    result = await agent.reset(request)
+                    result = await self.backend.agent(pod.name).reset(request)
                     clean = result.clean
                     if not clean:
                         log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
                     elif self.health is not None:
-                        clean = await self.health.epoch_holds(pod, agent)  # R5: the same agent still
+                        clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
                 except AgentError as exc:
                     log.warning("reset of %s failed: %s", pod.name, exc)
             self.stats.resets[(pod.pool, clean)] += 1

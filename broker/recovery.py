@@ -206,10 +206,13 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
 async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:
     """Each listed pod's epoch verdict (R5) and the epoch it reports now."""
     async def one(info: PodInfo) -> tuple[str, tuple[Verdict, str]]:
-        try:
-            incarnation = (await cp.backend.agent(info.name).health()).incarnation
-        except FirepoolError:
-            incarnation = None
+        incarnation = None
+        for attempt in range(PROBE_TRIES):  # a slow answer on a loaded host must not read as "unknown"
+            try:
+                incarnation = (await cp.backend.agent(info.name).health()).incarnation
+                break
+            except FirepoolError:
+                await asyncio.sleep(0.2 * (attempt + 1))
         reported = reported_epoch(info.details, incarnation)
         return info.name, (judge(recorded_epoch(info.details, info.annotations), reported), str(reported))
 

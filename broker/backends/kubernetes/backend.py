@@ -54,6 +54,13 @@ log = logging.getLogger("firepool.k8s")
 SYNC_TIMEOUT_S = 30.0
 
 
+def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
+    """Was the pod's agent given its incarnation (a manifest of this version)? A pod made before epochs
+    existed reports none, and the broker then trusts nothing bound to it (broker.health.epochs)."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return "--incarnation" in (containers[0].get("args") or [])
+
+
 class LaunchError(BackendError):
     """A pod cannot start (its image cannot be pulled, ...); `details.reason` says why. Not retried at once."""
 
@@ -352,7 +359,7 @@ class KubernetesBackend:
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
                        details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
-                                "incarnation": AGENT_INCARNATION,
+                                "incarnation": AGENT_INCARNATION if _started_with_incarnation(pod) else None,
                                 "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})

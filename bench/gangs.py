@@ -7,6 +7,8 @@ Part 2 (virtual clock: the real tracker, dispatcher and pool controller over the
 starts): an 8-pod gang behind 8 back-to-back loops of 2 s single-pod jobs on an 8-slot pool, with
 reservations off and on; and the paper's case, an 8-pod job behind a 3-pod holder. Every step checks
 that no queued job holds a pod outside its reservation.
+Part 3 (`bench.raygangs`, real sandboxes): `mode: ray` gangs, submit -> first task on an N-pod Ray
+cluster formed at job start; paper (App. C.6): 8.6 s (N=2), 9.9 s (N=4), 13.1 s (N=8) on warm pods.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import time
 from typing import Any
 
+from bench import raygangs
 from bench.broker_proc import BenchBroker
 from bench.common import Row, at_most, percentile, report
 from broker.clock import VirtualClock
@@ -145,6 +148,8 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser = argparse.ArgumentParser(prog="firepool bench gangs", description=__doc__)
     parser.add_argument("--repeats", type=int, default=16, help="warm jobs per gang size")
     parser.add_argument("--horizon", type=float, default=120.0, help="virtual seconds a gang may wait")
+    parser.add_argument("--ray-sizes", default="2,4", help="Ray gang sizes (mode: ray); empty skips Ray")
+    parser.add_argument("--ray-repeats", type=int, default=2, help="warm Ray jobs per size")
     args = parser.parse_args(argv)
     began = time.monotonic()
     claims, jobs, partial = warm_claims((2, 4, 8), args.repeats)
@@ -171,6 +176,9 @@ def main(argv: list[str], json_out: bool = False) -> int:
         Row("G3", "  ... pods it held while waiting", holder_held, "", "0", "0", holder_held == 0),
         Row("G3", "  ... pods it claimed at once", holder_pods, "", "8", "8", holder_pods == 8),
     ]
+    ray_sizes = tuple(int(n) for n in args.ray_sizes.split(",") if n.strip())
+    ray_rows, ray_raw = raygangs.rows(ray_sizes, args.ray_repeats) if ray_sizes else ([], {})
+    rows += ray_rows
     return report("gangs", rows, json_out=json_out,
                   extra={"raw": {"claims": claims, "stream_off": dataclasses.asdict(off),
-                                 "stream_on": dataclasses.asdict(on), "wall_s": time.monotonic() - began}})
+                                 "stream_on": dataclasses.asdict(on), **ray_raw, "wall_s": time.monotonic() - began}})

@@ -169,6 +169,18 @@ def _listing_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=cmds.cmd_pods)
 
+    p = _subparser(sub, "quarantine", "GPUs and nodes taken out of placement after hardware failures (admin)")
+    p.set_defaults(fn=None)
+    qsub = p.add_subparsers(dest="quarantine_command", metavar="COMMAND")
+    q = _subparser(qsub, "list", "quarantined and failing devices and nodes, with their failure counts")
+    _client_opts(q)
+    q.add_argument("--json", action="store_true", help="print JSON")
+    q.set_defaults(fn=cmds.cmd_quarantine_list)
+    q = _subparser(qsub, "release", "let a quarantined device or node back into placement (clears its count)")
+    _client_opts(q)
+    q.add_argument("key", help="the device key (GPU UUID, virtual-gpu-N) or node (node:NAME or NAME)")
+    q.set_defaults(fn=cmds.cmd_quarantine_release)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firepool", description="A broker of warm, isolated GPU sandboxes.",

@@ -319,6 +319,25 @@ def cmd_pods(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quarantine_list(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        records = fp.quarantine()
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    rows = [(r["key"], r["kind"], r["node"], r["failures"], "QUARANTINED" if r["quarantined"] else "counting",
+             r["reason"]) for r in records]
+    print_table(rows, ("KEY", "KIND", "NODE", "FAILURES", "STATE", "LAST FAILURE"), right=("FAILURES",))
+    return 0
+
+
+def cmd_quarantine_release(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        record = fp.release_quarantine(args.key)
+    print(f"{record['key']}: released by {record['released_by']}; it is placed again")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 

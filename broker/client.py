@@ -214,6 +214,13 @@ class Client:
     def pods(self, pool: str | None = None) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/pods", params={"pool": pool} if pool else None).json()["pods"])
 
+    def quarantine(self) -> list[dict[str, Any]]:
+        """Quarantined and failing devices and nodes (admin tokens only)."""
+        return list(self._call("GET", "/v1/admin/quarantine").json()["quarantine"])
+
+    def release_quarantine(self, key: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/v1/admin/quarantine/{quote(key, safe='')}/release").json())
+
     def whoami(self) -> str:
         return str(self._call("GET", "/v1/whoami").json()["caller"])
 

@@ -22,6 +22,8 @@ from broker.clock import Clock
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.events import Event, EventLog
 from broker.fleet.quotas import QuotaTree
+from broker.health.monitor import HealthMonitor
+from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
@@ -29,6 +31,7 @@ from broker.ports.agent import LogChunk
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import STREAMS, LogStore
+from broker.ports.quarantine import MemoryQuarantineStore, QuarantineStore
 from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
@@ -62,7 +65,7 @@ class Tuning:
 class ControlPlane:
     def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
                  tuning: Tuning = Tuning(), capacity: CapacitySource | None = None,
-                 packages: PackageStore | None = None) -> None:
+                 packages: PackageStore | None = None, quarantine: QuarantineStore | None = None) -> None:
         self.clock = clock
         self.store = store
         self.backend = backend
@@ -81,6 +84,8 @@ class ControlPlane:
                                          borrowing=Borrowing(capacity, clock, tuning.capacity_poll_s)
                                          if capacity is not None else None)
         self.kernels = KernelWarmth(clock=clock, tracker=self.tracker, backend=backend)
+        self.health = HealthMonitor(Quarantine(catalog.quarantine, quarantine or MemoryQuarantineStore(), clock),
+                                    self.tracker, self.controller, reader=getattr(backend, "gpu_health", None))
         self.dispatcher = Dispatcher(clock=clock, book=self.book, tracker=self.tracker, controller=self.controller,
                                      tasks=self.tasks, stats=self.stats, tick=tuning.dispatch_tick_s)
         self.executor = Executor(clock=clock, book=self.book, tracker=self.tracker, backend=backend,
@@ -88,9 +93,10 @@ class ControlPlane:
                                  wake_dispatcher=self.dispatcher.wake, requeue=self.dispatcher.enqueue,
                                  kill_grace_s=tuning.kill_grace_s,
                                  delivery=PackageDelivery(packages) if packages is not None else None,
-                                 kernels=self.kernels)
+                                 kernels=self.kernels, health=self.health)
         self.dispatcher.executor = self.executor
         self.controller.events = self.events
+        self.health.quarantine.events = self.events
         self.dispatcher.events = self.events
         if catalog.quotas is not None and catalog.quotas.orgs:
             self.dispatcher.preempter = Preempter(clock=clock, tracker=self.tracker, quotas=catalog.quotas,
@@ -108,7 +114,10 @@ class ControlPlane:
     async def start(self, *, loops: bool = True) -> None:
         """Recover, then start the dispatch and reconcile loops (tests may drive them by hand)."""
         self.started_at = self.clock.now()
+        await self.health.quarantine.load()  # before recovery: a quarantined card gets no pod back
         self.recovery = await recover(self)
+        self.health.drain()
+        await self.health.prime([d.key for d in self.backend.devices()])
         if loops:
             self.tasks.spawn("dispatcher", self.dispatcher.run(), critical=True)
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)

@@ -100,6 +100,8 @@ class ErrorClass(enum.StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     PREEMPTED = "Preempted"
     """An attempt the broker stopped (SIGTERM, SIGKILL after the grace) so a job within its quota could run."""
+    HARDWARE_FAULT = "HardwareFault"
+    """The GPU failed (Xid, ECC, NVML health): the job is re-queued elsewhere without spending a retry."""
 
 
 PREEMPT_AGING = 1

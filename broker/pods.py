@@ -87,7 +87,7 @@ class Pod:
     __slots__ = (
         "name", "pool", "state", "gpus", "caller", "key", "hold_until", "idle_since", "job",
         "used", "origin", "retire", "reserved_for", "template", "created_at", "path", "reason", "standby",
-        "node", "image", "gang",
+        "node", "image", "gang", "epoch",
     )
 
     def __init__(self, name: str, pool: str, gpus: tuple[str, ...] = (), *, state: PodState = PodState.STARTING,
@@ -119,6 +119,8 @@ class Pod:
         self.gang = ""
         """The waiting gang this pod was made for (a placement hint: its claim takes it first, the cluster
         puts it beside the gang's other pods); any job may still take it."""
+        self.epoch = ""
+        """The identity epoch work is bound under (broker.health.epochs); "" until the agent first answers."""
 
     def move(self, to: PodState) -> None:
         """The only pod state change; callers hold the tracker lock."""
@@ -159,6 +161,7 @@ def owner_annotations(pod: Pod) -> dict[str, str]:
         ANNOTATION_PREFIX + "job": pod.job or "",
         ANNOTATION_PREFIX + "role": "standby" if pod.standby else "",
         ANNOTATION_PREFIX + "image": pod.image,
+        ANNOTATION_PREFIX + "epoch": pod.epoch,
     }
 
 

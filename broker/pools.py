@@ -177,6 +177,20 @@ class CreateRate:
 
 
 @dataclass(frozen=True)
+class QuarantineSettings:
+    """When a failing GPU or node stops getting pods (design §8; broker.health.quarantine)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    threshold: Annotated[int, Strict(), Field(ge=1)] = 3
+    """Hardware-class failures (Xid, ECC, NVML health, refused launches) of one device that quarantine it."""
+    node_threshold: Annotated[int, Strict(), Field(ge=1)] = 2
+    """Quarantined devices on one node that quarantine the whole node (the node is at fault, not a card)."""
+    free_requeues: Annotated[int, Strict(), Field(ge=0)] = 3
+    """Re-queues after a hardware fault that do not count against a job's max_retries."""
+
+
+@dataclass(frozen=True)
 class Catalog:
     pools: Mapping[str, PoolSpec]
     caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
@@ -187,6 +201,7 @@ class Catalog:
     """How fast the broker may create pods (a cluster's API server is shared)."""
     quotas: QuotasSpec | None = None
     """Team quotas with borrowing and preemption (docs/quotas.md); None: no quotas, nothing is preempted."""
+    quarantine: QuarantineSettings = QuarantineSettings()
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
@@ -202,6 +217,7 @@ class _CatalogFile(BaseModel):
     budgets: dict[Key, Number] | None = None
     create_rate: CreateRate | None = None
     quotas: QuotasSpec | None = None
+    quarantine: QuarantineSettings | None = None
 
 
 @functools.cache
@@ -306,7 +322,8 @@ def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
             raise CatalogError(f"{source}: quotas.{exc}") from None
     return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
                    budgets={a: float(v) for a, v in (parsed.budgets or {}).items()},
-                   create_rate=parsed.create_rate or CreateRate(), quotas=parsed.quotas)
+                   create_rate=parsed.create_rate or CreateRate(), quotas=parsed.quotas,
+                   quarantine=parsed.quarantine or QuarantineSettings())
 
 
 def load_catalog(text: str, source: str = "catalog") -> Catalog:

@@ -5,6 +5,10 @@ store says is RUNNING, the pods' agents are asked about its attempt: a live atte
 that finished during the outage is finalised without a retry, and one whose pods are gone, that no
 agent knows (never launched) or whose agent stays unreachable is re-queued under a new attempt id, its
 pods deleted or reset. Every other pod is reset with proof before it is trusted again.
+
+Identity epochs (design R5, broker.health.epochs) come first: a pod whose agent answers with another
+epoch than the one recorded is not the pod work was bound to, so its job is re-queued, its hold dropped
+and the pod deleted; a pod with no recorded epoch (first contact) keeps nothing bound to it either.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.claiming.jobbook import Abort, JobBook
 from broker.errors import FirepoolError
+from broker.health.decisions import EPOCH_INVALIDATED, decided
+from broker.health.epochs import Verdict, judge, recorded_epoch, reported_epoch
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
 from broker.ports.agent import AttemptStatus, ResetRequest
@@ -40,6 +47,8 @@ class RecoveryReport:
     requeued: list[str] = field(default_factory=list)
     queued: int = 0
     holds_restored: int = 0
+    untrusted: dict[str, str] = field(default_factory=dict)
+    """Pods whose identity epoch was changed or unknown, and which."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds each step of recovery took (pods listed, running jobs settled, idle pods reset, queue read)."""
 
@@ -110,11 +119,24 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
             continue
         infos[info.name] = info
     running = await _all_jobs(cp.book, JobState.RUNNING)
+    epochs = await _epochs(cp, infos.values())
     phase("list")
 
     for job in running:
         cp.book.adopt(job)
         attempt = job.current_attempt
+        untrusted = [n for n in job.pods if n in infos and epochs[n][0] is not Verdict.TRUSTED]
+        if untrusted and attempt is not None:
+            verdict = epochs[untrusted[0]][0]
+            await _requeue(cp, job, f"pod {untrusted[0]}'s identity epoch is {verdict.value}: the attempt "
+                           "bound to it is not trusted", report)
+            _announce(cp, report, untrusted[0], verdict, epochs[untrusted[0]][1], {"job": job.id, "attempt": attempt.id},
+                      job.caller)
+            for name in job.pods:
+                if name in infos and epochs[name][0] is Verdict.CHANGED:
+                    infos.pop(name)
+                    await _delete(cp, name, report)
+            continue  # an unknown-epoch pod is reset below like any unbound pod (its hold is not restored)
         pods_here = [infos[n] for n in job.pods if n in infos]
         if attempt is None or len(pods_here) != len(job.pods):
             await _requeue(cp, job, "its pods are gone", report)
@@ -133,7 +155,7 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         if all(s is None for s in statuses):
             await _requeue(cp, job, "no agent ever started it", report)
             continue  # its pods are reset below like any unbound pod
-        pods = [_adopt_pod(cp, infos.pop(n), report) for n in job.pods]
+        pods = [_adopt_pod(cp, infos.pop(n), report, epochs[n][1]) for n in job.pods]
         cp.tracker.adopt_running(job.id, job.pods, job.caller)
         if any(s is not None and s.running for s in statuses):
             cp.executor.launched[job.id] = attempt.id
@@ -147,6 +169,11 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
 
     phase("running")
 
+    for name in [n for n in infos if epochs[n][0] is Verdict.CHANGED]:
+        _announce(cp, report, name, Verdict.CHANGED, epochs[name][1], {}, infos[name].annotations.get("firepool.dev/caller"))
+        infos.pop(name)
+        await _delete(cp, name, report)  # never reused: it is not the pod its hold was for
+
     async def settle(info: PodInfo) -> None:
         spec = cp.catalog.pools[info.pool]
         try:
@@ -158,7 +185,10 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         if not clean:
             await _delete(cp, info.name, report)
             return
-        pod = _adopt_pod(cp, info, report)
+        verdict, epoch = epochs[info.name]
+        pod = _adopt_pod(cp, info, report, epoch, trust_owner=verdict is Verdict.TRUSTED)
+        if verdict is not Verdict.TRUSTED and info.annotations.get("firepool.dev/caller"):
+            _announce(cp, report, info.name, verdict, epoch, {"hold_dropped": True}, info.annotations.get("firepool.dev/caller"))
         if pod.held(now):
             report.holds_restored += 1
 
@@ -173,12 +203,41 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
     return report
 
 
-def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport) -> Pod:
+async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:
+    """Each listed pod's epoch verdict (R5) and the epoch it reports now."""
+    async def one(info: PodInfo) -> tuple[str, tuple[Verdict, str]]:
+        incarnation = None
+        for attempt in range(PROBE_TRIES):  # a slow answer on a loaded host must not read as "unknown"
+            try:
+                incarnation = (await cp.backend.agent(info.name).health()).incarnation
+                break
+            except FirepoolError:
+                await asyncio.sleep(0.2 * (attempt + 1))
+        reported = reported_epoch(info.details, incarnation)
+        return info.name, (judge(recorded_epoch(info.details, info.annotations), reported), str(reported))
+
+    return dict(await asyncio.gather(*(one(i) for i in infos)))
+
+
+def _announce(cp: ControlPlane, report: RecoveryReport, pod: str, verdict: Verdict, epoch: str, detail: dict[str, object],
+              caller: str | None) -> None:
+    report.untrusted[pod] = verdict.value
+    why = ("it answers with another identity epoch than the one recorded: a different pod or agent"
+           if verdict is Verdict.CHANGED else "no identity epoch was recorded for it: first contact")
+    decided(EPOCH_INVALIDATED, f"pod/{pod}", why, caller=caller or None,
+            detail={"verdict": verdict.value, "epoch": epoch, **detail}, events=cp.events)
+
+
+def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport, epoch: str = "", *,
+               trust_owner: bool = True) -> Pod:
     pod = Pod(info.name, info.pool, info.gpus, state=PodState.IDLE, template=info.template,
               created_at=info.created_at)
     pod.node = info.node
-    restore_owner(pod, info.annotations)
+    if trust_owner:
+        restore_owner(pod, info.annotations)
+    pod.epoch = epoch
     pod.job = None
+    cp.health.created(pod, info)  # its node, for quarantine
     cp.tracker.add(pod)
     report.pods_adopted += 1
     return pod

@@ -158,8 +158,11 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
     logs = FileLogStore(settings.state_dir / "logs")
     packages = FilePackageStore(settings.state_dir / "packages", settings.packages)
+    from broker.store.quarantine import SqlQuarantineStore
+
     return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
-                        tuning=settings.tuning, capacity=build_capacity(settings), packages=packages)
+                        tuning=settings.tuning, capacity=build_capacity(settings), packages=packages,
+                        quarantine=SqlQuarantineStore(store.engine))
 
 
 def write_address(settings: ServeSettings, port: int) -> Path:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from broker import __version__
 from broker.api import door
 from broker.api.auth import Identity, TokenAuth
+from broker.api.health_routes import add_health_routes
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
@@ -231,4 +232,5 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
 
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     mount_ui(app, cp, auth)  # the dashboard at /ui/ (docs/dashboard.md)
+    add_health_routes(app, cp, current_identity, ERRORS)
     return app

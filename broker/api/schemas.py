@@ -50,6 +50,9 @@ class JobRequest(Strict):
                               description="A custom container image from the pool's `images` allowlist (kubernetes "
                               "backend only): a mutable tag runs on a single-use pod; a digest-pinned one "
                               "(`@sha256:`) on a pod only this caller's jobs of that image reuse.")
+    mode: Literal["plain", "ray"] = Field(default="plain", description="`ray`: the job's pods form an ephemeral "
+                                          "Ray cluster (head on rank 0, a worker node on each other pod) and the "
+                                          "command runs as the driver with RAY_ADDRESS; the reset tears it down.")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
@@ -57,7 +60,8 @@ class JobRequest(Strict):
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
                        image=self.image or "", extra={**late_binding_extra(self.package, self.requirements),
                               **({"kernel": True} if self.kernel else {}),
-                              **({"preemptible": True} if self.preemptible else {})})
+                              **({"preemptible": True} if self.preemptible else {}),
+                              **({"mode": self.mode} if self.mode != "plain" else {})})
 
 
 def late_binding_extra(package: str | None, requirements: str | None) -> dict[str, Any]:
@@ -109,6 +113,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "preempt_count": job.preempt_count or None,
         "effective_priority": job.priority if job.priority != spec.priority else None,
         "image": spec.image or None,
+        "mode": spec.extra.get("mode"),
     }
     return _clean(view)
 

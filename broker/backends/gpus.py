@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from broker.fleet.nodes import Node
+from broker.health.gpuhealth import GpuHealth
 from broker.ports.backend import DOMAIN_LABEL, NODE_LABEL, Device, split_nodes
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, ...]: ...
 
 
 def virtual_gpus(count: int) -> list[Gpu]:
@@ -134,3 +139,47 @@ def local_nodes(devices: Sequence[Device], per_node: int | None, *, virtual: boo
     return [Node(id=host, gpus=n.gpus, model=n.model, domain=n.domain, boot_epoch=epoch,
                  labels={NODE_LABEL: host, DOMAIN_LABEL: n.domain})
             for n in split_nodes(devices, None, host, epoch=epoch)]
+UNCORRECTED = 1
+VOLATILE = 0
+"""NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC."""
+
+
+def read_health(keys: Sequence[str], nvml: Nvml | None = None) -> dict[str, GpuHealth]:
+    """NVML's health of these GPUs (by UUID); a key NVML cannot read (a virtual GPU, no driver) is left out.
+
+    A card without ECC or row remapping (NVMLError_NotSupported) reads as healthy in that respect."""
+    cards = [k for k in keys if k.startswith("GPU-")]
+    nvml = nvml if nvml is not None else (load_nvml() if cards else None)
+    if nvml is None or not cards:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return {}
+    out: dict[str, GpuHealth] = {}
+    try:
+        for key in cards:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(key)
+            except nvml.NVMLError:
+                continue
+            out[key] = _card_health(nvml, handle)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+    return out
+
+
+def _card_health(nvml: Nvml, handle: Any) -> GpuHealth:
+    def optional(read: Callable[[], int]) -> int:
+        try:
+            return read()
+        except nvml.NVMLError:  # not supported on this card: healthy in that respect
+            return 0
+
+    return GpuHealth(
+        ecc_uncorrected=optional(lambda: int(nvml.nvmlDeviceGetTotalEccErrors(handle, UNCORRECTED, VOLATILE))),
+        retired_pages_pending=bool(optional(lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))),
+        remap_failed=bool(optional(lambda: int(nvml.nvmlDeviceGetRemappedRows(handle)[3]))))

@@ -55,11 +55,13 @@ from broker.backends.volumes import make_volume_dirs, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.fleet.nodes import Node
+from broker.health.gpuhealth import GpuHealth
 from broker.pools import PoolSpec
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest, ResetResult
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
+from firepool_agent.incarnation import next_incarnation
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +189,10 @@ class LocalBackend:
     def nodes(self) -> list[Node]:
         """Virtual nodes (`--virtual-nodes`) split this host's GPUs; real GPUs make one node, this host."""
         return list(self._nodes)
+    async def gpu_health(self, keys: Sequence[str]) -> dict[str, GpuHealth]:
+        """NVML's health of these real GPUs (broker.health.gpuhealth); virtual ones are left out."""
+        real = [k for k in keys if k in self._gpus and not self._gpus[k].virtual]
+        return await asyncio.to_thread(gpu_discovery.read_health, real) if real else {}
 
     # -- records --------------------------------------------------------------------------------
 
@@ -243,23 +249,26 @@ class LocalBackend:
                        details={"mode": record["mode"], "network": record.get("network", "host"),
                                 "uid": record["uid"], "agent_pid": record.get("pid"),
                                 "cuda_visible_devices": record["cuda_visible_devices"],
+                                "incarnation": record.get("incarnation"),
                                 "root": str(self._dirs(record["name"]).root),
                                 "limits": record.get("limits", {}),
                                 "venue_delay_s": record.get("venue_delay_s", 0.0)},
                        node=record.get("node") or (self._node_of.get(record["gpus"][0], "") if record["gpus"] else ""))
 
-    def _allocate(self, count: int, name: str, node: str = "") -> list[str]:
+    def _allocate(self, count: int, name: str, node: str = "", avoid: frozenset[str] = frozenset()) -> list[str]:
         """Exclusive GPUs for a pod (on `node` when placement chose one); synchronous, so two concurrent
-        creates never get the same one."""
+        creates never get the same one. `avoid`: quarantined GPUs, never given to a new pod."""
         if count <= 0:
             return []
         if node and node not in {n.id for n in self._nodes}:
             raise BackendError(f"pod {name}: no node {node}")
         used = {key for record in self._records.values() for key in record["gpus"]}
-        free = [key for key in self._gpus if key not in used and (not node or self._node_of.get(key) == node)]
+        free = [key for key in self._gpus
+                if key not in used and key not in avoid and (not node or self._node_of.get(key) == node)]
         if len(free) < count:
             where = f" on node {node}" if node else ""
-            raise BackendError(f"pod {name} needs {count} GPU(s){where}, {len(free)} free of {len(self._gpus)}")
+            raise BackendError(f"pod {name} needs {count} GPU(s){where}, {len(free)} free of {len(self._gpus)}"
+                               + (f" ({len(avoid)} quarantined)" if avoid else ""))
         return free[:count]
 
     def _pin(self, keys: tuple[str, ...], pool: str, name: str) -> list[str]:
@@ -293,7 +302,7 @@ class LocalBackend:
             if uses([bind.src], str(self.state_dir)) is not None:
                 raise BackendError(f"pool {request.pool.name}: bind {bind.src} would expose the broker's state")
         keys = self._pin(request.gpus, request.pool.name, name) if request.gpus else \
-            self._allocate(request.pool.gpus, name, request.node)
+            self._allocate(request.pool.gpus, name, request.node, request.avoid)
         chosen = [self._gpus[k] for k in keys]
         real = all(not g.virtual for g in chosen)
         # Real GPUs are named by UUID: only their device nodes exist in the sandbox, so indices would shift.
@@ -352,7 +361,10 @@ class LocalBackend:
             dirs.resolv.write_text(networking.resolv_conf())
             dirs.resolv.chmod(0o644)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
-        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD)]  # the agent's own flags end it
+        # The agent's incarnation (R5) is counted here, on the host beside its ledger, where no job reaches it.
+        record["incarnation"] = await asyncio.to_thread(next_incarnation, self.ledger_dir / f"{spec.name}.incarnation")
+        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD),
+                 "--incarnation", str(record["incarnation"])]  # the agent's own flags end it
         argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}

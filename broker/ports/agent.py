@@ -51,6 +51,8 @@ class AttemptStatus:
     """Agent-side phase durations (e.g. package unpack), seconds."""
     logs: Mapping[str, bytes] | None = None
     """A finished attempt's whole logs by stream, when the agent sent them with its status."""
+    hardware_fault: str | None = None
+    """Why the attempt failed on the GPU's hardware (Xid, ECC, NVML health), as the agent classified it."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class ResetResult:
     duration_s: float
     killed: int = 0
     problems: Sequence[str] = ()
+    incarnation: int | None = None
+    """The agent's incarnation when it answered (R5); None from an agent that does not say."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class AgentHealth:
     """The attempt running now, if any."""
     uptime_s: float = 0.0
     info: Mapping[str, Any] = field(default_factory=dict)
+    incarnation: int | None = None
+    """The agent's start counter (R5): another value than the one recorded means another agent."""
 
 
 class AgentClient(Protocol):
@@ -146,7 +152,8 @@ class _FakeRun:
 
 
 class FakeAgent:
-    """An agent whose commands run in clock time: `sleep S`, `exit N`, `echo ...`, `hang` (never ends).
+    """An agent whose commands run in clock time: `sleep S`, `exit N`, `echo ...`, `hang` (never ends),
+    `fault WHY` (fails with a hardware fault, as the agent reports an Xid or ECC error).
 
     Tests steer it: `unclean_next_reset` makes the next reset report unclean; `fail_launch` makes
     launches raise `AgentError`; `reachable = False` makes every call raise.
@@ -167,6 +174,8 @@ class FakeAgent:
         self.launches: list[LaunchRequest] = []
         self.resets: list[ResetRequest] = []
         self.kernels_told: list[bool] = []
+        self.incarnation: int | None = 1
+        """Reported by health; a test bumps it to play an agent that restarted under the same pod name."""
 
     def _check(self) -> None:
         if not self.reachable:
@@ -174,7 +183,7 @@ class FakeAgent:
 
     async def health(self) -> AgentHealth:
         self._check()
-        return AgentHealth(pod=self.pod, isolated=True, attempt=self.current)
+        return AgentHealth(pod=self.pod, isolated=True, attempt=self.current, incarnation=self.incarnation)
 
     async def launch(self, request: LaunchRequest) -> AttemptStatus:
         self._check()
@@ -215,6 +224,9 @@ class FakeAgent:
             run.output += (" ".join(args) + "\n").encode()
         elif verb == "hang":
             await asyncio.Event().wait()
+        elif verb == "fault":  # fails as the agent reports a GPU hardware fault (Xid, ECC)
+            self._finish(run, exit_code=1, hardware_fault=" ".join(args) or "Xid 79 (hardware)")
+            return
         self._finish(run, exit_code=code)
 
     def _finish(self, run: _FakeRun, **fields: Any) -> None:
@@ -273,8 +285,9 @@ class FakeAgent:
             self.session = None
         if self.unclean_next_reset:
             self.unclean_next_reset = False
-            return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"])
-        return ResetResult(clean=True, duration_s=0.001)
+            return ResetResult(clean=False, duration_s=0.001, problems=["injected residue"],
+                               incarnation=self.incarnation)
+        return ResetResult(clean=True, duration_s=0.001, incarnation=self.incarnation)
 
     async def keep_kernels(self, keep: bool) -> None:
         self._check()

@@ -49,6 +49,8 @@ class PodRequest:
     image: str = ""
     """A job's custom image (broker.images) in place of the pool template's; only backends with
     `runs_images = True` are ever asked for one."""
+    avoid: frozenset[str] = frozenset()
+    """Devices the pod must not get (quarantined, broker.health.quarantine)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     endpoint: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    """Backend-specific; `incarnation` is the agent incarnation the backend started (broker.health.epochs)."""
     node: str = ""
     """The node the pod runs on; empty when the backend has no nodes (CPU-only)."""
 
@@ -163,9 +166,10 @@ class FakeBackend:
     def nodes(self) -> list[Node]:
         return list(self._nodes)
 
-    def _free_devices(self, node: str = "") -> list[str]:
+    def _free_devices(self, node: str = "", avoid: frozenset[str] = frozenset()) -> list[str]:
         used = {g for info in self.pods.values() for g in info.gpus}
-        return [d.key for d in self._devices if d.key not in used and (not node or self._node_of[d.key] == node)]
+        return [d.key for d in self._devices
+                if d.key not in used and d.key not in avoid and (not node or self._node_of[d.key] == node)]
 
     async def create(self, request: PodRequest) -> PodInfo:
         gpus: tuple[str, ...] = ()
@@ -175,13 +179,14 @@ class FakeBackend:
             if self.pin_gpu is not None:
                 gpus = (self.pin_gpu,)
             else:
-                free = self._free_devices(request.node)
+                free = self._free_devices(request.node, request.avoid)
                 if len(free) < request.pool.gpus:
                     raise BackendError(f"no free device for {request.name}")
                 gpus = tuple(free[: request.pool.gpus])
         info = PodInfo(name=request.name, pool=request.pool.name, gpus=gpus, template=request.pool.template_hash,
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
-                       node=self._node_of.get(gpus[0], "") if gpus else "")
+                       node=self._node_of.get(gpus[0], "") if gpus else "",
+                       details={"incarnation": 1})  # the incarnation its FakeAgent starts with
         self.pods[request.name] = info  # devices are bound from the create call on
         self.requests[request.name] = request
         if request.image:

@@ -119,7 +119,8 @@ class HttpAgentClient:
         with self._decoding():
             body = response.json()
             return AgentHealth(pod=body["pod"], isolated=body["isolated"], attempt=body.get("attempt"),
-                               uptime_s=body.get("uptime_s", 0.0), info=body.get("info", {}))
+                               uptime_s=body.get("uptime_s", 0.0), info=body.get("info", {}),
+                               incarnation=body.get("incarnation"))
 
     async def launch(self, request: LaunchRequest) -> AttemptStatus:
         payload = {"attempt_id": request.attempt_id, "argv": list(request.argv), "env": dict(request.env),
@@ -167,7 +168,7 @@ class HttpAgentClient:
         with self._decoding():
             body = response.json()
             return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
-                               problems=tuple(body.get("problems", ())))
+                               problems=tuple(body.get("problems", ())), incarnation=body.get("incarnation"))
 
     async def keep_kernels(self, keep: bool) -> None:
         await self._request("POST", "/v1/kernels", json={"keep": keep})

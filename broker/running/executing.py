@@ -19,6 +19,7 @@ from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
+from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
 from broker.pods import Origin, Pod, owner_annotations
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
@@ -83,6 +84,9 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
             error = failed.error_class or describe_exit(failed.exit_code, timed_out=failed.timed_out,
                                                         oom=failed.oom, signal=failed.signal)
             message = "another rank failed"
+    fault = next((s.hardware_fault for s in statuses if s is not None and s.hardware_fault), None)
+    if fault is not None and error is not None and not cancelled:
+        error, message = ErrorClass.HARDWARE_FAULT, fault  # the card's failure, not the job's (design §8)
     if cancelled:
         error = ErrorClass.CANCELLED
     lost = error == ErrorClass.POD_LOST
@@ -101,7 +105,8 @@ class Executor:
     def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
                  controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
                  wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0,
-                 delivery: PackageDelivery | None = None, kernels: KernelWarmth | None = None) -> None:
+                 delivery: PackageDelivery | None = None, kernels: KernelWarmth | None = None,
+                 health: HealthMonitor | None = None) -> None:
         self.clock = clock
         self.book = book
         self.tracker = tracker
@@ -116,6 +121,8 @@ class Executor:
         self.delivery = delivery
         self.kernels = kernels
         """Learns which pools serve kernels, so their idle pods keep a pre-started one."""
+        self.health = health
+        """Counts hardware faults and launch refusals toward quarantine (broker.health)."""
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self.preempting: dict[str, str] = {}
@@ -159,7 +166,7 @@ class Executor:
             # A rank could not start: the attempt fails as a whole; stop the ranks that did start.
             await self._kill(attempt.id, [p for p, r in zip(lease.pods, results, strict=True) if r and r.running])
             statuses = [r if r is not None else AttemptStatus(attempt.id, running=False, error_class=ErrorClass.LAUNCH_ERROR,
-                                                              message="the pod's agent refused the launch")
+                                                              message=LAUNCH_REFUSED)
                         for r in results]
             await self.finish(job.id, attempt.id, lease.pods, statuses)
             return
@@ -366,6 +373,9 @@ class Executor:
         if self.kernels is not None:
             self.kernels.ended(job_id)
         lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
+        if self.health is not None and not never_ran:
+            job = self.book.live.get(job_id)
+            statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
         committed, _ = await asyncio.gather(self._commit_outcome(job_id, aid, statuses, never_ran, may_retry),
                                             self._reset(job_id, pods, lost))
         if committed is not None and committed.state is JobState.QUEUED:
@@ -429,6 +439,9 @@ class Executor:
             if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
                 attempt = attempt.move(AttemptState.RUNNING)
             job = job.with_attempt(attempt.move(verdict.final, **changes))
+            if verdict.error == ErrorClass.HARDWARE_FAULT and may_retry and self.health is not None \
+                    and self.health.free_requeue(job):
+                return transition(job, JobState.QUEUED, now, pods=(), timings=times)  # no retry spent
             if verdict.error is not None and not verdict.cancelled and may_retry \
                     and job.retries < job.spec.max_retries:
                 return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
@@ -478,6 +491,8 @@ class Executor:
                                              tuple(result.problems))
                     if not clean:
                         log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
+                    elif self.health is not None:
+                        clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
                 except AgentError as exc:
                     log.warning("reset of %s failed: %s", pod.name, exc)
                     self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))

@@ -113,3 +113,18 @@ events = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 """The fleet's event log (broker.events): preemptions, reservation alerts, hold breaks, budget throttling."""
+quarantine = sa.Table(
+    "quarantine",
+    metadata,
+    sa.Column("key", key_type(NAME_LENGTH), primary_key=True),
+    sa.Column("kind", sa.String(STATE_LENGTH), nullable=False),
+    sa.Column("node", key_type(NAME_LENGTH), nullable=False),
+    sa.Column("failures", sa.Integer(), nullable=False),
+    sa.Column("reason", long_text(), nullable=False),
+    sa.Column("updated_at", sa.Double(), nullable=False),
+    sa.Column("quarantined_at", sa.Double(), nullable=True),
+    sa.Column("released_at", sa.Double(), nullable=True),
+    sa.Column("released_by", key_type(NAME_LENGTH), nullable=True),
+    **MYSQL_TABLE_OPTIONS,
+)
+"""Devices and nodes with hardware-class failures (broker.health.quarantine), kept across restarts."""

@@ -17,19 +17,23 @@ from broker.pods import Pod, PodState
 from broker.pools import PoolSpec
 
 
-def fleet_of(nodes: Iterable[Node], pods: Iterable[Pod], pools: Mapping[str, PoolSpec]) -> Fleet:
-    """The nodes with the GPUs these pods hold on them."""
+def fleet_of(nodes: Iterable[Node], pods: Iterable[Pod], pools: Mapping[str, PoolSpec],
+             avoid: Iterable[str] = ()) -> Fleet:
+    """The nodes with the GPUs these pods hold on them; a GPU in `avoid` (quarantined) counts as taken."""
     nodes = list(nodes)
     node_of = {key: node.id for node in nodes for key in node.gpus}
     allocations = []
+    held: set[str] = set()
     for pod in pods:
         if pod.state is PodState.GONE or pod.standby:
             continue
+        held.update(pod.gpus)
         node = pod.node or (node_of.get(pod.gpus[0], "") if pod.gpus else "")
         spec = pools.get(pod.pool)
         gpus = len(pod.gpus) or (spec.gpus if spec is not None else 0)
         if node and gpus:
             allocations.append((node, gpus))
+    allocations.extend((node_of[key], 1) for key in avoid if key in node_of and key not in held)
     return Fleet.of(nodes, allocations)
 
 

@@ -24,9 +24,10 @@ from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
 from broker.fleet.nodes import Fleet
+from broker.health.epochs import recorded_epoch
 from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
-from broker.ports.backend import Backend, PodRequest
+from broker.ports.backend import Backend, PodInfo, PodRequest
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.warmth import placing
@@ -90,6 +91,10 @@ class PoolController:
         self._backoff_until: dict[str, float] = {}
         self._gang_sizes: dict[str, int] = {}
         self._sweeping = False
+        self.avoid: Callable[[], frozenset[str]] = frozenset
+        """Devices no new pod may get (broker.health.quarantine sets it)."""
+        self.created: Callable[[Pod, PodInfo], None] | None = None
+        """Told of every pod the backend started (broker.health learns its node)."""
 
     def report_demand(self, demand: Mapping[str, int], single_use: Mapping[str, tuple[str, int]],
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
@@ -263,7 +268,7 @@ class PoolController:
 
     def fleet(self) -> Fleet:
         """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
-        return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools)
+        return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools, self.avoid())
 
     def where(self, spec: PoolSpec, pods: int) -> list[str]:
         """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
@@ -404,7 +409,8 @@ class PoolController:
                                                         annotations=owner_annotations(pod)
                                                         if pod.standby or pod.image else {}, image=pod.image,
                                                         node=pod.node, gang=pod.gang,
-                                                        gang_size=self._gang_sizes.pop(pod.name, 1)))
+                                                        gang_size=self._gang_sizes.pop(pod.name, 1),
+                                                        avoid=self.avoid()))
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0
@@ -414,6 +420,9 @@ class PoolController:
             self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
             return
         self.stats.pods_created[spec.name] += 1
+        pod.epoch = str(recorded_epoch(info.details, {}) or "")  # R5: the identity work on it is bound under
+        if self.created is not None:
+            self.created(pod, info)
         if not self.tracker.ready(pod.name, self.clock.now(), info.gpus, info.node):
             await self._delete(pod.name)  # retired while starting
             return

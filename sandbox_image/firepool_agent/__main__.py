@@ -6,14 +6,17 @@ made non-dumpable before the first job can exist, so no job ever sees the secret
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import sys
+import time
 
 from firepool_agent import privileges, proctree
 from firepool_agent.attempts import Attempts
 from firepool_agent.config import parse_args
+from firepool_agent.incarnation import FILE, next_incarnation
 from firepool_agent.ledger import Ledger
 from firepool_agent.reaping import Reaper
 from firepool_agent.server import Agent, make_server
@@ -31,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     for directory in (config.workspace, config.package_dir, config.run_dir, config.tmp_dir,
                       *([config.deps_dir] if config.deps_dir else [])):
         os.makedirs(directory, exist_ok=True)
+    if config.incarnation is None:
+        # No launcher-kept counter: our own, or (no state dir) the start time, monotonic while clocks are sane.
+        incarnation = next_incarnation(os.path.join(config.state_dir, FILE)) if config.state_dir else time.time_ns()
+        config = dataclasses.replace(config, incarnation=incarnation)
     reaper = Reaper()
     reaper.start()
     attempts = Attempts(config, reaper)

@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import gpushare, kernel, overlimit, proctree, wiping
+from firepool_agent import gpushare, hwfaults, kernel, overlimit, proctree, wiping
 from firepool_agent.config import AgentConfig
 from firepool_agent.ledger import Ledger
 from firepool_agent.output import STREAMS as LOG_STREAMS
@@ -80,6 +80,8 @@ class Attempt:
         self.drained = False
         self.timer: threading.Timer | None = None
         self.counters = overlimit.Counters()
+        self.hardware_fault: str | None = None
+        """Why the attempt failed on hardware (`hwfaults`), reported so the broker can quarantine the GPU."""
         """The pod's cgroup counters at launch: a rise by the exit names the limit the attempt hit."""
 
     def to_json(self) -> dict[str, Any]:
@@ -89,6 +91,7 @@ class Attempt:
             "cancelled": self.cancelled, "oom": self.oom, "started_at": self.started_at,
             "first_instruction_at": self.first_instruction_at, "finished_at": self.finished_at,
             "error_class": self.error_class, "message": self.message, "timings": dict(self.timings),
+            "hardware_fault": self.hardware_fault,
         }
 
 
@@ -331,6 +334,7 @@ class Attempts:
         """Called under `cond`: the attempt is over and its logs are complete."""
         attempt.running = False
         self._classify_limit(attempt)
+        self._classify_hardware(attempt)
         if attempt.output is not None and attempt.output.error and not attempt.message:
             attempt.message = attempt.output.error
         if attempt.timer is not None:
@@ -353,6 +357,13 @@ class Attempts:
         attempt.message = {overlimit.OUT_OF_MEMORY: "the pod's memory limit was hit; the kernel killed a process",
                            overlimit.TOO_MANY_PROCESSES: "the pod's process limit (pids) refused a fork",
                            overlimit.DISK_FULL: "a capped disk (workspace, /tmp or /dev/shm) is full"}[found]
+
+    def _classify_hardware(self, attempt: Attempt) -> None:
+        """A failed attempt whose stderr or NVML names a hardware fault says so (the broker counts it)."""
+        if attempt.cancelled or attempt.timed_out or attempt.exit_code in (0, None):
+            return
+        attempt.hardware_fault = hwfaults.classify(hwfaults.read_tail(attempt.directory / "stderr"),
+                                                   attempt.exit_code)
 
     def _notify(self) -> None:
         with self.cond:

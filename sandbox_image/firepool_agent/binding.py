@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from firepool_agent import archives, requirements, wiping
+from firepool_agent import archives, raymode, requirements, wiping
 from firepool_agent.attempts import Attempt, Attempts, Conflict, LaunchSpec
 from firepool_agent.wire import HttpError
 
@@ -86,7 +86,8 @@ def receive_package(attempts: Attempts, digest: str, body: BinaryIO, length: int
 def prepare(attempts: Attempts, attempt: Attempt, spec: LaunchSpec) -> LaunchSpec | tuple[str, str]:
     """The launch as it should run (cwd, PYTHONPATH), or (error class, message) when it must not.
 
-    Only `package` and `requirements` are read here; other launch extras belong to other features.
+    Only `package`, `requirements` and `mode` (Ray, `raymode`) are read here; other launch extras belong
+    to other features.
     """
     extra: dict[str, Any] = dict(spec.extra)
     config = attempts.config
@@ -116,4 +117,4 @@ def prepare(attempts: Attempts, attempt: Attempt, spec: LaunchSpec) -> LaunchSpe
         site = requirements.site_dir(config.deps_dir)
         env["PYTHONPATH"] = site + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PATH"] = os.path.join(site, "bin") + ":" + env.get("PATH", config.job_path)
-    return dataclasses.replace(spec, env=env, cwd=cwd)
+    return raymode.wrapped(dataclasses.replace(spec, env=env, cwd=cwd), config.run_dir)  # `mode: ray`: head or worker node

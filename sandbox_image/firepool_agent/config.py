@@ -40,6 +40,10 @@ class AgentConfig:
     """An O_APPEND fd of the host's record of started attempts (`ledger`); None keeps no record."""
     kernels: str = "cold"
     """Pre-started kernel (`prestart`): `cold` never, `learned` after a kernel attempt, `prestart` always."""
+    incarnation: int | None = None
+    """This start's incarnation (`incarnation`), given by the launcher or bumped in `state_dir`."""
+    state_dir: str = ""
+    """Where the agent persists its incarnation counter itself when the launcher does not give one."""
 
 
 def _auto_cuda_devices() -> str:
@@ -70,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
                              "attempt, or always (default: cold)")
     parser.add_argument("--ledger-fd", type=int, default=None,
                         help="append each started attempt id to this fd (fsync'd) before its code runs")
+    parser.add_argument("--incarnation", type=int, default=None,
+                        help="this start's incarnation, persisted by the launcher (reported by /v1/health)")
+    parser.add_argument("--state-dir", default="", help="persist the incarnation counter here (when not given)")
     args = parser.parse_args(argv)
     cuda = _auto_cuda_devices() if args.cuda_visible_devices == "auto" else args.cuda_visible_devices
     config = AgentConfig(
@@ -85,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         deps_dir=os.path.abspath(args.deps_dir) if args.deps_dir else "",
         kernels=args.kernels,
         ledger_fd=args.ledger_fd,
+        incarnation=args.incarnation,
+        state_dir=os.path.abspath(args.state_dir) if args.state_dir else "",
     )
     if not (config.listen.startswith("unix:") or config.listen.startswith("tcp:")):
         parser.error("--listen must be unix:/path or tcp:host:port")

@@ -33,10 +33,12 @@ class ResetOutcome:
     duration_s: float
     killed: int
     problems: list[str]
+    incarnation: int | None = None
+    """The agent's incarnation: the broker checks the reset pod is still the agent it bound work to (R5)."""
 
     def to_json(self) -> dict[str, object]:
         return {"clean": self.clean, "duration_s": self.duration_s, "killed": self.killed,
-                "problems": list(self.problems)}
+                "problems": list(self.problems), "incarnation": self.incarnation}
 
 
 class Resetter:
@@ -97,4 +99,4 @@ class Resetter:
                 self.attempts.prestarter.clean = True
                 self.attempts.prestarter.spawn()
         return ResetOutcome(clean=not problems, duration_s=time.perf_counter() - began, killed=killed,
-                            problems=problems)
+                            problems=problems, incarnation=self.config.incarnation)

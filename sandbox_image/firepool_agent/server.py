@@ -53,7 +53,7 @@ class Agent:
         return {
             "pod": self.config.pod, "isolated": self.config.isolated,
             "attempt": current.attempt_id if current is not None else None,
-            "uptime_s": time.monotonic() - self.started,
+            "uptime_s": time.monotonic() - self.started, "incarnation": self.config.incarnation,
             "info": {"pid": os.getpid(), "python": sys.version.split()[0], "version": __version__,
                      "cuda_visible_devices": self.config.cuda_visible_devices,
                      "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,

@@ -9,10 +9,11 @@ from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
 from broker.fleet.quotas import QuotasSpec
 from broker.jobs import Job, JobSpec
-from broker.pools import CallerLimits, Catalog, PoolSpec
+from broker.pools import CallerLimits, Catalog, PoolSpec, QuarantineSettings
 from broker.ports.backend import FakeBackend
 from broker.ports.capacity import CapacitySource
 from broker.ports.logs import MemoryLogStore
+from broker.ports.quarantine import MemoryQuarantineStore, QuarantineStore
 from broker.ports.store import MemoryJobStore
 from broker.running.packages import PackageStore
 
@@ -22,16 +23,19 @@ class Harness:
                  limits: dict[str, CallerLimits] | None = None, store: MemoryJobStore | None = None,
                  backend: FakeBackend | None = None, clock: VirtualClock | None = None,
                  budgets: dict[str, float] | None = None, capacity: CapacitySource | None = None,
-                 packages: PackageStore | None = None, quotas: QuotasSpec | None = None) -> None:
+                 packages: PackageStore | None = None, quotas: QuotasSpec | None = None,
+                 quarantine: QuarantineStore | None = None,
+                 quarantine_settings: QuarantineSettings | None = None) -> None:
         self.clock = clock or VirtualClock()
         self.store = store or MemoryJobStore()
         self.backend = backend or FakeBackend(self.clock, gpus=gpus, start_delay=start_delay)
         self.logs = MemoryLogStore()
         self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=limits or {}, budgets=budgets or {},
-                               quotas=quotas)
+                               quotas=quotas, quarantine=quarantine_settings or QuarantineSettings())
+        self.quarantine = quarantine or MemoryQuarantineStore()
         self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=self.logs,
                                catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0),
-                               capacity=capacity, packages=packages)
+                               capacity=capacity, packages=packages, quarantine=self.quarantine)
 
     async def start(self) -> Harness:
         await self.cp.start()

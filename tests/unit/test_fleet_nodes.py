@@ -113,3 +113,14 @@ def test_firepool_pools_shows_largest_placeable_in_one_cell() -> None:
 
     assert placeable_cell({"1": 3, "2": 1, "4": 0, "8": 0, "node": 0}) == "3/1/0/0/0"
     assert placeable_cell({}) == "-" and placeable_cell(None) == "-"
+
+
+def test_a_quarantined_gpu_counts_as_taken_in_placement_and_largest_placeable() -> None:
+    from broker.fleet.capacity import largest_placeable
+    from broker.warmth.placing import fleet_of
+
+    nodes = FakeBackend(VirtualClock(), gpus=8, gpus_per_node=4).nodes()
+    whole = largest_placeable(fleet_of(nodes, [], {}))
+    fenced = largest_placeable(fleet_of(nodes, [], {}, avoid={"fake-gpu-0", "not-a-gpu-here"}))
+    assert whole["4"] == 2 and fenced["4"] == 1
+    assert fenced["1"] == whole["1"] - 1

@@ -60,3 +60,8 @@ def test_volcano_allocations_and_register_are_read_alike() -> None:
     assert hami.allocated_uuids({hami.VOLCANO_ALLOCATED: f"{A},NVIDIA,81920,0:;"}) == (A,)
     node = {"metadata": {"annotations": {hami.VOLCANO_REGISTER: f"{A},10,81920,100,NVIDIA-H100,0,true:"}}}
     assert hami.exclusive(A, node, [share("h100", A)], "h100")
+
+
+def test_quarantined_cards_are_kept_off_a_new_pod_by_uuid() -> None:
+    assert hami.avoid_annotations({"GPU-b", "GPU-a", "pod-1/gpu0"}) == {"nvidia.com/nouse-gpuuuid": "GPU-a,GPU-b"}
+    assert hami.avoid_annotations(set()) == {} and hami.avoid_annotations({"pod-1/gpu0"}) == {}

@@ -24,6 +24,7 @@ from broker.backends.kubernetes import hami, podstatus
 from broker.backends.kubernetes.annotating import DEFER_S, Annotator
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
+    AGENT_INCARNATION,
     AGENT_PORT,
     ANN_GPUS,
     ANN_ORIGIN,
@@ -46,6 +47,7 @@ from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.fleet.nodes import Node
+from broker.health.epochs import Epoch, Verdict, judge
 from broker.pools import PoolSpec
 from broker.ports.agent import AgentClient
 from broker.ports.backend import Device, PodInfo, PodRequest
@@ -58,6 +60,13 @@ SYNC_TIMEOUT_S = 30.0
 NODES_EVERY_S = 30.0
 """How old the node list may get before the next create or list reads it again."""
 HOSTNAME = "kubernetes.io/hostname"
+
+
+def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
+    """Was the pod's agent given its incarnation (a manifest of this version)? A pod made before epochs
+    existed reports none, and the broker then trusts nothing bound to it (broker.health.epochs)."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return "--incarnation" in (containers[0].get("args") or [])
 
 
 class LaunchError(BackendError):
@@ -150,7 +159,7 @@ class KubernetesBackend:
         if rec is None:
             return
         pod_uid = podstatus.uid(change.pod)
-        if rec.uid and pod_uid and pod_uid != rec.uid:
+        if judge(Epoch(rec.uid), Epoch(pod_uid)) is Verdict.CHANGED:
             if not rec.lost:
                 rec.lost = f"replaced by another pod (UID {pod_uid}, not {rec.uid}): not trusted"
                 log.warning("pod %s %s", name, rec.lost)
@@ -202,7 +211,8 @@ class KubernetesBackend:
             raise BackendError(f"pod {name} already exists")
         now = self.clock.now()
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
-                                annotations=request.annotations, standby=bool(request.gpus),
+                                annotations={**request.annotations, **hami.avoid_annotations(request.avoid)},
+                                standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
                                 image=request.image, gang=request.gang, gang_size=request.gang_size)
         # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
@@ -340,7 +350,7 @@ class KubernetesBackend:
                     continue
                 self._pods[name] = rec
                 self._learn_devices(pod, standby=(podstatus.meta(pod).get("labels") or {}).get(LABEL_ROLE) == "standby")
-            if rec.lost or podstatus.uid(pod) != rec.uid:
+            if rec.lost or judge(Epoch(rec.uid), Epoch(podstatus.uid(pod))) is not Verdict.TRUSTED:
                 log.warning("pod %s is not trusted (%s); deleting it", name, rec.lost or "UID changed")
                 await self._destroy(name)
                 continue
@@ -371,7 +381,9 @@ class KubernetesBackend:
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
                        node=str((pod.get("spec") or {}).get("nodeName", "")),
-                       details={"uid": rec.uid, "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
+                       details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
+                                "incarnation": AGENT_INCARNATION if _started_with_incarnation(pod) else None,
+                                "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 

@@ -75,6 +75,15 @@ def registered_uuids(node_annotations: Mapping[str, str]) -> set[str]:
     return {d.split(",", 1)[0].strip() for d in raw.split(":") if d.split(",", 1)[0].strip()}
 
 
+NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+
+
+def avoid_annotations(uuids: Iterable[str]) -> dict[str, str]:
+    """Annotations that keep a new pod off these cards (quarantined); only real card UUIDs are named."""
+    cards = sorted(u for u in uuids if u.startswith("GPU-"))
+    return {NOUSE_UUID: ",".join(cards)} if cards else {}
+
+
 def pin_annotations(uuids: Iterable[str], sharing: str) -> dict[str, str]:
     """Annotations that pin a standby to its group's card(s)."""
     del sharing  # HAMi's and Volcano's vGPU device plugins read the same pin annotation

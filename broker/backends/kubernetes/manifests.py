@@ -30,6 +30,8 @@ LABEL_TEMPLATE = "firepool.io/template-hash"
 LABEL_BROKER = "firepool.io/broker"
 LABEL_GANG = "firepool.io/gang"
 ANN_ORIGIN = "firepool.io/origin"
+AGENT_INCARNATION = 1
+"""The one incarnation of a pod's agent (the pod never restarts its container)."""
 ANN_GPUS = "firepool.io/gpu-uuids"
 """The physical GPU UUID(s) the pod runs on, as the broker learnt them (HAMi's allocation)."""
 ANN_CREATED = "firepool.io/created-at"
@@ -149,7 +151,9 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
             mounts.append({"name": f"fp-{vol}", "mountPath": path})
     volumes += [dict(v) for v in template.volumes]
     mounts += [dict(m) for m in template.volume_mounts]
-    args = ["--kernels", kernels]
+    # restartPolicy Never: the agent starts once per pod object, so its incarnation is always 1 and the
+    # pod UID carries the identity (broker.health.epochs).
+    args = ["--kernels", kernels, "--incarnation", str(AGENT_INCARNATION)]
     if pool.gpus:
         args += ["--cuda-visible-devices", "auto"]
     pull = template.pull_policy if not image else "IfNotPresent" if pinned(image) else "Always"

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class Agents:
             raise ContainerError(f"the emulator's state directory {self.state_dir} would be visible in every sandbox")
 
     def spawn(self, key: str, pod: str, ip: str, port: int, secret: str, *, cuda: str = "",
-              kernels: str = "cold") -> AgentProcess:
+              kernels: str = "cold", flags: Sequence[str] = ()) -> AgentProcess:
         """Spawn the agent of pod `pod` (directory `key`) listening on tcp:ip:port.
 
         Synchronous, so the caller holds the process before any await: a pod deleted while its agent
@@ -102,7 +103,7 @@ class Agents:
                            network="host")  # the emulated pod network: each pod IP is a host loopback address
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if isolated else fallback_argv(spec)
         argv[argv.index("--listen") + 1] = f"tcp:{ip}:{port}"
-        argv += ["--kernels", kernels]
+        argv += ["--kernels", kernels, *flags]
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if isolated else agent_env(spec, isolated=False)
         agent = AgentProcess(pod, dirs, f"tcp:{ip}:{port}", {"mode": self.mode})
         try:

@@ -221,7 +221,8 @@ class Kubelet:
         ip = next(self._ips)
         try:
             agent = self.agents.spawn(f"{ns}.{name}.{uid[:8]}", name, ip, fields.agent_port(pod, cfg.agent_port),
-                                      secret, cuda=cuda, kernels=fields.kernels(pod))
+                                      secret, cuda=cuda, kernels=fields.kernels(pod),
+                                      flags=fields.agent_flags(pod))
             self._running[uid] = agent
             await self.agents.settle(agent)
         except ContainerError as exc:

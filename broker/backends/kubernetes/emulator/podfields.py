@@ -68,6 +68,15 @@ def kernels(pod: Obj) -> str:
     return "cold"
 
 
+def agent_flags(pod: Obj) -> list[str]:
+    """The agent's own flags the kubelet passes through from the container's command line (`--incarnation`)."""
+    container = pod["spec"]["containers"][0]
+    argv = [str(a) for a in (*(container.get("command") or []), *(container.get("args") or []))]
+    if "--incarnation" in argv[:-1] and argv[argv.index("--incarnation") + 1].isdigit():
+        return ["--incarnation", argv[argv.index("--incarnation") + 1]]
+    return []
+
+
 def condition(status: Obj, kind: str, value: str, reason: str | None = None, message: str | None = None) -> None:
     """Set a condition; its lastTransitionTime moves only when its status changes."""
     conditions = status.setdefault("conditions", [])

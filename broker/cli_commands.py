@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s")
+              "recovery", "k8s", "dispatch", "throughput")
 """The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
 
 EXIT_TIMEOUT = 124

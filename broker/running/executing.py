@@ -20,7 +20,7 @@ from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
-from broker.pods import Origin, Pod, owner_annotations
+from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
@@ -44,6 +44,11 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
+_PER_JOB_ANNOTATIONS = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
+"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
+_OWNERS_KEPT = 10_000
+ANNOTATE_DELAY_S = 0.25
+"""A reset pod's new hold times reach its record this long after the reset, coalescing a busy pod's writes."""
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
 """What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 
@@ -117,6 +122,9 @@ class Executor:
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self._gate_opened = asyncio.Event()
+        self._annotating: set[str] = set()
+        self._owners: dict[str, dict[str, str]] = {}
+        """pod -> the ownership annotations last written for it (a job start rewrites them only when they change)."""
 
     # ---------------------------------------------------------------- launch
 
@@ -166,7 +174,8 @@ class Executor:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
         self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
         for pod in lease.pods:
-            self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+            if self._owner_changed(pod):  # else recovery learns a busy pod's owner from its job row
+                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
         if self.book.live.get(job.id, job).cancel_requested:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
@@ -234,9 +243,35 @@ class Executor:
         except FirepoolError as exc:
             log.warning("recording the start of %s failed (the result write will carry it): %s", aid, exc)
 
-    async def _annotate(self, pod: Pod) -> None:
+    def _owner_changed(self, pod: Pod) -> bool:
+        """Do the pod's ownership annotations (all but the job and its hold times) differ from the last written?"""
+        owner = {k: v for k, v in owner_annotations(pod).items() if k not in _PER_JOB_ANNOTATIONS}
+        return self._owners.get(pod.name) != owner
+
+    def _annotate_soon(self, pod: Pod) -> None:
+        """Record a pod's new hold within ANNOTATE_DELAY_S: a pod serving a stream of jobs is written a few
+        times a second, not twice per job. Only the hold's times wait (its owner was written at the job's
+        start); a broker killed meanwhile restores the previous hold of the same owner."""
+        if pod.name in self._annotating:
+            return
+        self._annotating.add(pod.name)
+        self.tasks.spawn(f"annotate {pod.name}", self._annotate_after_delay(pod))
+
+    async def _annotate_after_delay(self, pod: Pod) -> None:
         try:
-            await self.backend.annotate(pod.name, owner_annotations(pod))
+            await self.clock.sleep(ANNOTATE_DELAY_S)
+        finally:
+            self._annotating.discard(pod.name)
+        if self.tracker.pods.get(pod.name) is pod:  # not deleted meanwhile
+            await self._annotate(pod)
+
+    async def _annotate(self, pod: Pod) -> None:
+        annotations = owner_annotations(pod)
+        if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
+            self._owners.clear()
+        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in _PER_JOB_ANNOTATIONS}
+        try:
+            await self.backend.annotate(pod.name, annotations)
         except FirepoolError as exc:
             log.debug("annotating %s failed: %s", pod.name, exc)
 
@@ -427,7 +462,7 @@ class Executor:
                     log.warning("reset of %s failed: %s", pod.name, exc)
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+                self._annotate_soon(pod)
                 self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)

@@ -1,0 +1,83 @@
+"""What a job costs the broker besides its commits: pod record writes, result reads, empty logs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from broker.clock import VirtualClock
+from broker.jobs import JobState
+from broker.pods import ANNOTATION_PREFIX
+from broker.ports.backend import FakeBackend
+from broker.running.executing import ANNOTATE_DELAY_S
+from broker.running.logstore import FileLogStore
+from tests.unit.harness import Harness, cpu_pool
+
+
+class RecordingBackend(FakeBackend):
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.writes: list[dict[str, str]] = []
+
+    async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        self.writes.append(dict(annotations))
+        await super().annotate(name, annotations)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    clock = VirtualClock()
+    harness = await Harness([cpu_pool(max_count=1, caller_hold_seconds=60.0)], clock=clock,
+                            backend=RecordingBackend(clock)).start()
+    yield harness
+    await harness.stop()
+
+
+async def test_a_busy_pods_record_is_written_once_per_owner_change_and_its_hold_coalesced(h: Harness) -> None:
+    backend = h.backend
+    assert isinstance(backend, RecordingBackend)
+    await h.run_job("alice")
+    await h.run_for(ANNOTATE_DELAY_S * 2)
+    first = len(backend.writes)
+    assert first == 2  # owner alice at the start, alice's hold after the reset
+    for _ in range(5):
+        await h.run_job("alice")  # same owner: the start writes nothing
+    await h.run_for(ANNOTATE_DELAY_S * 2)
+    assert len(backend.writes) - first <= 5
+    assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "alice"
+    assert backend.writes[-1][ANNOTATION_PREFIX + "job"] == ""  # the latest state: idle, held
+    pod = next(iter(backend.pods.values()))
+    assert pod.annotations[ANNOTATION_PREFIX + "hold-until"] != "None"
+
+
+async def test_a_reset_pods_new_hold_reaches_its_record_within_the_delay(h: Harness) -> None:
+    backend = h.backend
+    assert isinstance(backend, RecordingBackend)
+    await h.run_job("alice")
+    writes = len(backend.writes)
+    await h.run_for(ANNOTATE_DELAY_S + 0.05)
+    assert len(backend.writes) >= writes
+    pod = next(iter(backend.pods.values()))
+    assert pod.annotations[ANNOTATION_PREFIX + "job"] == ""
+    assert pod.annotations[ANNOTATION_PREFIX + "caller"] == "alice"
+
+
+async def test_a_finished_job_is_read_from_the_book_not_the_store(h: Harness) -> None:
+    job = await h.run_job("alice")
+    reads: list[str] = []
+    store_get = h.store.get
+    h.store.get = lambda job_id: reads.append(job_id) or store_get(job_id)  # type: ignore[method-assign]
+    got = await h.cp.wait("alice", job.id, 5.0)
+    assert got.state is JobState.SUCCEEDED and got == job
+    assert reads == []
+
+
+def test_an_empty_log_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
+    logs = FileLogStore(tmp_path)
+    logs.write("j1:0", "stdout", b"")
+    assert list(tmp_path.iterdir()) == []
+    assert logs.read("j1:0", "stdout") == b""
+    logs.write("j1:0", "stderr", b"oops")
+    assert logs.read("j1:0", "stderr") == b"oops"

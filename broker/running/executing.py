@@ -385,7 +385,7 @@ class Executor:
 
     async def _write_log(self, aid: str, rank: int, stream: str, data: bytes) -> None:
         name = stream if rank == 0 else f"rank{rank}.{stream}"
-        if self.logs.blocking:
+        if self.logs.blocking and data:  # an empty log writes nothing worth a worker thread
             await asyncio.to_thread(self.logs.write, aid, name, data)
         else:
             self.logs.write(aid, name, data)

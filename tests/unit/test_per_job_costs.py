@@ -81,3 +81,17 @@ def test_an_empty_log_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
     assert logs.read("j1:0", "stdout") == b""
     logs.write("j1:0", "stderr", b"oops")
     assert logs.read("j1:0", "stderr") == b"oops"
+
+
+def test_a_jobs_row_carries_its_current_spec_even_when_the_spec_object_changes() -> None:
+    import dataclasses
+    import json
+
+    from broker.jobs import Job, JobSpec
+    from broker.store.rows import job_row
+
+    job = Job(id="j-spec", caller="alice", spec=JobSpec(pool="cpu", command=("true",)))
+    first = job_row(job, 1.0)["spec"]
+    assert job_row(dataclasses.replace(job, version=1), 2.0)["spec"] == first  # same spec object
+    changed = dataclasses.replace(job, spec=dataclasses.replace(job.spec, priority=7))
+    assert json.loads(job_row(changed, 3.0)["spec"])["priority"] == 7

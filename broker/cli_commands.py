@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
               "recovery", "k8s", "dispatch", "throughput")
-"""The benchmarks built so far (modules of `bench/`); dispatch, loops and frontier come later."""
+"""The benchmarks built so far (modules of `bench/`); loops and frontier come later."""
 
 EXIT_TIMEOUT = 124
 """`submit --wait` of a job that ran past its timeout exits like timeout(1)."""

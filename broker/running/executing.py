@@ -47,8 +47,6 @@ BACKSTOP_S = 30.0
 _PER_JOB_ANNOTATIONS = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
 """Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
 _OWNERS_KEPT = 10_000
-ANNOTATE_DELAY_S = 0.25
-"""A reset pod's new hold times reach its record this long after the reset, coalescing a busy pod's writes."""
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
 """What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 
@@ -122,7 +120,6 @@ class Executor:
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
         self._gate_opened = asyncio.Event()
-        self._annotating: set[str] = set()
         self._owners: dict[str, dict[str, str]] = {}
         """pod -> the ownership annotations last written for it (a job start rewrites them only when they change)."""
 
@@ -247,23 +244,6 @@ class Executor:
         """Do the pod's ownership annotations (all but the job and its hold times) differ from the last written?"""
         owner = {k: v for k, v in owner_annotations(pod).items() if k not in _PER_JOB_ANNOTATIONS}
         return self._owners.get(pod.name) != owner
-
-    def _annotate_soon(self, pod: Pod) -> None:
-        """Record a pod's new hold within ANNOTATE_DELAY_S: a pod serving a stream of jobs is written a few
-        times a second, not twice per job. Only the hold's times wait (its owner was written at the job's
-        start); a broker killed meanwhile restores the previous hold of the same owner."""
-        if pod.name in self._annotating:
-            return
-        self._annotating.add(pod.name)
-        self.tasks.spawn(f"annotate {pod.name}", self._annotate_after_delay(pod))
-
-    async def _annotate_after_delay(self, pod: Pod) -> None:
-        try:
-            await self.clock.sleep(ANNOTATE_DELAY_S)
-        finally:
-            self._annotating.discard(pod.name)
-        if self.tracker.pods.get(pod.name) is pod:  # not deleted meanwhile
-            await self._annotate(pod)
 
     async def _annotate(self, pod: Pod) -> None:
         annotations = owner_annotations(pod)
@@ -462,7 +442,7 @@ class Executor:
                     log.warning("reset of %s failed: %s", pod.name, exc)
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
-                self._annotate_soon(pod)
+                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))  # a new hold survives a broker kill
                 self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)

@@ -11,7 +11,6 @@ from broker.clock import VirtualClock
 from broker.jobs import JobState
 from broker.pods import ANNOTATION_PREFIX
 from broker.ports.backend import FakeBackend
-from broker.running.executing import ANNOTATE_DELAY_S
 from broker.running.logstore import FileLogStore
 from tests.unit.harness import Harness, cpu_pool
 
@@ -35,33 +34,20 @@ async def h() -> AsyncIterator[Harness]:
     await harness.stop()
 
 
-async def test_a_busy_pods_record_is_written_once_per_owner_change_and_its_hold_coalesced(h: Harness) -> None:
+async def test_a_busy_pods_record_is_rewritten_at_a_start_only_when_its_owner_changes(h: Harness) -> None:
     backend = h.backend
     assert isinstance(backend, RecordingBackend)
     await h.run_job("alice")
-    await h.run_for(ANNOTATE_DELAY_S * 2)
-    first = len(backend.writes)
-    assert first == 2  # owner alice at the start, alice's hold after the reset
+    await h.spin()
+    assert len(backend.writes) == 2  # owner alice at the start, alice's hold after the reset
     for _ in range(5):
-        await h.run_job("alice")  # same owner: the start writes nothing
-    await h.run_for(ANNOTATE_DELAY_S * 2)
-    assert len(backend.writes) - first <= 5
+        await h.run_job("alice")  # same owner: the start writes nothing, each reset writes the new hold
+    await h.spin()
+    assert len(backend.writes) == 2 + 5
     assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "alice"
-    assert backend.writes[-1][ANNOTATION_PREFIX + "job"] == ""  # the latest state: idle, held
     pod = next(iter(backend.pods.values()))
+    assert pod.annotations[ANNOTATION_PREFIX + "job"] == ""  # idle and held, written at once
     assert pod.annotations[ANNOTATION_PREFIX + "hold-until"] != "None"
-
-
-async def test_a_reset_pods_new_hold_reaches_its_record_within_the_delay(h: Harness) -> None:
-    backend = h.backend
-    assert isinstance(backend, RecordingBackend)
-    await h.run_job("alice")
-    writes = len(backend.writes)
-    await h.run_for(ANNOTATE_DELAY_S + 0.05)
-    assert len(backend.writes) >= writes
-    pod = next(iter(backend.pods.values()))
-    assert pod.annotations[ANNOTATION_PREFIX + "job"] == ""
-    assert pod.annotations[ANNOTATION_PREFIX + "caller"] == "alice"
 
 
 async def test_a_finished_job_is_read_from_the_book_not_the_store(h: Harness) -> None:

@@ -49,7 +49,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	for b in tracker warm-start reset late-binding gangs standby rollout mcp jupyter recovery k8s dashboard frontier fragmentation; do \
+	for b in tracker warm-start reset late-binding gangs standby rollout mcp jupyter recovery k8s dashboard frontier fragmentation dispatch throughput; do \
 	  $(BIN)/firepool bench $$b || exit 1; done
 	$(BIN)/firepool bench late-binding --sim
 

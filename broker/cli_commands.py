@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation")
+              "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation", "dispatch", "throughput")
 """The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124

@@ -223,6 +223,20 @@ class JobStoreContract:
         assert store.get("j-c").attempts == (new_attempt["j-c"],)  # type: ignore[union-attr]
         assert store.get("j-ghost") is None
 
+    def test_a_batch_racing_a_single_write_loses_only_the_contested_job(self, store: JobStore) -> None:
+        for round_ in range(6):
+            jobs = [store.insert(make_job(f"j-{round_}-{i}", state=JobState.QUEUED, version=1)) for i in range(8)]
+            batch = [(transition(j, JobState.RUNNING, at=20.0, pods=("pod-b",)), j.version) for j in jobs]
+            rival = transition(jobs[3], JobState.CANCELLED, at=20.0)
+            batch_won, rival_won = race(2, lambda i, b=batch, r=rival, j=jobs[3]:
+                                        store.commit(b) if i == 0 else store.commit([(r, j.version)]))
+            assert batch_won[:3] + batch_won[4:] == [True] * 7  # the other jobs never see the race
+            assert [batch_won[3], rival_won[0]].count(True) == 1
+            assert store.get(jobs[3].id) == (batch[3][0] if batch_won[3] else rival)
+            for (written, _), j in zip(batch, jobs, strict=True):
+                if j is not jobs[3]:
+                    assert store.get(j.id) == written
+
     def test_writes_to_one_job_in_one_batch_apply_in_order(self, store: JobStore) -> None:
         job = store.insert(make_job("j-1"))
         queued = transition(job, JobState.QUEUED, at=1.0)

@@ -78,6 +78,14 @@ def agent_kernels(pool: PoolSpec) -> str:
     return "learned" if pool.kernels == "auto" else pool.kernels
 
 
+def _has_entries(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
 class _KeptCacheAgent(HttpAgentClient):
     """A local pod's agent: its caller's kept caches go in at the pod's first launch, out after each clean
     reset (`broker.backends.kept`), both while none of the pod's job processes run."""
@@ -535,8 +543,8 @@ class LocalBackend:
         """After a clean reset or at deletion: the pod's kept content back into its caller's store."""
         record = record if record is not None else self._records.get(name)
         caller = record.get("kept_caller") if record is not None else None
-        if record is None or not caller:
-            return
+        if record is None or not caller or not _has_entries(self._dirs(name).kept):
+            return  # nothing kept (a pool without keep_paths): no worker-thread hop per reset
         try:
             await asyncio.to_thread(check_out, self._dirs(name).kept,
                                     caller_store(self.state_dir, record["pool"], caller))

@@ -9,6 +9,7 @@ store transaction (group commit), so a busy SQL store pays one commit for many j
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +18,8 @@ from broker.jobs import Job
 from broker.ports.store import JobStore
 
 T = TypeVar("T")
+
+FINISHED_KEPT = 4096
 
 
 class Abort(Exception):
@@ -31,6 +34,9 @@ class JobBook:
         """Non-terminal jobs, as last committed."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self.finished: OrderedDict[str, Job] = OrderedDict()
+        """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
+        client polling for its result reads it here, not from the store."""
         self._pending: list[tuple[Job, int, asyncio.Future[bool]]] = []
         self._flushing = False
 
@@ -47,7 +53,7 @@ class JobBook:
         return stored
 
     async def get(self, job_id: str) -> Job | None:
-        job = self.live.get(job_id)
+        job = self.live.get(job_id) or self.finished.get(job_id)
         if job is not None:
             return job
         return await self.io(self.store.get, job_id)
@@ -57,6 +63,9 @@ class JobBook:
         if job.terminal:
             self.live.pop(job.id, None)
             self._locks.pop(job.id, None)
+            self.finished[job.id] = job
+            if len(self.finished) > FINISHED_KEPT:
+                self.finished.popitem(last=False)
         else:
             self.live[job.id] = job
         event = self._changed.pop(job.id, None)

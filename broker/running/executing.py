@@ -21,7 +21,7 @@ from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
-from broker.pods import Origin, Pod, owner_annotations
+from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
@@ -45,6 +45,9 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
+_PER_JOB_ANNOTATIONS = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
+"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
+_OWNERS_KEPT = 10_000
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
 PREEMPTING = "preempting: "
 """Prefix of a running attempt's message once the broker asked it to yield (broker.claiming.preempting)."""
@@ -128,6 +131,8 @@ class Executor:
         self.preempting: dict[str, str] = {}
         """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
+        self._owners: dict[str, dict[str, str]] = {}
+        """pod -> the ownership annotations last written for it (a job start rewrites them only when they change)."""
 
     # ---------------------------------------------------------------- launch
 
@@ -177,7 +182,8 @@ class Executor:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
         self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
         for pod in lease.pods:
-            self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+            if self._owner_changed(pod):  # else recovery learns a busy pod's owner from its job row
+                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
         if self.book.live.get(job.id, job).cancel_requested:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods)
@@ -260,9 +266,18 @@ class Executor:
         except FirepoolError as exc:
             log.warning("recording the start of %s failed (the result write will carry it): %s", aid, exc)
 
+    def _owner_changed(self, pod: Pod) -> bool:
+        """Do the pod's ownership annotations (all but the job and its hold times) differ from the last written?"""
+        owner = {k: v for k, v in owner_annotations(pod).items() if k not in _PER_JOB_ANNOTATIONS}
+        return self._owners.get(pod.name) != owner
+
     async def _annotate(self, pod: Pod) -> None:
+        annotations = owner_annotations(pod)
+        if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
+            self._owners.clear()
+        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in _PER_JOB_ANNOTATIONS}
         try:
-            await self.backend.annotate(pod.name, owner_annotations(pod))
+            await self.backend.annotate(pod.name, annotations)
         except FirepoolError as exc:
             log.debug("annotating %s failed: %s", pod.name, exc)
 
@@ -405,7 +420,7 @@ class Executor:
 
     async def _write_log(self, aid: str, rank: int, stream: str, data: bytes) -> None:
         name = stream if rank == 0 else f"rank{rank}.{stream}"
-        if self.logs.blocking:
+        if self.logs.blocking and data:  # an empty log writes nothing worth a worker thread
             await asyncio.to_thread(self.logs.write, aid, name, data)
         else:
             self.logs.write(aid, name, data)
@@ -498,7 +513,7 @@ class Executor:
                     self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))  # a new hold survives a broker kill
                 self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)

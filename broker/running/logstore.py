@@ -21,6 +21,9 @@ class FileLogStore:
 
     def write(self, attempt_id: str, stream: str, data: bytes) -> None:
         path = self._path(attempt_id, stream)
+        if not data:  # an empty log is no file (read answers b""): a quiet job costs no directory and no rename
+            path.unlink(missing_ok=True)
+            return
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)

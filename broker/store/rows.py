@@ -39,6 +39,23 @@ def _check_lengths(row: Mapping[str, Any], what: str) -> None:
                                  {"field": name, "max_length": limit})
 
 
+_SPEC_JSON: dict[str, tuple[JobSpec, str]] = {}
+_SPEC_JSON_KEPT = 8192
+
+
+def _spec_json(job: Job) -> str:
+    """The spec's JSON document, encoded once per spec: every write of a job rewrites its row, and a job's
+    versions share one frozen `JobSpec` object, so encoding it again (asdict deep-copies) is waste."""
+    hit = _SPEC_JSON.get(job.id)
+    if hit is not None and hit[0] is job.spec:
+        return hit[1]
+    encoded = _dumps(job.spec.to_json())
+    if len(_SPEC_JSON) >= _SPEC_JSON_KEPT:
+        _SPEC_JSON.clear()
+    _SPEC_JSON[job.id] = (job.spec, encoded)
+    return encoded
+
+
 def job_row(job: Job, now: float) -> dict[str, Any]:
     """Every column of `job`'s row; `created_at` is set by the caller's statement only on insert."""
     unknown = set(job.timings) - set(TIMING_FIELDS)
@@ -62,7 +79,7 @@ def job_row(job: Job, now: float) -> dict[str, Any]:
         "error_class": job.error_class,
         "error_message": job.error_message,
         "cancel_requested": bool(job.cancel_requested),
-        "spec": _dumps(spec.to_json()),
+        "spec": _spec_json(job),
         "pods_bound": _dumps(list(job.pods)),
         "acquisition": _dumps([a.to_json() for a in job.acquisition]),
         "dropped_env": _dumps([dict(d) for d in job.dropped_env]),

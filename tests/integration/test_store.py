@@ -5,6 +5,7 @@ Every test runs once per backend against a real database; see store_databases.py
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -16,8 +17,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from broker.claiming.jobbook import JobBook
+from broker.clock import RealClock
 from broker.errors import InvalidRequest, StoreError
-from broker.jobs import JobState, transition
+from broker.jobs import Job, JobState, transition
 from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 from broker.store.schema import VERSION_TABLE, metadata
@@ -124,6 +127,32 @@ def test_group_commit_is_one_transaction(store: SqlJobStore) -> None:
     assert len(transactions) == 1
 
 
+def test_a_lost_race_in_the_job_books_group_commit_affects_only_that_job(store: SqlJobStore,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = [store.insert(make_job(f"j-{i}", state=JobState.QUEUED, version=1)) for i in range(8)]
+    book = JobBook(store, RealClock())
+    for job in jobs:
+        book.adopt(job)
+    rival = transition(jobs[3], JobState.CANCELLED, at=5.0)  # another writer moves j-3 behind the book's back
+    assert store.commit([(rival, jobs[3].version)]) == [True]
+    batches: list[int] = []
+    commit = store.commit
+    monkeypatch.setattr(store, "commit", lambda writes: batches.append(len(writes)) or commit(writes))
+
+    async def bind_all() -> list[Job | None]:
+        return await asyncio.gather(*(book.write(j.id, lambda cur: transition(cur, JobState.RUNNING, at=6.0,
+                                                                              pods=("p",))) for j in jobs))
+
+    results = asyncio.run(bind_all())
+    assert batches == [8]  # eight writers, one transaction
+    assert results[3] is None and "j-3" not in book.live  # the loser adopted the rival's terminal row
+    assert store.get("j-3") == rival
+    for job, result in zip(jobs, results, strict=True):
+        if job.id != "j-3":
+            assert result is not None and result.state is JobState.RUNNING
+            assert store.get(job.id) == result == book.live[job.id]
+
+
 def test_an_over_long_name_is_refused_the_same_on_every_backend(store: SqlJobStore) -> None:
     with pytest.raises(InvalidRequest, match="idempotency_key"):
         store.insert(make_job("j-1", key="k" * 256))
@@ -227,22 +256,29 @@ def _fail_once(store: SqlJobStore, verb: str, error: Exception) -> list[str]:
     return seen
 
 
+def _job_write(store: SqlJobStore) -> str:
+    """The verb of a commit's job-row write: MySQL sends the batch as one multi-row upsert."""
+    return "INSERT" if store.engine.dialect.name in ("mysql", "mariadb") else "UPDATE"
+
+
 def test_a_dropped_connection_before_commit_is_retried(store: SqlJobStore) -> None:
     job = store.insert(make_job("j-1"))
-    dropped = sa.exc.OperationalError("UPDATE", {}, ConnectionResetError("gone"), connection_invalidated=True)
-    seen = _fail_once(store, "UPDATE", dropped)
+    verb = _job_write(store)
+    dropped = sa.exc.OperationalError(verb, {}, ConnectionResetError("gone"), connection_invalidated=True)
+    seen = _fail_once(store, verb, dropped)
     queued = transition(job, JobState.QUEUED, at=1.0)
     assert store.commit([(queued, 0)]) == [True]
-    assert seen.count("UPDATE") == 2
+    assert seen.count(verb) == 2
     assert store.get("j-1") == queued
 
 
 def test_a_non_transient_failure_is_not_retried(store: SqlJobStore) -> None:
     job = store.insert(make_job("j-1"))
-    seen = _fail_once(store, "UPDATE", sa.exc.OperationalError("UPDATE", {}, OSError("disk full")))
+    verb = _job_write(store)
+    seen = _fail_once(store, verb, sa.exc.OperationalError(verb, {}, OSError("disk full")))
     with pytest.raises(StoreError, match="disk full"):
         store.commit([(transition(job, JobState.QUEUED, at=1.0), 0)])
-    assert seen.count("UPDATE") == 1
+    assert seen.count(verb) == 1
     assert store.get("j-1") == job
 
 

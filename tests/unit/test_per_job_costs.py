@@ -1,0 +1,83 @@
+"""What a job costs the broker besides its commits: pod record writes, result reads, empty logs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from broker.clock import VirtualClock
+from broker.jobs import JobState
+from broker.pods import ANNOTATION_PREFIX
+from broker.ports.backend import FakeBackend
+from broker.running.logstore import FileLogStore
+from tests.unit.harness import Harness, cpu_pool
+
+
+class RecordingBackend(FakeBackend):
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.writes: list[dict[str, str]] = []
+
+    async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
+        self.writes.append(dict(annotations))
+        await super().annotate(name, annotations)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    clock = VirtualClock()
+    harness = await Harness([cpu_pool(max_count=1, caller_hold_seconds=60.0)], clock=clock,
+                            backend=RecordingBackend(clock)).start()
+    yield harness
+    await harness.stop()
+
+
+async def test_a_busy_pods_record_is_rewritten_at_a_start_only_when_its_owner_changes(h: Harness) -> None:
+    backend = h.backend
+    assert isinstance(backend, RecordingBackend)
+    await h.run_job("alice")
+    await h.spin()
+    assert len(backend.writes) == 2  # owner alice at the start, alice's hold after the reset
+    for _ in range(5):
+        await h.run_job("alice")  # same owner: the start writes nothing, each reset writes the new hold
+    await h.spin()
+    assert len(backend.writes) == 2 + 5
+    assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "alice"
+    pod = next(iter(backend.pods.values()))
+    assert pod.annotations[ANNOTATION_PREFIX + "job"] == ""  # idle and held, written at once
+    assert pod.annotations[ANNOTATION_PREFIX + "hold-until"] != "None"
+
+
+async def test_a_finished_job_is_read_from_the_book_not_the_store(h: Harness) -> None:
+    job = await h.run_job("alice")
+    reads: list[str] = []
+    store_get = h.store.get
+    h.store.get = lambda job_id: reads.append(job_id) or store_get(job_id)  # type: ignore[method-assign]
+    got = await h.cp.wait("alice", job.id, 5.0)
+    assert got.state is JobState.SUCCEEDED and got == job
+    assert reads == []
+
+
+def test_an_empty_log_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
+    logs = FileLogStore(tmp_path)
+    logs.write("j1:0", "stdout", b"")
+    assert list(tmp_path.iterdir()) == []
+    assert logs.read("j1:0", "stdout") == b""
+    logs.write("j1:0", "stderr", b"oops")
+    assert logs.read("j1:0", "stderr") == b"oops"
+
+
+def test_a_jobs_row_carries_its_current_spec_even_when_the_spec_object_changes() -> None:
+    import dataclasses
+    import json
+
+    from broker.jobs import Job, JobSpec
+    from broker.store.rows import job_row
+
+    job = Job(id="j-spec", caller="alice", spec=JobSpec(pool="cpu", command=("true",)))
+    first = job_row(job, 1.0)["spec"]
+    assert job_row(dataclasses.replace(job, version=1), 2.0)["spec"] == first  # same spec object
+    changed = dataclasses.replace(job, spec=dataclasses.replace(job.spec, priority=7))
+    assert json.loads(job_row(changed, 3.0)["spec"])["priority"] == 7

@@ -41,10 +41,8 @@ PAPER_MAKESPAN = {("w-agent-4", "reuse-on"): 119.3, ("w-agent-4", "fresh-pod"): 
 
 
 def simulated_h200_rows(plans: dict[str, list[Plan]]) -> list[Row]:
-    """HOOK (issue 12): the same workloads through the simulator at full scale with the `h200` venue.
-
-    The simulator's engine (branch i12-sim) provides the function that runs a plan in an arm; glue it here
-    at merge, returning rows with id B7 and metrics prefixed "simulated h200:"."""
+    """The same workloads through the simulator (broker.sim) at full scale with the `h200` venue: rows with
+    id B7 and metrics prefixed "simulated h200:"."""
     from broker.sim.tables import loop_rows
 
     del plans  # the simulator draws the same workloads from its own seeds (Table 5's H200 columns, 6 repeats)

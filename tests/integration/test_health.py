@@ -89,6 +89,11 @@ def test_a_restarted_broker_keeps_quarantines_and_trusts_agents_of_the_recorded_
         alice, ops = b.client("alice"), b.client("ops")
         run_job(alice, {"pool": "gpu", "command": ["sh", "-c", FAULT_ON_0], "max_retries": 0}, wait=120)
         held = run_job(alice, {"pool": "cpu", "command": ["true"], "lease_tag": "keep"})
+        (pod,) = held["attempts"][-1]["pods"]
+        deadline = time.monotonic() + 60  # the hold is written after the reset: kill the broker once it is
+        while time.monotonic() < deadline and not any(
+                p["name"] == pod and p["state"] == "idle" for p in ops.get("/v1/pods").json()["pods"]):
+            time.sleep(0.05)
         b.kill()
         b.start()
         assert [r["key"] for r in ops.get("/v1/admin/quarantine").json()["quarantine"] if r["quarantined"]] == \

@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.backends import gpus as gpu_discovery
 from broker.backends import networking
+from broker.backends.hostgpus import HostGpus
 from broker.backends.kept import caller_store, check_in, check_out
 from broker.backends.limits import Limits, parse_limits
 from broker.backends.podlimits import PodLimiter
@@ -51,7 +51,7 @@ from broker.backends.sandboxing import (
     uses,
 )
 from broker.backends.startdelay import VenueDelays
-from broker.backends.volumes import make_volume_dirs, volume_binds
+from broker.backends.volumes import make_volume_dirs, tree_bytes, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.fleet.nodes import Node
@@ -124,10 +124,7 @@ class LocalBackend:
         self.prefixes = python_prefixes(python_prefix)
         self.agent_dir = agent_package_dir()
         self.uid = (sandbox_uid if sandbox_uid is not None else 65534) if os.geteuid() == 0 else None
-        self._gpus = {g.device.key: g for g in gpu_discovery.discover(virtual_gpus)}
-        self._nodes = gpu_discovery.local_nodes([g.device for g in self._gpus.values()], gpus_per_node,
-                                                virtual=virtual_gpus is not None)
-        self._node_of = {key: node.id for node in self._nodes for key in node.gpus}
+        self.gpus = HostGpus(virtual_gpus, gpus_per_node)
         self.bwrap = shutil.which("bwrap")
         self.mode = self._choose_mode(sandbox)
         self.limiter = PodLimiter(self.state_dir)
@@ -192,15 +189,15 @@ class LocalBackend:
         return self.mode == "bwrap"
 
     def devices(self) -> list[Device]:
-        return [g.device for g in self._gpus.values()]
+        return self.gpus.devices()
 
     def nodes(self) -> list[Node]:
         """Virtual nodes (`--virtual-nodes`) split this host's GPUs; real GPUs make one node, this host."""
-        return list(self._nodes)
+        return list(self.gpus.nodes)
+
     async def gpu_health(self, keys: Sequence[str]) -> dict[str, GpuHealth]:
         """NVML's health of these real GPUs (broker.health.gpuhealth); virtual ones are left out."""
-        real = [k for k in keys if k in self._gpus and not self._gpus[k].virtual]
-        return await asyncio.to_thread(gpu_discovery.read_health, real) if real else {}
+        return await self.gpus.health(keys)
 
     # -- records --------------------------------------------------------------------------------
 
@@ -212,22 +209,7 @@ class LocalBackend:
 
         Blocking (a directory walk, at most `max_entries` entries, links not followed): call it on a thread.
         """
-        root = self._dirs(name).workspace
-        if not root.is_dir():
-            return None
-        total, seen, stack = 0, 0, [str(root)]
-        while stack and seen < max_entries:
-            try:
-                with os.scandir(stack.pop()) as entries:
-                    for entry in entries:
-                        seen += 1
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        elif entry.is_file(follow_symlinks=False):
-                            total += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue  # removed or unreadable meanwhile: count what is left
-        return total
+        return tree_bytes(self._dirs(name).workspace, max_entries)
 
     @staticmethod
     def _read(path: Path) -> dict[str, Any] | None:
@@ -261,33 +243,7 @@ class LocalBackend:
                                 "root": str(self._dirs(record["name"]).root),
                                 "limits": record.get("limits", {}),
                                 "venue_delay_s": record.get("venue_delay_s", 0.0)},
-                       node=record.get("node") or (self._node_of.get(record["gpus"][0], "") if record["gpus"] else ""))
-
-    def _allocate(self, count: int, name: str, node: str = "", avoid: frozenset[str] = frozenset()) -> list[str]:
-        """Exclusive GPUs for a pod (on `node` when placement chose one); synchronous, so two concurrent
-        creates never get the same one. `avoid`: quarantined GPUs, never given to a new pod."""
-        if count <= 0:
-            return []
-        if node and node not in {n.id for n in self._nodes}:
-            raise BackendError(f"pod {name}: no node {node}")
-        used = {key for record in self._records.values() for key in record["gpus"]}
-        free = [key for key in self._gpus
-                if key not in used and key not in avoid and (not node or self._node_of.get(key) == node)]
-        if len(free) < count:
-            where = f" on node {node}" if node else ""
-            raise BackendError(f"pod {name} needs {count} GPU(s){where}, {len(free)} free of {len(self._gpus)}"
-                               + (f" ({len(avoid)} quarantined)" if avoid else ""))
-        return free[:count]
-
-    def _pin(self, keys: tuple[str, ...], pool: str, name: str) -> list[str]:
-        """A standby's devices: each must exist and be shared only by pods of the same pool (its group)."""
-        for key in keys:
-            if key not in self._gpus:
-                raise BackendError(f"pod {name}: no GPU {key} to pin to")
-            others = {r["pool"] for r in self._records.values() if key in r["gpus"]}
-            if others - {pool}:
-                raise BackendError(f"pod {name}: GPU {key} is shared with pool(s) {sorted(others - {pool})}")
-        return list(keys)
+                       node=record.get("node") or self.gpus.node(record["gpus"]))
 
     # -- create ---------------------------------------------------------------------------------
 
@@ -309,9 +265,10 @@ class LocalBackend:
         for bind in binds:
             if uses([bind.src], str(self.state_dir)) is not None:
                 raise BackendError(f"pool {request.pool.name}: bind {bind.src} would expose the broker's state")
-        keys = self._pin(request.gpus, request.pool.name, name) if request.gpus else \
-            self._allocate(request.pool.gpus, name, request.node, request.avoid)
-        chosen = [self._gpus[k] for k in keys]
+        records = self._records.values()
+        keys = self.gpus.pin(records, request.gpus, request.pool.name, name) if request.gpus else \
+            self.gpus.allocate(records, request.pool.gpus, name, request.node, request.avoid)
+        chosen = [self.gpus.gpus[k] for k in keys]
         real = all(not g.virtual for g in chosen)
         # Real GPUs are named by UUID: only their device nodes exist in the sandbox, so indices would shift.
         cuda = ",".join(g.device.key if real else str(g.device.index) for g in chosen)
@@ -324,7 +281,7 @@ class LocalBackend:
             "network": network if self.isolated else "host",
             "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
             "limits": {"cgroup": "off"}, "venue_delay_s": modelled,
-            "node": self._node_of.get(keys[0], "") if keys else "",
+            "node": self.gpus.node(keys),
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)

@@ -147,3 +147,24 @@ def _run(argv: list[str]) -> None:
     if result.returncode != 0:
         raise OSError(f"{' '.join(argv[:2])} failed ({result.returncode}): "
                       f"{result.stderr.decode(errors='replace').strip()[:300]}")
+
+
+def tree_bytes(root: Path, max_entries: int) -> int | None:
+    """Bytes of the files under `root` (at most `max_entries` entries, links not followed); None without it.
+
+    Blocking (a directory walk): call it on a thread."""
+    if not root.is_dir():
+        return None
+    total, seen, stack = 0, 0, [str(root)]
+    while stack and seen < max_entries:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue  # removed or unreadable meanwhile: count what is left
+    return total

@@ -73,7 +73,11 @@ class Kubelet:
         self._ending: dict[str, asyncio.Task[Any]] = {}
         self._running: dict[str, AgentProcess] = {}
         self._ended: set[str] = set()
-        self._ips = (f"127.1.{n // 250}.{n % 250 + 1}" for n in itertools.cycle(range(250 * 250)))
+        # Pod IPs walk 127.1.x.y from a random start, so two emulators on one host (parallel test runs)
+        # do not hand the same IP, and so the same agent port, to two live pods.
+        start = secrets.randbelow(250 * 250)
+        self._ips = (f"127.1.{n // 250}.{n % 250 + 1}"
+                     for n in itertools.islice(itertools.cycle(range(250 * 250)), start, None))
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._images: set[tuple[str, str]] = set()
         """(node, image) pairs already pulled."""

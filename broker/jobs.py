@@ -143,6 +143,11 @@ class JobSpec:
     image: str = ""
     """A custom container image from the pool's allowlist (broker.images); empty: the pool's own."""
 
+    @property
+    def own_pods(self) -> bool:
+        """The job's pods are made for it (single-use, or a custom image's), never taken from the pool."""
+        return self.single_use or bool(self.image)
+
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["command"] = list(self.command)

@@ -96,7 +96,7 @@ class Dispatcher:
             self.tracker.drop_reservation(job_id, job.spec.pool)
         self.waiting_reason.pop(job_id, None)
         self.tracker.drop_reclaim(job_id)
-        if job is None or job.spec.single_use or job.spec.image:
+        if job is None or job.spec.own_pods:
             self.controller.abandon_single_use(job_id)  # the pods made for it would be orphans: retire them now
 
     def dispatch_once(self) -> int:
@@ -128,7 +128,7 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
-                if spec.single_use or spec.image:  # a custom image's pods are made for the job (broker.images)
+                if spec.own_pods:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)
                         if spec.image:

@@ -57,6 +57,9 @@ def test_an_agent_unreachable_at_launch_fails_the_attempt_typed_and_the_retry_ru
     c = broker.client()
     first = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "u"})
     pod = first["acquisition"][0]["pod"]
+    # Stop the agent once its reset is done: stopped during the reset, the pod is lost before the next job.
+    wait_for(lambda: any(p["name"] == pod and p["state"] == "idle" for p in c.get("/v1/pods").json()["pods"]),
+             "the pod never came back idle")
     os.kill(agent_pid(broker, pod), signal.SIGSTOP)  # alive, connectable, and answering nothing
     second = run_job(c, {"pool": "cpu", "command": ["true"], "lease_tag": "u", "max_retries": 1}, wait=90)
     assert second["state"] == "SUCCEEDED", second

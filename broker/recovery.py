@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.tracking import Lease
 from broker.errors import FirepoolError
 from broker.health.decisions import EPOCH_INVALIDATED, decided
 from broker.health.epochs import Verdict, judge, recorded_epoch, reported_epoch
@@ -159,7 +160,7 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         cp.tracker.adopt_running(job.id, job.pods, job.caller)
         if any(s is not None and s.running for s in statuses):
             cp.executor.launched[job.id] = attempt.id
-            cp.tasks.spawn(f"watch {attempt.id}", cp.executor.watch(job, attempt.id, pods))
+            cp.tasks.spawn(f"watch {attempt.id}", _watch(cp, job, attempt.id, pods))
             report.reattached.append(job.id)
         else:
             cp.executor.launched[job.id] = attempt.id
@@ -201,6 +202,18 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         report.queued += 1
     phase("queue")
     return report
+
+
+async def _watch(cp: ControlPlane, job: Job, aid: str, pods: list[Pod]) -> None:
+    """Watch a re-attached attempt to its end. A watcher that raises (a bug, not an agent error) ends the attempt
+    `LaunchError` under the job's retry policy, as a raising bind task does (broker.claiming.dispatching): the
+    supervisor would only log it, leaving the job RUNNING with nobody watching and its pods assigned."""
+    try:
+        await cp.executor.watch(job, aid, pods)
+    except Exception as exc:
+        log.exception("watching re-attached %s failed inside the broker; ending its attempt", aid)
+        lease = Lease(job.id, job.caller, tuple(pods), sum(len(p.gpus) for p in pods))  # as adopt_running built it
+        await cp.executor.abort(job, lease, exc)
 
 
 async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:

@@ -50,8 +50,8 @@ class Counts:
     stale: int = 0
     """Old-template pods not yet retiring: capacity that cannot serve warm jobs."""
     single_use: int = 0
-    """Pods made for one job, or of one caller's custom image: physical (the ceiling, the budget), never
-    supply for others, never floor nor idle-cap pods."""
+    """Pods made for one job, or of one caller's custom image, not retiring: physical (the ceiling, the budget),
+    never supply for others, never floor nor idle-cap pods."""
     replacing: int = 0
     """Busy pods that retire at release (session boundary, drain, preemption): each wants a replacement."""
     standby: int = 0
@@ -86,7 +86,7 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
         c["physical"] += 1
         single = pod.origin is Origin.SINGLE_USE or bool(pod.image)
         old = pod.template != template
-        if single:
+        if single and state is not PodState.RETIRING:  # a retiring one counts once, as retiring (the floor subtracts both)
             c["single_use"] += 1
             if pod.image and state is PodState.IDLE:
                 continue  # its caller's image only: not an idle, held or fresh pod of the pool

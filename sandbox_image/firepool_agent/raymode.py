@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
+import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,57 @@ OBJECT_STORE_BYTES = 100 * (1 << 20)
 """A small object store (Ray's minimum is 75 MiB): a pod's /dev/shm is capped; jobs may raise it with
 FIREPOOL_RAY_OBJECT_STORE_BYTES."""
 NO_RAY_EXIT = 127
+TIMELINE = "firepool ray: timeline "
+"""Prefix of the head's one line of phase times (epoch seconds) in the job's log; `firepool bench gangs` reads it."""
+
+DAEMON_ENV = {
+    # No usage report: a sandbox has nowhere to send it, and the head's API server only runs its reporter.
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Each raylet starts its num_cpus Python workers as soon as it is up (Ray PR 33591), so they boot while
+    # the other nodes join and the driver starts, rather than when the driver registers: by default a raylet
+    # holds the first driver's registration until those workers have started (Ray issue 40131).
+    "RAY_enable_worker_prestart": "1",
+    "RAY_prestart_worker_first_driver": "0",
+}
+"""Environment of the `ray start` daemons of every rank (Ray reads `RAY_<config>` at process start)."""
+
+
+def pod_cpus() -> int:
+    """CPUs this pod may use: its affinity, capped by its cgroup's CPU quota (a pod's limit, not the host's cores).
+
+    Ray reads only the root cgroup's quota; a pod's limit sits on its own cgroup (a local-backend pod joins one
+    below the root), so without this a raylet counts the host's cores and sizes its worker pool to them."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cpus, int(quota))) if quota is not None else cpus
+
+
+def _cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPU quota (in CPUs) of this process's cgroup, v2 `cpu.max` or v1 `cpu.cfs_quota_us`; None when unlimited."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        path = path.lstrip("/")
+        try:
+            if controllers == "":  # v2: one unified tree
+                with open(os.path.join(root, path, "cpu.max")) as f:
+                    quota, period = f.read().split()
+            elif "cpu" in controllers.split(","):
+                base = os.path.join(root, controllers)
+                with open(os.path.join(base, path, "cpu.cfs_quota_us")) as f, \
+                        open(os.path.join(base, path, "cpu.cfs_period_us")) as g:
+                    quota, period = f.read().strip(), g.read().strip()
+            else:
+                continue
+        except (OSError, ValueError):
+            continue
+        if quota not in ("max", "-1") and float(period) > 0:
+            return float(quota) / float(period)
+    return None
 
 
 def wrap(argv: Sequence[str], env: Mapping[str, str], extra: Mapping[str, Any], run_dir: str) -> tuple[str, ...] | None:
@@ -87,28 +139,22 @@ def _ray_cli() -> list[str]:
 
 
 def _start_args(node_ip: str, temp_dir: str) -> list[str]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     store = int(os.environ.get("FIREPOOL_RAY_OBJECT_STORE_BYTES", OBJECT_STORE_BYTES))
-    return ["--block", "--node-ip-address", node_ip, "--num-cpus", str(cpus), "--object-store-memory", str(store),
-            "--disable-usage-stats", "--temp-dir", temp_dir]
+    return ["--block", "--node-ip-address", node_ip, "--num-cpus", str(pod_cpus()), "--object-store-memory",
+            str(store), "--disable-usage-stats", "--temp-dir", temp_dir]
 
 
-def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*_ray_cli(), "start", *args], env=env, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([*_ray_cli(), "start", *args], env={**os.environ, **DAEMON_ENV},
+                            stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """Stop a `ray start --block` and every daemon of its process group."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a `ray start --block` and every daemon of its process group at once.
+
+    No graceful stop: the cluster lives for one job, nothing in it is kept (the session directory is removed
+    below and the reset empties /dev/shm), and a SIGTERM'd raylet first drains, holding the job's end for
+    seconds."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -116,36 +162,36 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     proc.wait()
 
 
-def _wait_nodes(address: str, world: int, deadline: float) -> int:
-    """Connect as a client until `world` nodes are alive; the count seen."""
-    ray: Any = importlib.import_module("ray")  # only in the wrapper's process, never in the agent's
-    while True:
-        try:  # the GCS answers before the head's own node has registered: a client needs that node
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+def _alive_nodes(address: str, world: int, deadline: float) -> int:
+    """Read the GCS node table until `world` nodes are alive; the count seen.
+
+    A plain GCS client, as `ray start` checks its own node: connecting as a driver (`ray.init`) would
+    register a job and make the head's raylet start workers for it, in the driver's way."""
+    state_mod: Any = importlib.import_module("ray._private.state")  # only in the wrapper, never in the agent
+    services: Any = importlib.import_module("ray._private.services")
+    state = state_mod.GlobalState()
+    state._initialize_global_state(services._get_gcs_client_options(address))
+    alive = 0
+    while time.monotonic() < deadline:
+        try:
+            alive = sum(1 for n in state.node_table() if n.get("Alive"))
+        except Exception:  # noqa: BLE001 - the GCS answers its port before its tables: ask again
+            alive = 0
+        if alive >= world:
             break
-        except (ConnectionError, RuntimeError):
-            if time.monotonic() > deadline:
-                return 0
-            time.sleep(POLL_S * 5)
-    try:
-        alive = 0
-        while time.monotonic() < deadline:
-            alive = sum(1 for n in ray.nodes() if n.get("Alive"))
-            if alive >= world:
-                break
-            time.sleep(POLL_S)
-        return alive
-    finally:
-        ray.shutdown()
+        time.sleep(POLL_S)
+    return alive
 
 
 def head(command: Sequence[str], temp_dir: str) -> int:
-    env = dict(os.environ)
-    addr, port, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env.get("WORLD_SIZE", "1"))
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     node_ip = own_address(addr)
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    proc = _spawn(["--head", "--port", str(port), "--include-dashboard", "false",
-                   *_start_args(node_ip, temp_dir)], env)
+    times = {"wrapper_at": time.time()}
+    # The autoscaler's monitor has nothing to scale in a cluster of fixed size: --no-monitor (as KubeRay
+    # starts heads whose autoscaler runs elsewhere).
+    proc = _spawn(["--head", "--port", str(port), "--include-dashboard", "false", "--no-monitor",
+                   *_start_args(node_ip, temp_dir)])
     try:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while not reachable(node_ip, port):
@@ -153,13 +199,16 @@ def head(command: Sequence[str], temp_dir: str) -> int:
                 print(f"firepool ray: the head did not start (ray start exited {proc.poll()})", file=sys.stderr)
                 return 1
             time.sleep(POLL_S)
+        times["gcs_up_at"] = time.time()
         address = f"{node_ip}:{port}"
-        alive = _wait_nodes(address, world, deadline)
+        alive = _alive_nodes(address, world, deadline)
         if alive < world:
             print(f"firepool ray: {alive} of {world} nodes joined within {JOIN_TIMEOUT_S:.0f} s", file=sys.stderr)
             return 1
-        print(f"firepool ray: {world} node(s) up at {address}; driver starts", file=sys.stderr, flush=True)
-        driver_env = {**env, "RAY_ADDRESS": address, "FIREPOOL_RAY_ADDRESS": address}
+        times["nodes_up_at"] = time.time()
+        print(f"firepool ray: {world} node(s) up at {address}; driver starts", file=sys.stderr)
+        print(TIMELINE + json.dumps(times), file=sys.stderr, flush=True)
+        driver_env = {**os.environ, "RAY_ADDRESS": address, "FIREPOOL_RAY_ADDRESS": address}
         return subprocess.call(list(command), env=driver_env)
     finally:
         _stop(proc)
@@ -167,35 +216,34 @@ def head(command: Sequence[str], temp_dir: str) -> int:
 
 
 def worker(temp_dir: str) -> int:
-    env = dict(os.environ)
-    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    node_ip = own_address(addr)
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    """Join the head and stay until it goes away.
+
+    `ray start` runs at once, beside the head's: its Python start-up (about as long as the head's) overlaps the
+    head's, and Ray's own connect retries (NUM_REDIS_GET_RETRIES, 1 s apart) wait out a GCS not up yet."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    args = ["--address", f"{addr}:{port}", *_start_args(own_address(addr), temp_dir)]
     deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while not reachable(addr, port):
-        if time.monotonic() > deadline:
-            print(f"firepool ray: the head at {addr}:{port} never answered", file=sys.stderr)
-            return 1
-        time.sleep(POLL_S)
-    args = ["--address", f"{addr}:{port}", *_start_args(node_ip, temp_dir)]
-    proc = _spawn(args, env)
+    proc = _spawn(args)
     try:
+        seen = False
         misses = 0
-        while misses < HEAD_GONE_AFTER:
+        while True:
+            up = reachable(addr, port)
+            seen = seen or up
+            misses = 0 if up else misses + 1
+            if seen and misses >= HEAD_GONE_AFTER:
+                return 0  # the head went away: the driver finished
             if proc.poll() is not None:
-                if _goes_away(addr, port):
-                    return 0  # the node stopped with the head: the driver finished
+                if seen and _goes_away(addr, port):
+                    return 0  # the node stopped with the head
                 if time.monotonic() > deadline:
-                    print(f"firepool ray: this node could not join {addr}:{port} (ray start exited "
-                          f"{proc.returncode})", file=sys.stderr)
+                    why = "never answered" if not seen else f"would not take this node (ray start exited {proc.returncode})"
+                    print(f"firepool ray: the head at {addr}:{port} {why}", file=sys.stderr)
                     return proc.returncode or 1
-                # The head is up but would not take the node yet (a loaded GCS): join again.
-                proc = _spawn(args, env)
-            misses = 0 if reachable(addr, port) else misses + 1
+                proc = _spawn(args)  # the head was not up yet, or would not take the node yet (a loaded GCS)
             time.sleep(POLL_S * 2)
-        return 0  # the head went away: the driver finished
     finally:
-        _stop(proc, grace_s=5.0)
+        _stop(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -214,9 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) < 3 or args[0] not in ("head", "worker") or args[2] != "--":
         print("usage: raymode head|worker TEMP_DIR -- COMMAND...", file=sys.stderr)
         return 2
-    try:
-        importlib.import_module("ray")
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:  # not imported: `ray start` imports it, in parallel
         print("firepool ray: `mode: ray` needs Ray in the pod's Python (pip install 'firepool[ray]')",
               file=sys.stderr)
         return NO_RAY_EXIT

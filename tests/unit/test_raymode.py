@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +46,32 @@ def test_mode_ray_rides_in_the_spec_and_shows_in_the_job_view(mode: str, extra: 
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="mode"):
         JobRequest(command=["true"], mode="spark")  # type: ignore[arg-type]
+
+
+def _cgroups(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[str, str]:
+    (tmp_path / "proc").write_text(proc)
+    for rel, text in files.items():
+        (tmp_path / "fs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / rel).write_text(text)
+    return str(tmp_path / "proc"), str(tmp_path / "fs")
+
+
+@pytest.mark.parametrize(("proc", "files", "quota"), [
+    ("0::/firepool/pod-1\n", {"firepool/pod-1/cpu.max": "150000 100000\n"}, 1.5),      # v2, the pod's own cgroup
+    ("0::/firepool/pod-1\n", {"firepool/pod-1/cpu.max": "max 100000\n"}, None),        # v2, no limit
+    ("4:memory:/x\n3:cpu,cpuacct:/firepool/pod-2\n",                                    # v1, a shared mount
+     {"cpu,cpuacct/firepool/pod-2/cpu.cfs_quota_us": "200000\n",
+      "cpu,cpuacct/firepool/pod-2/cpu.cfs_period_us": "100000\n"}, 2.0),
+    ("3:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
+    ("0::/gone\n", {}, None),                                                           # no file: no limit known
+])
+def test_a_ray_node_counts_the_cpus_of_its_pods_cgroup_not_the_hosts(
+        tmp_path: Path, proc: str, files: dict[str, str], quota: float | None) -> None:
+    assert raymode._cgroup_cpu_quota(*_cgroups(tmp_path, proc, files)) == quota
+
+
+def test_a_pods_cpu_count_is_its_quota_rounded_down_and_at_least_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    cores = len(os.sched_getaffinity(0))
+    for quota, expected in [(None, cores), (0.5, 1), (1.0, 1), (1.9, 1), (1000.0, cores)]:
+        monkeypatch.setattr(raymode, "_cgroup_cpu_quota", lambda q=quota: q)
+        assert raymode.pod_cpus() == expected

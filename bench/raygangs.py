@@ -82,7 +82,7 @@ def first_task(sizes: tuple[int, ...], repeats: int) -> dict[int, dict[str, Any]
                 out[n]["cold" if i == 0 else "warm"].append(result["first_task_at"] - job["timings"]["submitted_at"])
                 out[n]["load"].append(os.getloadavg()[0])
                 if i:
-                    head = next((json.loads(line.split(TIMELINE, 1)[1]) for line in log.splitlines()
+                    head: dict[str, float] = next((json.loads(line.split(TIMELINE, 1)[1]) for line in log.splitlines()
                                  if TIMELINE in line), {})
                     out[n]["marks"].append({"submitted_at": job["timings"]["submitted_at"], **head, **result})
     return out

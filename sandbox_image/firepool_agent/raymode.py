@@ -10,7 +10,8 @@ workers and no Ray process survives (the reset proof counts them).
 
 The agent wraps the launch (`wrap`, from `binding.prepare`); this module is also the wrapper's main:
 `python -c <import this module's main> head|worker TEMP_DIR -- COMMAND...`. Ray must be installed in the pod's
-Python (`firepool[ray]`); without it the attempt fails with a LaunchError-like exit and says why.
+Python (`firepool[ray]`); without it the attempt fails with a LaunchError-like exit and says why. The
+daemons' flags and environment trim Ray's bootstrap; docs/health.md ("Bootstrap") says what and why.
 """
 
 from __future__ import annotations

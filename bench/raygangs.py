@@ -67,8 +67,14 @@ def first_task(sizes: tuple[int, ...], repeats: int) -> dict[int, dict[str, Any]
     with BenchBroker(pools=POOLS) as broker, broker.client() as c:
         for n in sizes:
             out[n] = {"cold": [], "warm": [], "marks": [], "load": []}
-            body: dict[str, Any] = {"pool": "cpu", "pods": n, "lease_tag": f"ray{n}", "mode": "ray",
-                                    "timeout_s": 600, "command": ["python3", "-c", DRIVER]}
+            body: dict[str, Any] = {
+                "pool": "cpu",
+                "pods": n,
+                "lease_tag": f"ray{n}",
+                "mode": "ray",
+                "timeout_s": 600,
+                "command": ["python3", "-c", DRIVER],
+            }
             for i in range(repeats + 1):
                 job = c.post("/v1/jobs", json=body).json()
                 while job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
@@ -79,19 +85,34 @@ def first_task(sizes: tuple[int, ...], repeats: int) -> dict[int, dict[str, Any]
                 result = json.loads(next(line for line in log.splitlines() if line.startswith("{")))
                 if result["nodes"] != n:
                     raise RuntimeError(f"{result['nodes']} Ray nodes for a {n}-pod job")
-                out[n]["cold" if i == 0 else "warm"].append(result["first_task_at"] - job["timings"]["submitted_at"])
+                out[n]["cold" if i == 0 else "warm"].append(
+                    result["first_task_at"] - job["timings"]["submitted_at"]
+                )
                 out[n]["load"].append(os.getloadavg()[0])
                 if i:
-                    head: dict[str, float] = next((json.loads(line.split(TIMELINE, 1)[1]) for line in log.splitlines()
-                                 if TIMELINE in line), {})
+                    head: dict[str, float] = next(
+                        (
+                            json.loads(line.split(TIMELINE, 1)[1])
+                            for line in log.splitlines()
+                            if TIMELINE in line
+                        ),
+                        {},
+                    )
                     out[n]["marks"].append({"submitted_at": job["timings"]["submitted_at"], **head, **result})
     return out
 
 
 def rows(sizes: tuple[int, ...], repeats: int) -> tuple[list[Row], dict[str, Any]]:
     if not available():
-        return [Row("G4", "Ray gang submit->first task: ray not installed (pip install 'firepool[ray]')", None, "s",
-                    "8.6 s (N=2) - 13.1 s (N=8)")], {}
+        return [
+            Row(
+                "G4",
+                "Ray gang submit->first task: ray not installed (pip install 'firepool[ray]')",
+                None,
+                "s",
+                "8.6 s (N=2) - 13.1 s (N=8)",
+            )
+        ], {}
     measured = first_task(sizes, repeats)
     out: list[Row] = []
     for n, times in measured.items():
@@ -99,14 +120,29 @@ def rows(sizes: tuple[int, ...], repeats: int) -> tuple[list[Row], dict[str, Any
         warm = percentile(times["warm"], 50)
         before = f"; before: {BEFORE_WARM[n]} s here" if n in BEFORE_WARM else ""
         load = max(times["load"])
-        out.append(Row("G4", f"Ray {n}-pod gang, warm pods: submit->first task p50 ({len(times['warm'])} jobs; "
-                       f"load avg up to {load:.1f} on {os.cpu_count()} cores)", warm,
-                       "s", f"{paper} s (N={n}){before}" if paper else "-", f"<= {paper} s" if paper else "",
-                       at_most(warm, paper) if paper else None))
+        out.append(
+            Row(
+                "G4",
+                f"Ray {n}-pod gang, warm pods: submit->first task p50 ({len(times['warm'])} jobs; "
+                f"load avg up to {load:.1f} on {os.cpu_count()} cores)",
+                warm,
+                "s",
+                f"{paper} s (N={n}){before}" if paper else "-",
+                f"<= {paper} s" if paper else "",
+                at_most(warm, paper) if paper else None,
+            )
+        )
         for name, start, end, paper_phase in PHASES:
             spans = [m[end] - m[start] for m in times["marks"] if start in m and end in m]
             if spans:
                 out.append(Row("G4", f"    {name}, p50", percentile(spans, 50), "s", paper_phase))
-        out.append(Row("G4", f"  ... cold (the job that created its {n} pods)", times["cold"][0], "s",
-                       "14.4-19.6 s (N=2-8)"))
+        out.append(
+            Row(
+                "G4",
+                f"  ... cold (the job that created its {n} pods)",
+                times["cold"][0],
+                "s",
+                "14.4-19.6 s (N=2-8)",
+            )
+        )
     return out, {"ray": measured}

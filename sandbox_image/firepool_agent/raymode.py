@@ -83,8 +83,10 @@ def _cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/
                     quota, period = f.read().split()
             elif "cpu" in controllers.split(","):
                 base = os.path.join(root, controllers)
-                with open(os.path.join(base, path, "cpu.cfs_quota_us")) as f, \
-                        open(os.path.join(base, path, "cpu.cfs_period_us")) as g:
+                with (
+                    open(os.path.join(base, path, "cpu.cfs_quota_us")) as f,
+                    open(os.path.join(base, path, "cpu.cfs_period_us")) as g,
+                ):
                     quota, period = f.read().strip(), g.read().strip()
             else:
                 continue
@@ -95,7 +97,9 @@ def _cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/
     return None
 
 
-def wrap(argv: Sequence[str], env: Mapping[str, str], extra: Mapping[str, Any], run_dir: str) -> tuple[str, ...] | None:
+def wrap(
+    argv: Sequence[str], env: Mapping[str, str], extra: Mapping[str, Any], run_dir: str
+) -> tuple[str, ...] | None:
     """The launch argv of a `mode: ray` rank (head on rank 0, worker elsewhere); None when not in Ray mode.
 
     Ray's session directory goes under the agent's run dir, which every reset empties (the pod's /tmp is
@@ -108,8 +112,10 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], extra: Mapping[str, Any], 
         temp_dir = f"/tmp/fp-ray-{role}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
     # The wrapper imports this module from the agent's root; the job's own env (and the driver's) does not
     # get the agent on its path.
-    boot = (f"import sys; sys.path.insert(0, {_agent_root()!r}); "
-            "from firepool_agent.raymode import main; sys.exit(main())")
+    boot = (
+        f"import sys; sys.path.insert(0, {_agent_root()!r}); "
+        "from firepool_agent.raymode import main; sys.exit(main())"
+    )
     return (sys.executable, "-c", boot, role, temp_dir, "--", *argv)
 
 
@@ -141,13 +147,27 @@ def _ray_cli() -> list[str]:
 
 def _start_args(node_ip: str, temp_dir: str) -> list[str]:
     store = int(os.environ.get("FIREPOOL_RAY_OBJECT_STORE_BYTES", OBJECT_STORE_BYTES))
-    return ["--block", "--node-ip-address", node_ip, "--num-cpus", str(pod_cpus()), "--object-store-memory",
-            str(store), "--disable-usage-stats", "--temp-dir", temp_dir]
+    return [
+        "--block",
+        "--node-ip-address",
+        node_ip,
+        "--num-cpus",
+        str(pod_cpus()),
+        "--object-store-memory",
+        str(store),
+        "--disable-usage-stats",
+        "--temp-dir",
+        temp_dir,
+    ]
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*_ray_cli(), "start", *args], env={**os.environ, **DAEMON_ENV},
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [*_ray_cli(), "start", *args],
+        env={**os.environ, **DAEMON_ENV},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -191,20 +211,34 @@ def head(command: Sequence[str], temp_dir: str) -> int:
     times = {"wrapper_at": time.time()}
     # The autoscaler's monitor has nothing to scale in a cluster of fixed size: --no-monitor (as KubeRay
     # starts heads whose autoscaler runs elsewhere).
-    proc = _spawn(["--head", "--port", str(port), "--include-dashboard", "false", "--no-monitor",
-                   *_start_args(node_ip, temp_dir)])
+    proc = _spawn(
+        [
+            "--head",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "false",
+            "--no-monitor",
+            *_start_args(node_ip, temp_dir),
+        ]
+    )
     try:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while not reachable(node_ip, port):
             if proc.poll() is not None or time.monotonic() > deadline:
-                print(f"firepool ray: the head did not start (ray start exited {proc.poll()})", file=sys.stderr)
+                print(
+                    f"firepool ray: the head did not start (ray start exited {proc.poll()})", file=sys.stderr
+                )
                 return 1
             time.sleep(POLL_S)
         times["gcs_up_at"] = time.time()
         address = f"{node_ip}:{port}"
         alive = _alive_nodes(address, world, deadline)
         if alive < world:
-            print(f"firepool ray: {alive} of {world} nodes joined within {JOIN_TIMEOUT_S:.0f} s", file=sys.stderr)
+            print(
+                f"firepool ray: {alive} of {world} nodes joined within {JOIN_TIMEOUT_S:.0f} s",
+                file=sys.stderr,
+            )
             return 1
         times["nodes_up_at"] = time.time()
         print(f"firepool ray: {world} node(s) up at {address}; driver starts", file=sys.stderr)
@@ -238,7 +272,11 @@ def worker(temp_dir: str) -> int:
                 if seen and _goes_away(addr, port):
                     return 0  # the node stopped with the head
                 if time.monotonic() > deadline:
-                    why = "never answered" if not seen else f"would not take this node (ray start exited {proc.returncode})"
+                    why = (
+                        "never answered"
+                        if not seen
+                        else f"would not take this node (ray start exited {proc.returncode})"
+                    )
                     print(f"firepool ray: the head at {addr}:{port} {why}", file=sys.stderr)
                     return proc.returncode or 1
                 proc = _spawn(args)  # the head was not up yet, or would not take the node yet (a loaded GCS)
@@ -264,8 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: raymode head|worker TEMP_DIR -- COMMAND...", file=sys.stderr)
         return 2
     if importlib.util.find_spec("ray") is None:  # not imported: `ray start` imports it, in parallel
-        print("firepool ray: `mode: ray` needs Ray in the pod's Python (pip install 'firepool[ray]')",
-              file=sys.stderr)
+        print(
+            "firepool ray: `mode: ray` needs Ray in the pod's Python (pip install 'firepool[ray]')",
+            file=sys.stderr,
+        )
         return NO_RAY_EXIT
     return head(args[3:], args[1]) if args[0] == "head" else worker(args[1])
 

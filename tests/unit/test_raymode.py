@@ -56,17 +56,34 @@ def _cgroups(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[str, str
     return str(tmp_path / "proc"), str(tmp_path / "fs")
 
 
-@pytest.mark.parametrize(("proc", "files", "quota"), [
-    ("0::/firepool/pod-1\n", {"firepool/pod-1/cpu.max": "150000 100000\n"}, 1.5),      # v2, the pod's own cgroup
-    ("0::/firepool/pod-1\n", {"firepool/pod-1/cpu.max": "max 100000\n"}, None),        # v2, no limit
-    ("4:memory:/x\n3:cpu,cpuacct:/firepool/pod-2\n",                                    # v1, a shared mount
-     {"cpu,cpuacct/firepool/pod-2/cpu.cfs_quota_us": "200000\n",
-      "cpu,cpuacct/firepool/pod-2/cpu.cfs_period_us": "100000\n"}, 2.0),
-    ("3:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
-    ("0::/gone\n", {}, None),                                                           # no file: no limit known
-])
+@pytest.mark.parametrize(
+    ("proc", "files", "quota"),
+    [
+        (
+            "0::/firepool/pod-1\n",
+            {"firepool/pod-1/cpu.max": "150000 100000\n"},
+            1.5,
+        ),  # v2, the pod's own cgroup
+        ("0::/firepool/pod-1\n", {"firepool/pod-1/cpu.max": "max 100000\n"}, None),  # v2, no limit
+        (
+            "4:memory:/x\n3:cpu,cpuacct:/firepool/pod-2\n",  # v1, a shared mount
+            {
+                "cpu,cpuacct/firepool/pod-2/cpu.cfs_quota_us": "200000\n",
+                "cpu,cpuacct/firepool/pod-2/cpu.cfs_period_us": "100000\n",
+            },
+            2.0,
+        ),
+        (
+            "3:cpu,cpuacct:/\n",
+            {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            None,
+        ),
+        ("0::/gone\n", {}, None),  # no file: no limit known
+    ],
+)
 def test_a_ray_node_counts_the_cpus_of_its_pods_cgroup_not_the_hosts(
-        tmp_path: Path, proc: str, files: dict[str, str], quota: float | None) -> None:
+    tmp_path: Path, proc: str, files: dict[str, str], quota: float | None
+) -> None:
     assert raymode._cgroup_cpu_quota(*_cgroups(tmp_path, proc, files)) == quota
 
 

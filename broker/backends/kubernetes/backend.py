@@ -29,13 +29,14 @@ from broker.backends.kubernetes.manifests import (
     ANN_GPUS,
     ANN_ORIGIN,
     ANN_READY,
+    HOSTNAME,
     LABEL_BROKER,
     LABEL_ROLE,
     pod_manifest,
     secret_manifest,
     secret_name,
 )
-from broker.backends.kubernetes.nodes import parse_nodes
+from broker.backends.kubernetes.nodes import DOMAIN_LABELS, parse_nodes
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
 from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
@@ -59,7 +60,6 @@ log = logging.getLogger("firepool.k8s")
 SYNC_TIMEOUT_S = 30.0
 NODES_EVERY_S = 30.0
 """How old the node list may get before the next create or list reads it again."""
-HOSTNAME = "kubernetes.io/hostname"
 
 
 def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
@@ -86,6 +86,9 @@ class KubernetesSettings:
     """How long a running pod's agent may take to answer its first health check."""
     pull_backoff_s: float = 30.0
     """After an image pull error, new pods of that template fail at once for this long (doubling)."""
+    domain_labels: tuple[str, ...] = DOMAIN_LABELS
+    """Node labels whose value is the node's topology domain, first set wins (the catalog's
+    `topology_domain_labels`)."""
     annotate_defer_s: float = DEFER_S
     """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
     (broker.backends.kubernetes.annotating); identity changes are written at once."""
@@ -128,7 +131,7 @@ class KubernetesBackend:
     async def refresh_nodes(self) -> list[Node]:
         """Read the cluster's Node objects again (at most every NODES_EVERY_S unless forced by a create)."""
         try:
-            self._nodes = parse_nodes(await self.api.nodes())
+            self._nodes = parse_nodes(await self.api.nodes(), self.settings.domain_labels)
         except BackendError as exc:
             # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
             (log.debug if self._nodes_failed else log.warning)(
@@ -214,7 +217,8 @@ class KubernetesBackend:
                                 annotations={**request.annotations, **hami.avoid_annotations(request.avoid)},
                                 standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
-                                image=request.image, gang=request.gang, gang_size=request.gang_size)
+                                image=request.image, gang=request.gang, gang_size=request.gang_size,
+                                avoid_nodes=self.avoided_nodes(request.avoid))
         # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
         # scheduler binds the pod there.
         chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
@@ -235,6 +239,9 @@ class KubernetesBackend:
             await with_backoff(self.clock, rate, lambda: self.api.patch(
                 "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
             pod = await self._wait_running(rec, image, pull_key, tpl.start_timeout_s)
+            node = str((pod.get("spec") or {}).get("nodeName", ""))
+            if node and not self._node_epoch(node) and not self._nodes_failed:
+                await self.refresh_nodes()  # a node added since the last list: its boot epoch is recorded too
             await self._wait_agent(rec)
             self._learn_devices(pod, standby=bool(request.gpus))
             if not rec.gpus and pool.gpus:
@@ -374,16 +381,35 @@ class KubernetesBackend:
                 continue
         return False
 
+    def avoided_nodes(self, avoid: frozenset[str]) -> list[str]:
+        """Nodes every GPU of which is to be avoided (the control plane avoids all cards of a quarantined node):
+        a new pod gets none of them, CPU pods included (required node affinity, NotIn)."""
+        return sorted(n.id for n in self._nodes if n.gpus and avoid.issuperset(n.gpus))
+
+    def _node_epoch(self, node: str) -> str:
+        """The boot epoch the node reports now (as last read); "" for a node not (or not yet) listed."""
+        return next((n.boot_epoch for n in self._nodes if n.id == node), "") if node else ""
+
+    def fence(self, name: str, why: str) -> None:
+        """Trust nothing on this pod any more (its node's boot epoch changed under it): agent calls fail, so the
+        attempt on it ends lost; the pod is deleted when its job lets go of it."""
+        rec = self._pods.get(name)
+        if rec is not None and not rec.lost:
+            rec.lost = why
+            rec.changed.set()
+            log.warning("pod %s fenced: %s", name, why)
+
     def _info(self, rec: PodRecord) -> PodInfo:
         pod = self.cache.pods.get(rec.name) or {}
         labels = podstatus.meta(pod).get("labels") or {}
+        node = str((pod.get("spec") or {}).get("nodeName", ""))
         return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
-                       node=str((pod.get("spec") or {}).get("nodeName", "")),
+                       node=node,
                        details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
                                 "incarnation": AGENT_INCARNATION if _started_with_incarnation(pod) else None,
-                                "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
+                                "node": node, "node_epoch": self._node_epoch(node), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 
@@ -393,6 +419,13 @@ class KubernetesBackend:
                                                                                       burst=burst))
         self._bucket.retune(qps, burst)
         log.info("pod creates paced at %.3g/s, burst %d", qps, burst)
+
+    def set_domain_labels(self, labels: Sequence[str] | None) -> None:
+        """Read topology domains from these node labels from the next node list on (a catalog reload)."""
+        wanted = tuple(labels) if labels else DOMAIN_LABELS
+        if wanted != self.settings.domain_labels:
+            self.settings = dataclasses.replace(self.settings, domain_labels=wanted)
+            self._nodes_at = -math.inf  # the next create or node poll reads the nodes again
 
     def ready_record(self, name: str) -> dict[str, float | None] | None:
         """Seconds from create to scheduled, image pulled, container started, agent answered."""

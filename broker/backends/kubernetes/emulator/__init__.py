@@ -49,6 +49,7 @@ import os
 import signal
 import tempfile
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -170,6 +171,19 @@ class Emulator:
         """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
         return self.store.create("nodes", "", make_node(name, gpus=gpus, labels=labels, annotations=annotations,
                                                         allocatable=allocatable, taints=taints))
+
+    def reboot_node(self, name: str) -> str:
+        """The node comes back under its name with a new `status.nodeInfo.bootID` (rebooted, or replaced by
+        another machine); its pods stay bound with their UIDs, as a kubelet restarts them after a reboot.
+        Returns the new boot id."""
+        boot = str(uuid.uuid4())
+
+        def rebooted(node: Obj) -> Obj:
+            node["status"]["nodeInfo"]["bootID"] = boot
+            return node
+
+        self.store.update("nodes", "", name, rebooted)
+        return boot
 
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""

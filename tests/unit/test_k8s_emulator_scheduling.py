@@ -99,3 +99,13 @@ def test_required_node_affinity_keeps_a_pod_off_the_nodes_it_excludes() -> None:
         {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["b"]}]},
         {"matchExpressions": [{"key": "missing", "operator": "Exists"}]}]}}}
     assert place(pod("p", limits=limits, affinity=tier), nodes, [])[0] == "n1"  # terms are ORed
+
+
+def test_cards_a_pod_must_not_use_are_never_given_to_it() -> None:
+    node = make_node("n0", gpus=2)
+    limits = {"nvidia.com/gpu": "1"}
+    assert place(pod("p", limits=limits), [node], [])[1] == [gpu_uuid("n0", 0)]
+    avoiding = pod("p", limits=limits, annotations={"nvidia.com/nouse-gpuuuid": gpu_uuid("n0", 0)})
+    assert place(avoiding, [node], [])[1] == [gpu_uuid("n0", 1)]
+    both = pod("p", limits=limits, annotations={"nvidia.com/nouse-gpuuuid": f"{gpu_uuid('n0', 0)},{gpu_uuid('n0', 1)}"})
+    assert place(both, [node], [])[0] is None

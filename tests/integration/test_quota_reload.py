@@ -31,7 +31,7 @@ def test_a_guarantee_raised_by_a_reload_admits_the_job_the_old_tree_refused(brok
     b = broker_factory(pools=POOLS.format(guarantee=1))
     alice = b.client("alice")
     refused = alice.post("/v1/jobs", json={"pool": "gpu", "pods": 2, "command": ["true"]})
-    assert refused.status_code == 422 and "guarantee of 1" in refused.json()["error"]["message"], refused.text
+    assert refused.status_code == 400 and "guarantee of 1" in refused.json()["error"]["message"], refused.text
     pools_file = b.state_dir.parent / f"{b.state_dir.name}-pools.yaml"
     pools_file.write_text(POOLS.format(guarantee=2))
     assert b.proc is not None

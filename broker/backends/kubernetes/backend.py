@@ -1,7 +1,7 @@
 """`KubernetesBackend`: the `Backend` port on a Kubernetes namespace.
 
 Creates a Secret (the agent's bearer secret) and a pod per request, waits on the watch cache for the pod
-to run, then for its agent to answer at the pod IP. Every pod and Secret carries `firepool.io/broker`;
+to run, then for its agent to answer at the pod IP (`starting`; nodes: `nodeview`; settings: `settings`). Every pod and Secret carries `firepool.io/broker`;
 the watch selects by it. The Secret records the UID of the pod it was made for: a pod under the same name
 with another UID is a different pod, and nothing on it is trusted. A pod deleted or evicted from outside
 is marked lost, so its agent calls fail and the attempt ends `PodLost` (and follows the retry policy).
@@ -17,15 +17,13 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
-from broker.backends.kubernetes.annotating import DEFER_S, Annotator
+from broker.backends.kubernetes.annotating import Annotator
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_INCARNATION,
-    AGENT_PORT,
     ANN_GPUS,
     ANN_ORIGIN,
     ANN_READY,
@@ -36,10 +34,12 @@ from broker.backends.kubernetes.manifests import (
     secret_manifest,
     secret_name,
 )
-from broker.backends.kubernetes.nodes import DOMAIN_LABELS, parse_nodes
+from broker.backends.kubernetes.nodeview import NODES_EVERY_S, NodeView
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
-from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
+from broker.backends.kubernetes.ratelimit import Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
+from broker.backends.kubernetes.settings import KubernetesSettings
+from broker.backends.kubernetes.starting import LaunchError, Starting
 from broker.backends.kubernetes.sweeping import sweep_cards
 from broker.backends.kubernetes.templates import PodTemplate, parse_template
 from broker.backends.kubernetes.watching import Change, PodCache, Watcher
@@ -55,11 +55,12 @@ from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.topology import Rendezvous
 from firepool_agent.kernel import POD_IP_ENV
 
+__all__ = ["ANN_POD_UID", "KubernetesBackend", "KubernetesSettings", "LaunchError"]
+"""Importable from here as before the split (settings, starting, nodeview)."""
+
 log = logging.getLogger("firepool.k8s")
 
 SYNC_TIMEOUT_S = 30.0
-NODES_EVERY_S = 30.0
-"""How old the node list may get before the next create or list reads it again."""
 
 
 def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
@@ -69,32 +70,7 @@ def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
     return "--incarnation" in (containers[0].get("args") or [])
 
 
-class LaunchError(BackendError):
-    """A pod cannot start (its image cannot be pulled, ...); `details.reason` says why. Not retried at once."""
-
-    retryable = False
-
-
-@dataclass(frozen=True)
-class KubernetesSettings:
-    namespace: str = "default"
-    broker_id: str = "firepool"
-    """The `firepool.io/broker` label value: which broker owns a pod (several may share a namespace)."""
-    agent_port: int = AGENT_PORT
-    rate: RateSettings = RateSettings()
-    agent_timeout_s: float = 30.0
-    """How long a running pod's agent may take to answer its first health check."""
-    pull_backoff_s: float = 30.0
-    """After an image pull error, new pods of that template fail at once for this long (doubling)."""
-    domain_labels: tuple[str, ...] = DOMAIN_LABELS
-    """Node labels whose value is the node's topology domain, first set wins (the catalog's
-    `topology_domain_labels`)."""
-    annotate_defer_s: float = DEFER_S
-    """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
-    (broker.backends.kubernetes.annotating); identity changes are written at once."""
-
-
-class KubernetesBackend:
+class KubernetesBackend(NodeView, Starting):
     kind = "kubernetes"
     isolated = True
     runs_images = True
@@ -127,22 +103,6 @@ class KubernetesBackend:
         self.annotator = Annotator(clock, self._patch_annotations, settings.annotate_defer_s)
 
     # -- watch ----------------------------------------------------------------------------------
-
-    async def refresh_nodes(self) -> list[Node]:
-        """Read the cluster's Node objects again (at most every NODES_EVERY_S unless forced by a create)."""
-        try:
-            self._nodes = parse_nodes(await self.api.nodes(), self.settings.domain_labels)
-        except BackendError as exc:
-            # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
-            (log.debug if self._nodes_failed else log.warning)(
-                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc)
-            self._nodes_failed = True
-        self._nodes_at = self.clock.now()
-        return self._nodes
-
-    def nodes(self) -> list[Node]:
-        """The Ready, schedulable nodes with GPUs, as last read (the watch loop and list_pods refresh them)."""
-        return list(self._nodes)
 
     async def _ensure(self) -> None:
         if self.clock.now() - self._nodes_at >= NODES_EVERY_S:
@@ -262,58 +222,6 @@ class KubernetesBackend:
         log.info("pod %s up: %s", name, rec.ready.view())
         return self._info(rec)
 
-    async def _wait_running(self, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float) -> dict[str, Any]:
-        """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
-        start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
-        deadline = self.clock.now() + start_timeout_s
-        while True:
-            rec.changed.clear()
-            pod = self.cache.pods.get(rec.name)
-            if rec.lost:
-                raise BackendError(f"pod {rec.name} {rec.lost} while starting")
-            if pod is not None and podstatus.uid(pod) == rec.uid:
-                if podstatus.running(pod):
-                    rec.ip = podstatus.pod_ip(pod)
-                    return dict(pod)
-                reason = podstatus.pull_error(pod)
-                if reason:
-                    self._block(pull_key, reason)
-                    raise LaunchError(f"pod {rec.name}: image {image} cannot be pulled: {reason}",
-                                      details={"reason": reason.split(":", 1)[0], "image": image})
-                why = podstatus.ended(pod)
-                if why:
-                    raise BackendError(f"pod {rec.name} ended while starting: {why}")
-            left = deadline - self.clock.now()
-            if left <= 0:
-                raise BackendError(f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
-                                   f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
-            await self.clock.wait(rec.changed, left)
-
-    def _block(self, key: str, reason: str) -> None:
-        """No retry storm: creates of this template (or custom image) fail at once for a while, doubling."""
-        previous = self._pull_block.get(key)
-        pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
-        self._pull_block[key] = (self.clock.now() + pause, pause, reason)
-
-    async def _wait_agent(self, rec: PodRecord) -> None:
-        client = self.agent(rec.name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.agent_timeout_s
-        pause = 0.005
-        while True:
-            try:
-                await client.health()
-                rec.ready.answered(self.clock.now())
-                return
-            except AgentError as exc:
-                if rec.lost:
-                    raise BackendError(f"pod {rec.name} {rec.lost} while starting") from exc
-                if loop.time() > deadline:
-                    raise BackendError(f"pod {rec.name}'s agent at {rec.ip} did not answer within "
-                                       f"{self.settings.agent_timeout_s:.0f} s") from exc
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 0.1)
-
     # -- delete ---------------------------------------------------------------------------------
 
     async def delete(self, name: str) -> None:
@@ -381,15 +289,6 @@ class KubernetesBackend:
                 continue
         return False
 
-    def avoided_nodes(self, avoid: frozenset[str]) -> list[str]:
-        """Nodes every GPU of which is to be avoided (the control plane avoids all cards of a quarantined node):
-        a new pod gets none of them, CPU pods included (required node affinity, NotIn)."""
-        return sorted(n.id for n in self._nodes if n.gpus and avoid.issuperset(n.gpus))
-
-    def _node_epoch(self, node: str) -> str:
-        """The boot epoch the node reports now (as last read); "" for a node not (or not yet) listed."""
-        return next((n.boot_epoch for n in self._nodes if n.id == node), "") if node else ""
-
     def fence(self, name: str, why: str) -> None:
         """Trust nothing on this pod any more (its node's boot epoch changed under it): agent calls fail, so the
         attempt on it ends lost; the pod is deleted when its job lets go of it."""
@@ -419,13 +318,6 @@ class KubernetesBackend:
                                                                                       burst=burst))
         self._bucket.retune(qps, burst)
         log.info("pod creates paced at %.3g/s, burst %d", qps, burst)
-
-    def set_domain_labels(self, labels: Sequence[str] | None) -> None:
-        """Read topology domains from these node labels from the next node list on (a catalog reload)."""
-        wanted = tuple(labels) if labels else DOMAIN_LABELS
-        if wanted != self.settings.domain_labels:
-            self.settings = dataclasses.replace(self.settings, domain_labels=wanted)
-            self._nodes_at = -math.inf  # the next create or node poll reads the nodes again
 
     def ready_record(self, name: str) -> dict[str, float | None] | None:
         """Seconds from create to scheduled, image pulled, container started, agent answered."""

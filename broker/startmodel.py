@@ -76,15 +76,21 @@ def from_template(template: Mapping[str, Any]) -> tuple[StartModel, int | None] 
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise ValueError("venue_delay must be a mapping of median_s, p90_s, crowd_n, crowd_factor, scale, seed")
+        raise ValueError(
+            "venue_delay must be a mapping of median_s, p90_s, crowd_n, crowd_factor, scale, seed"
+        )
     fields = {"median_s", "p90_s", "crowd_n", "crowd_factor", "scale", "seed"}
     unknown = sorted(set(raw) - fields)
     if unknown:
         raise ValueError(f"venue_delay: unknown field(s) {unknown} (allowed: {sorted(fields)})")
     try:
-        model = StartModel(median_s=float(raw["median_s"]), p90_s=float(raw.get("p90_s", raw["median_s"])),
-                           crowd_n=int(raw.get("crowd_n", 1)), crowd_factor=float(raw.get("crowd_factor", 1.0)),
-                           scale=float(raw.get("scale", 1.0)))
+        model = StartModel(
+            median_s=float(raw["median_s"]),
+            p90_s=float(raw.get("p90_s", raw["median_s"])),
+            crowd_n=int(raw.get("crowd_n", 1)),
+            crowd_factor=float(raw.get("crowd_factor", 1.0)),
+            scale=float(raw.get("scale", 1.0)),
+        )
     except KeyError:
         raise ValueError("venue_delay needs median_s") from None
     except (TypeError, ValueError) as exc:

@@ -82,10 +82,15 @@ class KeptCaches:
         record["kept_caller"] = caller
         self._write(record)  # before any content moves: a restarted broker knows whose it is
         kept = self._dirs(name).kept
-        slugs = sorted(p.name for p in kept.iterdir() if p.is_dir() and not p.is_symlink()) if kept.is_dir() else []
+        slugs = (
+            sorted(p.name for p in kept.iterdir() if p.is_dir() and not p.is_symlink())
+            if kept.is_dir()
+            else []
+        )
         if slugs:
-            added = await asyncio.to_thread(check_in, caller_store(self.state_dir, record["pool"], caller), kept,
-                                            slugs)
+            added = await asyncio.to_thread(
+                check_in, caller_store(self.state_dir, record["pool"], caller), kept, slugs
+            )
             log.debug("pod %s: %d kept entries of its caller checked in", name, added)
 
     async def kept_out(self: _Pods, name: str, record: Mapping[str, Any] | None = None) -> None:
@@ -95,7 +100,8 @@ class KeptCaches:
         if record is None or not caller or not _has_entries(self._dirs(name).kept):
             return  # nothing kept (a pool without keep_paths): no worker-thread hop per reset
         try:
-            await asyncio.to_thread(check_out, self._dirs(name).kept,
-                                    caller_store(self.state_dir, record["pool"], caller))
+            await asyncio.to_thread(
+                check_out, self._dirs(name).kept, caller_store(self.state_dir, record["pool"], caller)
+            )
         except OSError as exc:
             log.warning("pod %s: kept caches not saved for its caller: %s", name, exc)

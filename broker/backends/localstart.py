@@ -64,32 +64,59 @@ class PodStarting:
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
         try:
-            spec, join = await asyncio.to_thread(self.limiter.apply, spec, record, limits,
-                                                 self.uid if self.isolated else None)
+            spec, join = await asyncio.to_thread(
+                self.limiter.apply, spec, record, limits, self.uid if self.isolated else None
+            )
         except OSError as exc:
             raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
-        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, dirs.volumes,
-                     *([] if self.isolated else [dirs.tmp])):
+        for path in (
+            dirs.workspace,
+            dirs.pkg,
+            dirs.run,
+            dirs.deps,
+            dirs.volumes,
+            *([] if self.isolated else [dirs.tmp]),
+        ):
             path.mkdir(mode=0o700)
             if self.isolated and self.uid is not None:
                 os.chown(path, self.uid, self.uid)
-        make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
-                         self.uid if self.isolated else None)
+        make_volume_dirs(
+            tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
+            self.uid if self.isolated else None,
+        )
         if self.isolated and spec.network == "isolated":
             dirs.resolv.write_text(networking.resolv_conf())
             dirs.resolv.chmod(0o644)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         # The agent's incarnation (R5) is counted here, on the host beside its ledger, where no job reaches it.
-        record["incarnation"] = await asyncio.to_thread(next_incarnation, self.ledger_dir / f"{spec.name}.incarnation")
-        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD),
-                 "--incarnation", str(record["incarnation"])]  # the agent's own flags end it
+        record["incarnation"] = await asyncio.to_thread(
+            next_incarnation, self.ledger_dir / f"{spec.name}.incarnation"
+        )
+        argv += [
+            "--kernels",
+            record["kernels"],
+            "--ledger-fd",
+            str(LEDGER_FD),
+            "--incarnation",
+            str(record["incarnation"]),
+        ]  # the agent's own flags end it
         argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
-        env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = (
+            agent_env(spec, isolated=False)
+            if not self.isolated
+            else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        )
         self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
         try:
-            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated,
-                                            ledger=self.ledger_dir / f"{spec.name}.jsonl")
+            pid, info_fd = self.procs.spawn(
+                argv,
+                env,
+                record["secret"],
+                dirs.log,
+                with_info=self.isolated,
+                ledger=self.ledger_dir / f"{spec.name}.jsonl",
+            )
         except OSError as exc:
             raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
         record["launcher_pid"] = pid
@@ -105,9 +132,16 @@ class PodStarting:
         self._write(record)
         await self._wait_healthy(spec.name, pid)
         net_ms = await self.nets.attach(spec, record, agent_pid) if self.isolated else 0.0
-        log.info("pod %s up in %.0f ms (%s, network %s%s, GPUs %s, limits %.0f ms)", spec.name,
-                 (time.perf_counter() - began) * 1000, self.mode, record["network"], f" +{net_ms:.1f} ms" if net_ms else "",
-                 record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
+        log.info(
+            "pod %s up in %.0f ms (%s, network %s%s, GPUs %s, limits %.0f ms)",
+            spec.name,
+            (time.perf_counter() - began) * 1000,
+            self.mode,
+            record["network"],
+            f" +{net_ms:.1f} ms" if net_ms else "",
+            record["cuda_visible_devices"] or "none",
+            record.get("limits_ms", 0.0),
+        )
 
     def _log_tail(self: _Pods, name: str) -> str:
         with contextlib.suppress(OSError):
@@ -126,6 +160,8 @@ class PodStarting:
                 if self.procs.exited(launcher):
                     raise BackendError(f"pod {name} exited while starting: {self._log_tail(name)}") from exc
                 if time.monotonic() > deadline:
-                    raise BackendError(f"pod {name}'s agent did not answer within {START_TIMEOUT_S:.0f} s") from exc
+                    raise BackendError(
+                        f"pod {name}'s agent did not answer within {START_TIMEOUT_S:.0f} s"
+                    ) from exc
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.05)

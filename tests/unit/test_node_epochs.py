@@ -16,16 +16,24 @@ from tests.unit.harness import Harness, gpu_pool
 NODE = "fake-node-0"
 
 
-@pytest.mark.parametrize(("recorded", "reported", "verdict"), [
-    (Epoch("uid-a", 1, "boot-0"), Epoch("uid-a", 1, "boot-0"), Verdict.TRUSTED),
-    (Epoch("uid-a", 1, "boot-0"), Epoch("uid-a", 1, "boot-1"), Verdict.CHANGED),  # the pod survived a reboot
-    (Epoch("", None, "boot-0"), Epoch("", None, "boot-1"), Verdict.CHANGED),
-    (Epoch("", 1, "boot-0"), Epoch("", 1, ""), Verdict.TRUSTED),          # the node says nothing now: pod parts
-    (Epoch("", None, "boot-0"), Epoch("", 2, ""), Verdict.UNKNOWN),       # no part known on both sides
-    (None, Epoch("", None, "boot-0"), Verdict.UNKNOWN),                   # first contact
-])
+@pytest.mark.parametrize(
+    ("recorded", "reported", "verdict"),
+    [
+        (Epoch("uid-a", 1, "boot-0"), Epoch("uid-a", 1, "boot-0"), Verdict.TRUSTED),
+        (
+            Epoch("uid-a", 1, "boot-0"),
+            Epoch("uid-a", 1, "boot-1"),
+            Verdict.CHANGED,
+        ),  # the pod survived a reboot
+        (Epoch("", None, "boot-0"), Epoch("", None, "boot-1"), Verdict.CHANGED),
+        (Epoch("", 1, "boot-0"), Epoch("", 1, ""), Verdict.TRUSTED),  # the node says nothing now: pod parts
+        (Epoch("", None, "boot-0"), Epoch("", 2, ""), Verdict.UNKNOWN),  # no part known on both sides
+        (None, Epoch("", None, "boot-0"), Verdict.UNKNOWN),  # first contact
+    ],
+)
 def test_the_epoch_rule_compares_the_nodes_boot_epoch_when_both_sides_know_it(
-        recorded: Epoch | None, reported: Epoch, verdict: Verdict) -> None:
+    recorded: Epoch | None, reported: Epoch, verdict: Verdict
+) -> None:
     assert judge(recorded, reported) is verdict
 
 
@@ -48,11 +56,11 @@ def test_first_contact_records_a_node_and_a_new_boot_epoch_is_a_change() -> None
 
 def test_which_pods_a_change_voids() -> None:
     current = {"n0": "b1"}
-    assert voided("#1@b0", "n0", current, ())            # bound under the old epoch
+    assert voided("#1@b0", "n0", current, ())  # bound under the old epoch
     assert not voided("#1@b1", "n0", current, ())
-    assert voided("", "n0", current, ("n0",))            # nothing recorded, on a node that just changed
-    assert not voided("#1", "n0", current, ())           # no node part, no change seen: its own epoch decides
-    assert not voided("#1@b0", "", current, ())          # a CPU pod on no node
+    assert voided("", "n0", current, ("n0",))  # nothing recorded, on a node that just changed
+    assert not voided("#1", "n0", current, ())  # no node part, no change seen: its own epoch decides
+    assert not voided("#1@b0", "", current, ())  # a CPU pod on no node
 
 
 async def _held_gpu_pod(h: Harness) -> str:
@@ -70,8 +78,10 @@ async def test_a_held_pod_on_a_rebooted_node_loses_its_hold_and_is_deleted_while
         h.backend.reboot(NODE, "boot-1")
         await h.run_for(h.cp.tuning.node_check_s + 0.5)  # the node-epoch loop reads the nodes
         assert pod in h.backend.deleted and pod not in h.cp.tracker.pods
-        assert any(d.kind == "epoch_invalidated" and d.subject == f"node/{NODE}" and pod in d.detail["pods"]
-                   for d in decisions.RECENT)
+        assert any(
+            d.kind == "epoch_invalidated" and d.subject == f"node/{NODE}" and pod in d.detail["pods"]
+            for d in decisions.RECENT
+        )
         nxt = await h.run_job(pool="gpu", command=("exit", "0"), lease_tag="t")
         assert nxt.pods != (pod,) and h.cp.tracker.pods[nxt.pods[0]].epoch == "#1@boot-1"
     finally:
@@ -85,8 +95,13 @@ async def test_a_running_attempt_on_a_rebooted_node_is_requeued_without_spending
         await h.until(lambda: h.store.get(job.id).state is JobState.RUNNING)  # type: ignore[union-attr]
         pod = h.store.get(job.id).pods[0]  # type: ignore[union-attr]
         h.backend.reboot(NODE, "boot-1")  # the pod object and its agent stay: only the node's epoch tells
-        await h.until(lambda: h.store.get(job.id).state is not JobState.RUNNING  # type: ignore[union-attr]
-                      or h.store.get(job.id).pods != (pod,), timeout=60.0)  # type: ignore[union-attr]
+        await h.until(
+            lambda: (
+                h.store.get(job.id).state is not JobState.RUNNING  # type: ignore[union-attr]
+                or h.store.get(job.id).pods != (pod,)
+            ),
+            timeout=60.0,
+        )  # type: ignore[union-attr]
         row = h.store.get(job.id)
         assert row is not None and row.attempts[0].state is AttemptState.LOST
         assert row.attempts[0].error_class == ErrorClass.POD_LOST and row.retries == 0
@@ -102,8 +117,13 @@ async def test_a_reboot_during_a_broker_outage_voids_the_held_pod_at_recovery() 
     pod = await _held_gpu_pod(h)
     await h.stop()
     h.backend.reboot(NODE, "boot-1")
-    again = Harness([gpu_pool(max_count=2, step=1)], backend=h.backend, store=h.store, clock=h.clock,
-                    quarantine=h.quarantine)
+    again = Harness(
+        [gpu_pool(max_count=2, step=1)],
+        backend=h.backend,
+        store=h.store,
+        clock=h.clock,
+        quarantine=h.quarantine,
+    )
     await again.start()
     try:
         report = again.cp.recovery

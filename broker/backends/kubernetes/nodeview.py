@@ -42,7 +42,8 @@ class NodeView:
         except BackendError as exc:
             # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
             (log.debug if self._nodes_failed else log.warning)(
-                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc)
+                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc
+            )
             self._nodes_failed = True
         self._nodes_at = self.clock.now()
         return self._nodes

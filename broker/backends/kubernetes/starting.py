@@ -39,7 +39,9 @@ class _Backend(Protocol):
 class Starting:
     """The waits of a create (mixin)."""
 
-    async def _wait_running(self: _Backend, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float) -> dict[str, Any]:
+    async def _wait_running(
+        self: _Backend, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float
+    ) -> dict[str, Any]:
         """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
         start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
         deadline = self.clock.now() + start_timeout_s
@@ -55,15 +57,20 @@ class Starting:
                 reason = podstatus.pull_error(pod)
                 if reason:
                     self._block(pull_key, reason)
-                    raise LaunchError(f"pod {rec.name}: image {image} cannot be pulled: {reason}",
-                                      details={"reason": reason.split(":", 1)[0], "image": image})
+                    raise LaunchError(
+                        f"pod {rec.name}: image {image} cannot be pulled: {reason}",
+                        details={"reason": reason.split(":", 1)[0], "image": image},
+                    )
                 why = podstatus.ended(pod)
                 if why:
                     raise BackendError(f"pod {rec.name} ended while starting: {why}")
             left = deadline - self.clock.now()
             if left <= 0:
-                raise BackendError(f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
-                                   f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
+                raise BackendError(
+                    f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
+                    f"(pool start_timeout_s); deleted",
+                    details={"ready": rec.ready.view()},
+                )
             await self.clock.wait(rec.changed, left)
 
     def _block(self: _Backend, key: str, reason: str) -> None:
@@ -86,7 +93,9 @@ class Starting:
                 if rec.lost:
                     raise BackendError(f"pod {rec.name} {rec.lost} while starting") from exc
                 if loop.time() > deadline:
-                    raise BackendError(f"pod {rec.name}'s agent at {rec.ip} did not answer within "
-                                       f"{self.settings.agent_timeout_s:.0f} s") from exc
+                    raise BackendError(
+                        f"pod {rec.name}'s agent at {rec.ip} did not answer within "
+                        f"{self.settings.agent_timeout_s:.0f} s"
+                    ) from exc
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.1)

@@ -182,7 +182,7 @@ class HealthMonitor:
             node = pod.node or self.node_of(pod.name)
             why = f"its node {node} has another boot epoch ({current.get(node, '')}) than the one it was bound under"
             self.voided[pod.name] = why
-            if pod.name not in changed and not any(c.node == node for c in changes):
+            if node not in changed:  # a changed node's pods were named in its own announcement
                 decided(EPOCH_INVALIDATED, f"pod/{pod.name}", why, caller=pod.caller,
                         detail={"recorded": pod.epoch, "node": node}, events=self.quarantine.events)
             if pod.state in (PodState.IDLE, PodState.STARTING):

@@ -167,7 +167,7 @@ class HealthMonitor:
     def check_nodes(self, nodes: Sequence[Node]) -> list[str]:
         """Judge the nodes as reported now (R5); the pods voided by a changed node epoch."""
         changes = self.node_epochs.observe(nodes)
-        changed = [c.node for c in changes]
+        changed = {c.node for c in changes}
         current = self.node_epochs.recorded
         hit = [pod for pod in self.tracker.snapshot() if pod.name not in self.voided
                and voided(pod.epoch, pod.node or self.node_of(pod.name), current, changed)]

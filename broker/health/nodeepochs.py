@@ -14,7 +14,7 @@ pods no longer stand. The health monitor acts on both (broker.health.monitor).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from broker.fleet.nodes import Node
@@ -52,16 +52,18 @@ class NodeEpochs:
         return self.recorded.get(node, "")
 
 
-def voided(pod_epoch: str, node: str, current: Mapping[str, str], changed: Iterable[str]) -> bool:
+def voided(pod_epoch: str, node: str, current: Mapping[str, str], changed: Collection[str]) -> bool:
     """Does a pod on `node`, bound under `pod_epoch`, stand no longer? Yes when its node's epoch just changed
     (nothing bound to the old epoch is trusted, whatever the pod recorded), or when the pod recorded another
     node epoch than the node's current one (it was made under an epoch before the last reboot)."""
     if not node:
         return False
-    if node in set(changed):
+    if node in changed:
         return True
-    recorded = Epoch.parse(pod_epoch)
     now = current.get(node, "")
+    if now and pod_epoch.endswith("@" + now):
+        return False  # the common case, every pass for every pod: bound under the node's epoch of now
+    recorded = Epoch.parse(pod_epoch)
     if recorded is None or not recorded.node or not now:
         return False
     return judge(Epoch(node=recorded.node), Epoch(node=now)) is Verdict.CHANGED

@@ -222,3 +222,14 @@ async def test_a_pod_records_its_nodes_boot_epoch_and_a_fenced_pod_refuses_agent
     h.backend.fence("cpu-1", "its node node-1 has another boot epoch")
     with pytest.raises(BackendError, match="another boot epoch"):
         h.backend.agent("cpu-1")
+
+
+async def test_a_failed_node_list_keeps_the_last_one_and_the_next_read_recovers(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import make_node
+
+    h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=1)
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a"]
+    h.api.objects[("Node", "gpu-b")] = make_node("gpu-b", gpus=1)
+    h.api.fail_nodes = [503]  # the API server restarting: the node-epoch loop must not die of it
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a"]
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a", "gpu-b"]

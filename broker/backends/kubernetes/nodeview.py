@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.nodes import DOMAIN_LABELS, parse_nodes
+from broker.backends.kubernetes.ratelimit import Retryable
 from broker.backends.kubernetes.settings import KubernetesSettings
 from broker.clock import Clock
 from broker.errors import BackendError
@@ -39,8 +40,10 @@ class NodeView:
         """Read the cluster's Node objects again (at most every NODES_EVERY_S unless forced by a create)."""
         try:
             self._nodes = parse_nodes(await self.api.nodes(), self.settings.domain_labels)
-        except BackendError as exc:
-            # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
+            self._nodes_failed = False
+        except (BackendError, Retryable) as exc:
+            # A 5xx or a dropped connection: keep the last list, the next read tries again. Forbidden without
+            # deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
             (log.debug if self._nodes_failed else log.warning)(
                 "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc
             )

@@ -21,7 +21,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.events import Event, EventLog
-from broker.fleet.quotas import QuotaTree
+from broker.fleet.quotas import QuotasSpec, QuotaTree
 from broker.health.monitor import HealthMonitor
 from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
@@ -60,6 +60,8 @@ class Tuning:
     """How often a borrowed-capacity source is read."""
     kill_grace_s: float = 5.0
     """TERM -> KILL grace when a caller cancels a running job."""
+    node_check_s: float = 10.0
+    """How often the nodes' boot epochs are read and judged (R5: a rebooted node voids its pods)."""
 
 
 class ControlPlane:
@@ -76,7 +78,7 @@ class ControlPlane:
         self.tasks = Supervisor()
         self.tracker = Tracker(catalog.pools, catalog.caller_limits, catalog.quotas)
         self.events = EventLog(store, clock)
-        self.quota_tree = QuotaTree(catalog.quotas) if catalog.quotas is not None and catalog.quotas.orgs else None
+        self.quota_tree: QuotaTree | None = None
         self.book = JobBook(store, clock)
         self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
                                          tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
@@ -98,9 +100,8 @@ class ControlPlane:
         self.controller.events = self.events
         self.health.quarantine.events = self.events
         self.dispatcher.events = self.events
-        if catalog.quotas is not None and catalog.quotas.orgs:
-            self.dispatcher.preempter = Preempter(clock=clock, tracker=self.tracker, quotas=catalog.quotas,
-                                                  events=self.events, tasks=self.tasks, preempt=self.executor.preempt)
+        self._reload_quotas(catalog.quotas)
+        self.tuning = tuning
         self.recovery: RecoveryReport | None = None
         self.started_at: float | None = None
         self.dispatching_at: float | None = None
@@ -116,6 +117,7 @@ class ControlPlane:
         self.started_at = self.clock.now()
         await self.health.quarantine.load()  # before recovery: a quarantined card gets no pod back
         self.recovery = await recover(self)
+        self.health.check_nodes(self.backend.nodes())  # after recovery: the pods it kept are judged as they stand
         self.health.drain()
         await self.health.prime([d.key for d in self.backend.devices()])
         if loops:
@@ -123,6 +125,7 @@ class ControlPlane:
             self.tasks.spawn("pool controller", self.controller.run(), critical=True)
             self.tasks.spawn("kernel warmth", self.kernels.run())
             self.tasks.spawn("event log", self.events.run())
+            self.tasks.spawn("node epochs", self._watch_nodes())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:
@@ -131,6 +134,15 @@ class ControlPlane:
         self.dispatcher.wake()
         self.controller.wake()
         log_ready(self.recovery, self.started_at, self.dispatching_at)
+
+    async def _watch_nodes(self) -> None:
+        """Read the nodes (a backend that lists them anew: kubernetes) and judge their boot epochs, forever."""
+        refresh = getattr(self.backend, "refresh_nodes", None)
+        while True:
+            await self.clock.sleep(self.tuning.node_check_s)
+            if refresh is not None:
+                await refresh()
+            self.health.check_nodes(self.backend.nodes())
 
     async def stop(self, *, delete_idle_pods: bool = False) -> None:
         """Stop the loops. Busy pods keep running so a restarted broker re-attaches to their jobs;
@@ -290,15 +302,39 @@ class ControlPlane:
         """Apply a changed catalog: new knobs at once; pods of a changed template turn stale and drain."""
         self.catalog = dataclasses.replace(self.catalog, pools={**self.catalog.pools, **catalog.pools},
                                            caller_limits=catalog.caller_limits, budgets=catalog.budgets,
-                                           create_rate=catalog.create_rate)
+                                           create_rate=catalog.create_rate,
+                                           topology_domain_labels=catalog.topology_domain_labels,
+                                           quotas=catalog.quotas)
+        self._reload_quotas(catalog.quotas)
         pace = getattr(self.backend, "set_create_rate", None)  # a backend that paces creates (kubernetes)
         if pace is not None:
             pace(catalog.create_rate.qps, catalog.create_rate.burst)
+        relabel = getattr(self.backend, "set_domain_labels", None)  # a backend that reads node labels (kubernetes)
+        if relabel is not None:
+            relabel(catalog.topology_domain_labels)
         self.tracker.update_pools(self.catalog.pools)
         for accelerator in set(self.controller.ledger.view()) | set(catalog.budgets):
             self.controller.ledger.set_limit(accelerator, catalog.budgets.get(accelerator))
         self.controller.update_pools(self.catalog.pools)
         self.dispatcher.wake()
+
+    def _reload_quotas(self, quotas: QuotasSpec | None) -> None:
+        """Swap the team quota tree (docs/quotas.md): admission, the tracker's accounting and the preempter at
+        once. Running jobs keep what they hold, recounted under the new tree; a removed team's jobs fall back
+        to no guarantee. The preempter keeps its budget's trailing hour (only the tiers change)."""
+        active = quotas if quotas is not None and quotas.orgs else None
+        self.quota_tree = QuotaTree(active) if active is not None else None
+        self.tracker.set_quotas(active)
+        preempter = self.dispatcher.preempter
+        if active is None:
+            self.dispatcher.preempter = None
+        elif preempter is None:
+            self.dispatcher.preempter = Preempter(clock=self.clock, tracker=self.tracker, quotas=active,
+                                                  events=self.events, tasks=self.tasks, preempt=self.executor.preempt)
+        else:
+            preempter.quotas = active
+            preempter.budget.warn_pct = active.preemption_budget.warn_pct
+            preempter.budget.limit_pct = active.preemption_budget.limit_pct
 
     def pools_view(self) -> list[dict[str, Any]]:
         now = self.clock.now()

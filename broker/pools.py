@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from pydantic import (
 
 from broker.fleet.quotas import QuotaProblem, QuotasSpec
 from broker.fleet.quotas import check as check_quotas
+from broker.startmodel import from_template as venue_delay_of
 
 ReuseTag = Literal["boundary", "hint", "retire"]
 REUSE_TAG_MODES: tuple[str, ...] = get_args(ReuseTag)
@@ -62,6 +64,23 @@ def _variable_names(env: Mapping[str, str]) -> Mapping[str, str]:
     if not all(k.replace("_", "").isalnum() for k in env):
         raise ValueError(f"must map variable names to strings, got keys {sorted(env)!r}")
     return env
+
+
+def _template(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    # A bad `venue_delay` (the modelled cold start, broker.startmodel) would otherwise
+    # surface only when a pod starts; the catalog refuses it with its key path instead.
+    venue_delay_of(template)
+    return template
+
+
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+"""A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
+
+
+def _label_key(key: str) -> str:
+    if not LABEL_KEY.match(key):
+        raise ValueError(f"{key!r} is not a Kubernetes label key (prefix/name, e.g. topology.kubernetes.io/zone)")
+    return key
 
 
 Paths = Annotated[tuple[str, ...], AfterValidator(_absolute_paths)]
@@ -115,7 +134,7 @@ class PoolSpec:
     """Stale pods retired at a time during a template rollout."""
     borrow: Flag = False
     """May place warm or burst pods on reserved-but-unused capacity a capacity source publishes."""
-    template: Mapping[str, Any] = field(default_factory=dict)
+    template: Annotated[Mapping[str, Any], AfterValidator(_template)] = field(default_factory=dict)
     """Backend-specific pod template (image, resources, binds, start delay)."""
     reserve_gangs_after: Number | None = 60.0
     """Seconds a gang (a job of several pods) waits before newly idle pods are reserved for it; null: never."""
@@ -202,6 +221,10 @@ class Catalog:
     quotas: QuotasSpec | None = None
     """Team quotas with borrowing and preemption (docs/quotas.md); None: no quotas, nothing is preempted."""
     quarantine: QuarantineSettings = QuarantineSettings()
+    topology_domain_labels: tuple[str, ...] | None = None
+    """Node labels whose value is a node's topology domain, first set wins (the kubernetes backend reads its
+    Node objects' labels); None: the backend's default (`firepool.io/topology-domain`, then
+    `topology.kubernetes.io/zone`)."""
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller) or self.caller_limits.get("default") or CallerLimits()
@@ -218,6 +241,8 @@ class _CatalogFile(BaseModel):
     create_rate: CreateRate | None = None
     quotas: QuotasSpec | None = None
     quarantine: QuarantineSettings | None = None
+    topology_domain_labels: Annotated[tuple[Annotated[str, AfterValidator(_label_key)], ...],
+                                      Field(min_length=1)] | None = None
 
 
 @functools.cache
@@ -323,7 +348,8 @@ def parse_catalog(raw: Any, source: str = "catalog") -> Catalog:
     return Catalog(pools=pools, caller_limits=dict(parsed.caller_limits or {}),
                    budgets={a: float(v) for a, v in (parsed.budgets or {}).items()},
                    create_rate=parsed.create_rate or CreateRate(), quotas=parsed.quotas,
-                   quarantine=parsed.quarantine or QuarantineSettings())
+                   quarantine=parsed.quarantine or QuarantineSettings(),
+                   topology_domain_labels=parsed.topology_domain_labels)
 
 
 def load_catalog(text: str, source: str = "catalog") -> Catalog:

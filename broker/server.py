@@ -142,8 +142,10 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
         from broker.backends.kubernetes.setup import kubernetes_backend
 
         k8s = settings.kubernetes
-        rate = build_catalog(settings, 0, "gpu").create_rate  # the catalog paces the creates
-        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id, rate.qps, rate.burst)
+        first = build_catalog(settings, 0, "gpu")  # the catalog paces the creates and names the domain labels
+        rate = first.create_rate
+        backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id, rate.qps, rate.burst,
+                                     first.topology_domain_labels)
     elif settings.backend == "local":
         from broker.backends.local import LocalBackend
 

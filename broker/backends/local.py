@@ -7,7 +7,7 @@ state directory finds them through their records, and `list_pods` drops the reco
 GPUs are bound exclusively. Without working bubblewrap the backend refuses to start; pods run
 unisolated only when asked (`sandbox="none"`, `firepool serve --unisolated`), and say so.
 
-Each pod gets the limits of its pool's template (limits.py): a cgroup (cgroups.py) that bwrap joins
+Starting a pod is `localstart`, its caller's kept caches `localkept`. Each pod gets the limits of its pool's template (limits.py): a cgroup (cgroups.py) that bwrap joins
 before it execs, so the agent and every job start inside it; sized /tmp and /dev/shm; and a capped
 disk (volumes.py). A host without writable cgroups or loop mounts runs pods without those limits and
 says so in the log and in `limits_info`.
@@ -16,7 +16,6 @@ says so in the log and in `limits_info`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -24,26 +23,23 @@ import re
 import secrets
 import shutil
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from broker.backends import networking
 from broker.backends.hostgpus import HostGpus
-from broker.backends.kept import caller_store, check_in, check_out
-from broker.backends.limits import Limits, parse_limits
+from broker.backends.limits import parse_limits
+from broker.backends.localkept import KeptCacheAgent, KeptCaches
+from broker.backends.localstart import PodStarting
 from broker.backends.podlimits import PodLimiter
 from broker.backends.podnets import NETWORK_POLICY, PodNetworks, stale_template
-from broker.backends.podprocs import LEDGER_FD, PodProcesses, remove_tree, same_process, starttime
+from broker.backends.podprocs import PodProcesses, remove_tree, same_process
 from broker.backends.sandboxing import (
     PodDirs,
     SandboxSpec,
-    agent_env,
     agent_package_dir,
-    bwrap_argv,
     exposed_sources,
-    fallback_argv,
     parse_binds,
     probe_bwrap,
     python_of,
@@ -51,23 +47,19 @@ from broker.backends.sandboxing import (
     uses,
 )
 from broker.backends.startdelay import VenueDelays
-from broker.backends.volumes import make_volume_dirs, tree_bytes, volume_binds
+from broker.backends.volumes import tree_bytes, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.fleet.nodes import Node
 from broker.health.gpuhealth import GpuHealth
 from broker.pools import PoolSpec
-from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest, ResetResult
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
 from broker.running.topology import Rendezvous
-from firepool_agent.incarnation import next_incarnation
 
 log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-START_TIMEOUT_S = 30.0
-"""How long a new pod's agent may take to answer its first health check."""
 HEALTH_TIMEOUT_S = 3.0
 KILL_TIMEOUT_S = 10.0
 _warned_unisolated = False
@@ -78,34 +70,7 @@ def agent_kernels(pool: PoolSpec) -> str:
     return "learned" if pool.kernels == "auto" else pool.kernels
 
 
-def _has_entries(directory: Path) -> bool:
-    try:
-        with os.scandir(directory) as entries:
-            return next(entries, None) is not None
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-
-
-class _KeptCacheAgent(HttpAgentClient):
-    """A local pod's agent: its caller's kept caches go in at the pod's first launch, out after each clean
-    reset (`broker.backends.kept`), both while none of the pod's job processes run."""
-
-    def __init__(self, backend: LocalBackend, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._backend = backend
-
-    async def launch(self, request: LaunchRequest) -> AttemptStatus:
-        await self._backend.kept_in(self.pod, request.env.get("FIREPOOL_CALLER", ""))
-        return await super().launch(request)
-
-    async def reset(self, request: ResetRequest) -> ResetResult:
-        result = await super().reset(request)
-        if result.clean:
-            await self._backend.kept_out(self.pod)
-        return result
-
-
-class LocalBackend:
+class LocalBackend(PodStarting, KeptCaches):
     kind = "local"
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
@@ -306,77 +271,6 @@ class LocalBackend:
             self._starting.discard(name)
         return self._info(record)
 
-    async def _start(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> None:
-        began = time.perf_counter()
-        dirs = spec.dirs
-        dirs.root.mkdir(mode=0o700)
-        try:
-            spec, join = await asyncio.to_thread(self.limiter.apply, spec, record, limits,
-                                                 self.uid if self.isolated else None)
-        except OSError as exc:
-            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
-        for path in (dirs.workspace, dirs.pkg, dirs.run, dirs.deps, dirs.volumes,
-                     *([] if self.isolated else [dirs.tmp])):
-            path.mkdir(mode=0o700)
-            if self.isolated and self.uid is not None:
-                os.chown(path, self.uid, self.uid)
-        make_volume_dirs(tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
-                         self.uid if self.isolated else None)
-        if self.isolated and spec.network == "isolated":
-            dirs.resolv.write_text(networking.resolv_conf())
-            dirs.resolv.chmod(0o644)
-        argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
-        # The agent's incarnation (R5) is counted here, on the host beside its ledger, where no job reaches it.
-        record["incarnation"] = await asyncio.to_thread(next_incarnation, self.ledger_dir / f"{spec.name}.incarnation")
-        argv += ["--kernels", record["kernels"], "--ledger-fd", str(LEDGER_FD),
-                 "--incarnation", str(record["incarnation"])]  # the agent's own flags end it
-        argv = [*join, *argv]
-        # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
-        env = agent_env(spec, isolated=False) if not self.isolated else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
-        try:
-            pid, info_fd = self.procs.spawn(argv, env, record["secret"], dirs.log, with_info=self.isolated,
-                                            ledger=self.ledger_dir / f"{spec.name}.jsonl")
-        except OSError as exc:
-            raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
-        record["launcher_pid"] = pid
-        record["launcher_start"] = starttime(pid)
-        self._write(record)
-        agent_pid: int | None = pid
-        if info_fd is not None:
-            agent_pid = await self.procs.sandbox_pid(info_fd, pid, START_TIMEOUT_S)
-            if agent_pid is None:
-                raise BackendError(f"bwrap did not start pod {spec.name}: {self._log_tail(spec.name)}")
-        record["pid"] = agent_pid  # the agent; SIGKILL to it ends the whole pod (a PID namespace init)
-        record["pid_start"] = starttime(agent_pid)
-        self._write(record)
-        await self._wait_healthy(spec.name, pid)
-        net_ms = await self.nets.attach(spec, record, agent_pid) if self.isolated else 0.0
-        log.info("pod %s up in %.0f ms (%s, network %s%s, GPUs %s, limits %.0f ms)", spec.name,
-                 (time.perf_counter() - began) * 1000, self.mode, record["network"], f" +{net_ms:.1f} ms" if net_ms else "",
-                 record["cuda_visible_devices"] or "none", record.get("limits_ms", 0.0))
-
-    def _log_tail(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return self._dirs(name).log.read_text(errors="replace")[-600:].strip() or "(no output)"
-        return "(no output)"
-
-    async def _wait_healthy(self, name: str, launcher: int) -> None:
-        client = self.agent(name)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        pause = 0.002
-        while True:
-            try:
-                await client.health()
-                return
-            except AgentError as exc:
-                if self.procs.exited(launcher):
-                    raise BackendError(f"pod {name} exited while starting: {self._log_tail(name)}") from exc
-                if time.monotonic() > deadline:
-                    raise BackendError(f"pod {name}'s agent did not answer within {START_TIMEOUT_S:.0f} s") from exc
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 0.05)
-
     # -- delete ---------------------------------------------------------------------------------
 
     async def delete(self, name: str) -> None:
@@ -469,44 +363,9 @@ class LocalBackend:
             if fd is None:
                 fd = self._dir_fds[name] = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             dial = f"/proc/self/fd/{fd}/agent.sock"
-        client = _KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
+        client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
         self._clients[name] = client
         return client
-
-    # -- kept caches (per caller) ---------------------------------------------------------------
-
-    async def kept_in(self, name: str, caller: str) -> None:
-        """At a launch: a pod without a caller takes this one for life and gets its kept caches."""
-        record = self._records.get(name)
-        if record is None:
-            raise BackendError(f"pod {name} is gone")
-        owner = record.get("kept_caller")
-        if owner is not None:
-            if owner != caller:  # pods never change callers; a kept cache must not either
-                raise BackendError(f"pod {name} belongs to another caller; refusing the launch")
-            return
-        if not caller:
-            return  # a launch outside the claim path (a benchmark, a test of the agent): no caller's cache
-        record["kept_caller"] = caller
-        self._write(record)  # before any content moves: a restarted broker knows whose it is
-        kept = self._dirs(name).kept
-        slugs = sorted(p.name for p in kept.iterdir() if p.is_dir() and not p.is_symlink()) if kept.is_dir() else []
-        if slugs:
-            added = await asyncio.to_thread(check_in, caller_store(self.state_dir, record["pool"], caller), kept,
-                                            slugs)
-            log.debug("pod %s: %d kept entries of its caller checked in", name, added)
-
-    async def kept_out(self, name: str, record: Mapping[str, Any] | None = None) -> None:
-        """After a clean reset or at deletion: the pod's kept content back into its caller's store."""
-        record = record if record is not None else self._records.get(name)
-        caller = record.get("kept_caller") if record is not None else None
-        if record is None or not caller or not _has_entries(self._dirs(name).kept):
-            return  # nothing kept (a pool without keep_paths): no worker-thread hop per reset
-        try:
-            await asyncio.to_thread(check_out, self._dirs(name).kept,
-                                    caller_store(self.state_dir, record["pool"], caller))
-        except OSError as exc:
-            log.warning("pod %s: kept caches not saved for its caller: %s", name, exc)
 
     def rendezvous(self, coordinator: str, world: int, members: Sequence[str] = ()) -> Rendezvous:
         return self.nets.rendezvous(coordinator, world, members)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from broker.claiming.gangclaims import GangClaims
 from broker.claiming.tracking import Lease
-from broker.fleet.quotas import Kind, Verdict
+from broker.fleet.quotas import Kind, QuotasSpec, QuotaTree, QuotaUse, Verdict
 
 
 class QuotaClaims(GangClaims):
@@ -31,6 +31,27 @@ class QuotaClaims(GangClaims):
         if path is not None:
             lease.borrowed = self._quotas.classify(lease.caller, lease.gpus, True, self._quota_use).kind is Kind.BORROWED
             self._quota_use.add(path, lease.gpus, lease.borrowed)
+
+    def set_quotas(self, quotas: QuotasSpec | None) -> None:
+        """A catalog reload: swap the tree and recount what the running leases hold under it, in one step under
+        the lock. Each lease keeps its kind (in quota or borrowed); a caller the new tree does not name (its
+        team was removed) is outside quotas from now on: no guarantee, nothing counted."""
+        tree = QuotaTree(quotas) if quotas is not None and quotas.orgs else None
+        use = QuotaUse()
+        with self._lock:
+            if tree is not None:
+                for lease in self._leases.values():
+                    path = tree.path(lease.caller)
+                    if path is not None:
+                        use.add(path, lease.gpus, lease.borrowed)
+                for job_id, (team, gpus) in list(self._reclaims.items()):
+                    if team in tree.guarantees:
+                        use.reclaiming[team] = use.reclaiming.get(team, 0) + gpus
+                    else:
+                        del self._reclaims[job_id]
+            else:
+                self._reclaims.clear()
+            self._quotas, self._quota_use = tree, use
 
     def leases(self) -> list[Lease]:
         """Every claimed pod set (a list copy), for the preemption decision outside the lock."""

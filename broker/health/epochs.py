@@ -1,9 +1,12 @@
 """Identity epochs (design R5): a name is not an identity; (name, epoch) is.
 
-A pod's epoch has two parts: the backend's identity of the pod object (a Kubernetes pod UID; empty where
-a name cannot be reused by another object while the record lives) and the agent's incarnation (a counter
-persisted outside the sandbox and bumped at every agent start, `firepool_agent.incarnation`). The backend
-records the epoch it started (`PodInfo.details["pod_uid"]`/`["incarnation"]`), the broker writes the epoch
+A pod's epoch has three parts: the backend's identity of the pod object (a Kubernetes pod UID; empty where
+a name cannot be reused by another object while the record lives), the agent's incarnation (a counter
+persisted outside the sandbox and bumped at every agent start, `firepool_agent.incarnation`) and the boot
+epoch of the node it runs on (`Node.boot_epoch`: /proc boot_id, a Kubernetes node's bootID; a node that
+rebooted or was replaced under the same name kills or voids what ran there, even when the pod object and
+its UID survive). The backend records the epoch it started (`PodInfo.details["pod_uid"]`/`["incarnation"]`/
+`["node_epoch"]`), the broker writes the epoch
 it binds work under on the pod record (`firepool.dev/epoch`, with the owner annotations), and the agent
 reports its incarnation in every health answer. One rule (`judge`) decides, for a restarted broker and
 the Kubernetes backend's own UID checks alike:
@@ -39,23 +42,30 @@ class Epoch:
     """The backend's object identity (pod UID); "" where the backend has none."""
     incarnation: int | None = None
     """The agent's start counter; None when not known."""
+    node: str = ""
+    """The boot epoch of the pod's node; "" where the backend reports none."""
 
     def __str__(self) -> str:
-        return f"{self.identity}#{'' if self.incarnation is None else self.incarnation}"
+        """`identity#incarnation`, then `@node` when the node's boot epoch is known (what pods carry)."""
+        text = f"{self.identity}#{'' if self.incarnation is None else self.incarnation}"
+        return f"{text}@{self.node}" if self.node else text
 
     @classmethod
     def parse(cls, text: str | None) -> Epoch | None:
         if not text or "#" not in text:
             return None
-        identity, _, incarnation = text.rpartition("#")
+        head, at, node = text.rpartition("@")
+        if not at or "#" not in head or "#" in node:  # no node part (an annotation written before node epochs)
+            head, node = text, ""
+        identity, _, incarnation = head.rpartition("#")
         try:
-            return cls(identity, int(incarnation) if incarnation else None)
+            return cls(identity, int(incarnation) if incarnation else None, node)
         except ValueError:
             return None
 
     @property
     def known(self) -> bool:
-        return self.incarnation is not None or bool(self.identity)
+        return self.incarnation is not None or bool(self.identity) or bool(self.node)
 
 
 def judge(recorded: Epoch | None, reported: Epoch | None) -> Verdict:
@@ -63,10 +73,11 @@ def judge(recorded: Epoch | None, reported: Epoch | None) -> Verdict:
     if recorded is None or reported is None or not recorded.known or not reported.known:
         return Verdict.UNKNOWN
     compared = False
-    if recorded.identity and reported.identity:
-        if recorded.identity != reported.identity:
-            return Verdict.CHANGED
-        compared = True
+    for mine, theirs in ((recorded.identity, reported.identity), (recorded.node, reported.node)):
+        if mine and theirs:
+            if mine != theirs:
+                return Verdict.CHANGED
+            compared = True
     if recorded.incarnation is not None and reported.incarnation is not None:
         if recorded.incarnation != reported.incarnation:
             return Verdict.CHANGED
@@ -76,17 +87,20 @@ def judge(recorded: Epoch | None, reported: Epoch | None) -> Verdict:
 
 def recorded_epoch(details: Mapping[str, Any], annotations: Mapping[str, str]) -> Epoch | None:
     """The epoch work on the pod was bound under (the broker's annotation), else the one the backend
-    recorded when it started the pod (`details`: `pod_uid`, `incarnation`); None when neither says."""
+    recorded when it started the pod (`details`: `pod_uid`, `incarnation`, `node_epoch`); None when neither
+    says."""
     bound = Epoch.parse(annotations.get(EPOCH_ANNOTATION))
     if bound is not None and bound.known:
         return bound
     incarnation = details.get("incarnation")
     identity = str(details.get("pod_uid") or "")
-    if isinstance(incarnation, int) or identity:
-        return Epoch(identity, incarnation if isinstance(incarnation, int) else None)
+    node = str(details.get("node_epoch") or "")
+    if isinstance(incarnation, int) or identity or node:
+        return Epoch(identity, incarnation if isinstance(incarnation, int) else None, node)
     return None
 
 
 def reported_epoch(details: Mapping[str, Any], incarnation: int | None) -> Epoch:
-    """What a pod reports now: its object's identity as the backend sees it and its agent's incarnation."""
-    return Epoch(str(details.get("pod_uid") or ""), incarnation)
+    """What a pod reports now: its object's identity as the backend sees it, its agent's incarnation and its
+    node's boot epoch as the backend reads it now."""
+    return Epoch(str(details.get("pod_uid") or ""), incarnation, str(details.get("node_epoch") or ""))

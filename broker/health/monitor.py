@@ -5,6 +5,11 @@ backend started (`created`, for its node) and asks which devices to avoid (`Quar
 A pod whose attempt failed on hardware is not reused (it retires at release); the job it ran goes back
 to the queue without spending its retry budget, up to the catalog's `free_requeues`, and lands elsewhere
 (the pod that failed is gone, and its device too once quarantined).
+
+Node epochs (R5, broker.health.nodeepochs): `check_nodes` reads the nodes the backend reports; a node
+whose boot epoch changed voids every pod on it. Idle pods retire (their holds go with them), busy ones are
+fenced (the backend fails their agent calls, so the attempt ends lost) and retire at release, and the job
+goes back to the queue without spending a retry (`requeues_free`).
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from collections.abc import Sequence
 
 from broker.claiming.tracker import Tracker
 from broker.errors import FirepoolError
+from broker.fleet.nodes import Node
 from broker.health.decisions import EPOCH_INVALIDATED, decided
 from broker.health.epochs import Epoch, Verdict, judge
 from broker.health.gpuhealth import GpuHealth, HealthReader, worse
+from broker.health.nodeepochs import NodeEpochs, voided
 from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job
 from broker.pods import Pod, PodState
@@ -43,7 +50,10 @@ class HealthMonitor:
         """The last NVML reading of each device: a fault is a change for the worse since."""
         self.nodes: dict[str, str] = {}
         """pod name -> the node the backend placed it on ("" when it does not say)."""
-        controller.avoid = quarantine.blocked_devices
+        self.node_epochs = NodeEpochs()
+        self.voided: dict[str, str] = {}
+        """pod name -> why its node epoch voided it (until the pod is gone)."""
+        controller.avoid = self.avoid
         controller.created = self.created
         quarantine.on_change = self.drain
 
@@ -54,8 +64,25 @@ class HealthMonitor:
             if len(self.nodes) > 2 * len(self.tracker.pods) + 64:  # forget pods long gone
                 self.nodes = {n: v for n, v in self.nodes.items() if n in self.tracker.pods}
 
+    def avoid(self) -> frozenset[str]:
+        """Devices no new pod gets: quarantined ones, and every card of a quarantined node (so placement counts
+        the node full, and a cluster backend keeps the node out of the pod's node affinity)."""
+        devices = self.quarantine.blocked_devices()
+        nodes = self.quarantine.blocked_nodes()
+        if not nodes:
+            return devices
+        return devices | {g for n in self.controller.backend.nodes() if n.id in nodes for g in n.gpus}
+
     def node_of(self, pod: str) -> str:
         return self.nodes.get(pod, "")
+
+    def requeues_free(self, job: Job, error: str | None) -> bool:
+        """Does a failed attempt go back to the queue without spending a retry? A hardware fault, within the
+        catalog's `free_requeues`; a pod lost because its node's epoch changed under it (R5), always: the
+        work died with the node's old incarnation, not through the job."""
+        if error == ErrorClass.HARDWARE_FAULT:
+            return self.free_requeue(job)
+        return error == ErrorClass.POD_LOST and any(p in self.voided for p in job.pods)
 
     def free_requeue(self, job: Job) -> bool:
         """May a job whose attempt failed on hardware go back to the queue without spending a retry?"""
@@ -124,6 +151,8 @@ class HealthMonitor:
         under the pod's name) invalidates the pod: it is not returned, so no hold is given on it and it is
         never reused. A pod whose epoch was never recorded, or an agent that does not say, is judged at
         the next restart's recovery instead."""
+        if pod.name in self.voided:
+            return False  # its node's epoch changed under it (check_nodes said so when it happened)
         recorded = Epoch.parse(pod.epoch)
         if recorded is None or incarnation is None:
             return True
@@ -134,6 +163,39 @@ class HealthMonitor:
                 "its work was bound under: the pod is not reused", caller=pod.caller,
                 detail={"recorded": str(recorded), "reported": str(reported)}, events=self.quarantine.events)
         return False
+
+    def check_nodes(self, nodes: Sequence[Node]) -> list[str]:
+        """Judge the nodes as reported now (R5); the pods voided by a changed node epoch."""
+        changes = self.node_epochs.observe(nodes)
+        changed = {c.node for c in changes}
+        current = self.node_epochs.recorded
+        hit = [pod for pod in self.tracker.snapshot() if pod.name not in self.voided
+               and voided(pod.epoch, pod.node or self.node_of(pod.name), current, changed)]
+        for change in changes:
+            pods = [p.name for p in hit if (p.node or self.node_of(p.name)) == change.node]
+            decided(EPOCH_INVALIDATED, f"node/{change.node}", "its boot epoch changed (rebooted, or replaced under "
+                    "the same name): nothing bound to the old epoch is trusted",
+                    detail={"recorded": change.recorded, "reported": change.reported, "pods": pods},
+                    events=self.quarantine.events)
+        fence = getattr(self.controller.backend, "fence", None)
+        for pod in hit:
+            node = pod.node or self.node_of(pod.name)
+            why = f"its node {node} has another boot epoch ({current.get(node, '')}) than the one it was bound under"
+            self.voided[pod.name] = why
+            if node not in changed:  # a changed node's pods were named in its own announcement
+                decided(EPOCH_INVALIDATED, f"pod/{pod.name}", why, caller=pod.caller,
+                        detail={"recorded": pod.epoch, "node": node}, events=self.quarantine.events)
+            if pod.state in (PodState.IDLE, PodState.STARTING):
+                self.controller.retire(pod.name)  # its hold goes with it; never reused
+            elif pod.state is not PodState.GONE:
+                self.tracker.retire_at_release(pod.name)
+                if fence is not None:
+                    fence(pod.name, why)  # its agent calls fail: the attempt ends lost and is re-queued
+        if len(self.voided) > 2 * len(self.tracker.pods) + 64:  # forget pods long gone
+            self.voided = {n: w for n, w in self.voided.items() if n in self.tracker.pods}
+        if hit:
+            self.controller.wake()
+        return [p.name for p in hit]
 
     def drain(self) -> None:
         """Quarantined devices and nodes take no new work: idle pods on them retire, busy ones at release."""

@@ -75,6 +75,10 @@ class Quarantine:
         """Quarantined device keys: no new pod gets one."""
         return self._blocked_devices
 
+    def blocked_nodes(self) -> frozenset[str]:
+        """Quarantined nodes: no new pod goes there."""
+        return self._blocked_nodes
+
     def blocks(self, gpus: Sequence[str], node: str = "") -> bool:
         """A pod on these devices (on this node) must not run new work."""
         return bool(node and node in self._blocked_nodes) or any(g in self._blocked_devices for g in gpus)

@@ -8,6 +8,7 @@ annotations (owner, hold) that the backend persists so a restarted broker rebuil
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -147,6 +148,8 @@ class FakeBackend:
         self._devices = [Device(key=f"fake-gpu-{i}", index=i, model=model, memory_mb=memory_mb) for i in range(gpus)]
         self._nodes = split_nodes(self._devices, gpus_per_node, "fake-node", epoch="boot-0")
         self._node_of = {key: node.id for node in self._nodes for key in node.gpus}
+        self.fenced: dict[str, str] = {}
+        """pod name -> why the control plane fenced it (its agent calls fail from then on)."""
         self.pods: dict[str, PodInfo] = {}
         self.agents: dict[str, FakeAgent] = {}
         self.created: list[str] = []
@@ -165,6 +168,19 @@ class FakeBackend:
 
     def nodes(self) -> list[Node]:
         return list(self._nodes)
+
+    def reboot(self, node: str, epoch: str) -> None:
+        """The node comes back with another boot epoch; its pods stay as they were (as a Kubernetes pod object
+        and its UID outlive a reboot of its node): only the node's epoch tells that their work is gone."""
+        self._nodes = [dataclasses.replace(n, boot_epoch=epoch) if n.id == node else n for n in self._nodes]
+
+    def fence(self, name: str, why: str) -> None:
+        """Fail every later call to the pod's agent (broker.health.monitor: a voided pod's attempt ends lost)."""
+        if name in self.agents:
+            self.fenced[name] = why
+
+    def _node_epoch(self, node: str) -> str:
+        return next((n.boot_epoch for n in self._nodes if n.id == node), "")
 
     def _free_devices(self, node: str = "", avoid: frozenset[str] = frozenset()) -> list[str]:
         used = {g for info in self.pods.values() for g in info.gpus}
@@ -187,6 +203,8 @@ class FakeBackend:
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
                        node=self._node_of.get(gpus[0], "") if gpus else "",
                        details={"incarnation": 1})  # the incarnation its FakeAgent starts with
+        if info.node:
+            info = dataclasses.replace(info, details={**info.details, "node_epoch": self._node_epoch(info.node)})
         self.pods[request.name] = info  # devices are bound from the create call on
         self.requests[request.name] = request
         if request.image:
@@ -206,9 +224,12 @@ class FakeBackend:
         if self.pods.pop(name, None) is not None:
             self.deleted.append(name)
         self.agents.pop(name, None)
+        self.fenced.pop(name, None)
 
     async def list_pods(self) -> list[PodInfo]:
-        return [p for p in self.pods.values() if p.name in self.agents]
+        """The live pods, each with its node's boot epoch as it is now."""
+        return [dataclasses.replace(p, details={**p.details, "node_epoch": self._node_epoch(p.node)}) if p.node else p
+                for p in self.pods.values() if p.name in self.agents]
 
     async def annotate(self, name: str, annotations: Mapping[str, str]) -> None:
         info = self.pods.get(name)
@@ -216,6 +237,8 @@ class FakeBackend:
             self.pods[name] = PodInfo(**{**info.__dict__, "annotations": {**info.annotations, **annotations}})
 
     def agent(self, name: str) -> AgentClient:
+        if name in self.fenced:
+            raise BackendError(f"pod {name} is fenced: {self.fenced[name]}")
         try:
             return self.agents[name]
         except KeyError:

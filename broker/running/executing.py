@@ -454,8 +454,7 @@ class Executor:
             if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
                 attempt = attempt.move(AttemptState.RUNNING)
             job = job.with_attempt(attempt.move(verdict.final, **changes))
-            if verdict.error == ErrorClass.HARDWARE_FAULT and may_retry and self.health is not None \
-                    and self.health.free_requeue(job):
+            if may_retry and self.health is not None and self.health.requeues_free(job, verdict.error):
                 return transition(job, JobState.QUEUED, now, pods=(), timings=times)  # no retry spent
             if verdict.error is not None and not verdict.cancelled and may_retry \
                     and job.retries < job.spec.max_retries:

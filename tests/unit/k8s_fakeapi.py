@@ -31,6 +31,8 @@ class FakeKubeApi:
         self.fail_next: list[int] = []
         """HTTP statuses the next calls answer (429, 500, ...) before succeeding."""
         self.calls: list[str] = []
+        self.fail_nodes: list[int] = []
+        """HTTP statuses the next node lists answer before succeeding."""
         self.gone_once = False
 
     def _bump(self, obj: dict[str, Any]) -> None:
@@ -89,6 +91,9 @@ class FakeKubeApi:
 
     async def nodes(self) -> list[dict[str, Any]]:
         """Node objects put in `objects` under ("Node", name) (tests add them; none by default)."""
+        if self.fail_nodes:
+            status = self.fail_nodes.pop(0)
+            raise Retryable(status, f"list nodes: HTTP {status}")
         return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "Node"]
 
     async def get_secret(self, name: str) -> dict[str, Any] | None:

@@ -74,3 +74,37 @@ def test_numeric_caller_and_accelerator_names_are_read_as_names() -> None:
 def test_parse_pool_names_the_pool_in_its_errors() -> None:
     with pytest.raises(CatalogError, match=r"^pool 'cpu': max: unknown key$"):
         parse_pool({"name": "cpu", "max": 1})
+
+
+@pytest.mark.parametrize(("venue_delay", "problem"), [
+    ("{p90_s: 3}", "venue_delay needs median_s"),
+    ("{median_s: 2, p90_s: 1}", "0 <= median_s <= p90_s"),
+    ("{median_s: 1, crowd: 8}", "unknown field(s) ['crowd']"),
+    ("{median_s: 1, seed: 1.5}", "seed must be an integer"),
+    ("fast", "venue_delay must be a mapping"),
+])
+def test_a_bad_venue_delay_is_refused_with_the_catalogs_key_path_not_at_pod_start(venue_delay: str,
+                                                                                   problem: str) -> None:
+    text = message(f"pools: [{{name: a}}, {{name: b, template: {{venue_delay: {venue_delay}}}}}]")
+    assert text.startswith("pools.yaml: pools[1].template: ") and problem in text
+
+
+def test_a_good_venue_delay_passes_the_catalog() -> None:
+    catalog = load_catalog("pools: [{name: b, template: {venue_delay: {median_s: 1, p90_s: 2, seed: 3}}}]")
+    assert catalog.pools["b"].template["venue_delay"]["seed"] == 3
+
+
+def test_serve_reads_a_bad_venue_delay_from_the_file_and_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text("pools:\n  - name: gpu\n    template:\n      venue_delay: {median_s: 3, p90_s: 1}\n")
+    with pytest.raises(CatalogError, match=r"pools\.yaml: pools\[0\]\.template: venue_delay: a start model needs 0 <= median_s"):
+        load_catalog_file(path)  # what `firepool serve --pools` and a SIGHUP reload call
+
+
+def test_topology_domain_labels_are_label_keys_and_default_to_the_backends() -> None:
+    assert load_catalog("pools: [{name: a}]").topology_domain_labels is None
+    catalog = load_catalog("pools: [{name: a}]\ntopology_domain_labels: [example.com/rack, topology.kubernetes.io/zone]")
+    assert catalog.topology_domain_labels == ("example.com/rack", "topology.kubernetes.io/zone")
+    assert "topology_domain_labels[0]: 'not a key!' is not a Kubernetes label key" in message(
+        "pools: [{name: a}]\ntopology_domain_labels: ['not a key!']")
+    assert "topology_domain_labels must be a non-empty list" in message("pools: [{name: a}]\ntopology_domain_labels: []")

@@ -128,3 +128,46 @@ async def test_submit_refuses_a_gang_bigger_than_its_guarantee_unless_preemptibl
         assert job.spec.pods == 4
     finally:
         await h.stop()
+
+
+def test_a_reloaded_quota_tree_recounts_running_leases_and_a_removed_team_loses_its_guarantee() -> None:
+    pool = PoolSpec(name="g", gpus=1, accelerator="x", max_count=8)
+    t = Tracker({"g": pool}, quotas=SPEC)
+    for i in range(8):
+        t.add(Pod(f"p{i}", "g", (f"gpu{i}",), state=PodState.IDLE))
+    running = t.claim(Claim("j1", "alice", "g", tag="a", pods=2), 0.0)
+    assert isinstance(running, Lease) and not running.borrowed
+    assert t.quota_verdict("alice", 1, False).kind is Kind.REFUSED  # type: ignore[union-attr] - her share is 2
+
+    wider = _spec(nlp=TeamQuota(guaranteed_gpus=6, callers={"alice": CallerQuota(guaranteed_gpus=4)}))
+    t.set_quotas(wider)  # the running job keeps its GPUs, counted under the new tree
+    assert t.quota_view()["in_quota"] == {"team:acme/nlp": 2, "caller:alice": 2}
+    assert t.quota_verdict("alice", 2, False).kind is Kind.IN_QUOTA  # type: ignore[union-attr]
+
+    t.set_quotas(_spec(rl=TeamQuota(guaranteed_gpus=4, callers={"carol": CallerQuota()})))  # nlp removed
+    assert t.quota_view()["in_quota"] == {} and t.quota_verdict("alice", 8, False).kind is Kind.OUTSIDE  # type: ignore[union-attr]
+    t.release("j1", ("alice", "default", "a"), 1.0, 60.0)  # given back under the tree it is counted in now
+    assert t.quota_view()["in_quota"] == {}
+    t.set_quotas(None)
+    assert t.quota_verdict("carol", 8, False) is None
+
+
+async def test_a_catalog_reload_swaps_the_tree_for_admission_and_preemption() -> None:
+    import dataclasses
+
+    from broker.errors import Unschedulable
+    from tests.unit.harness import Harness, gpu_pool
+
+    h = await Harness([gpu_pool(max_count=4, step=1)], gpus=4, quotas=SPEC).start()
+    try:
+        with pytest.raises(Unschedulable, match="guarantee of 2"):
+            await h.submit("alice", pool="gpu", pods=3, command=("true",))
+        assert h.cp.dispatcher.preempter is not None
+        wider = _spec(nlp=TeamQuota(guaranteed_gpus=4, callers={"alice": CallerQuota(guaranteed_gpus=4)}))
+        h.cp.reload_catalog(dataclasses.replace(h.catalog, quotas=wider))
+        done = await h.run_job("alice", pool="gpu", pods=3, command=("true",))
+        assert done.state.value == "SUCCEEDED" and h.cp.catalog.quotas == wider
+        h.cp.reload_catalog(dataclasses.replace(h.catalog, quotas=None))
+        assert h.cp.dispatcher.preempter is None and h.cp.quota_tree is None
+    finally:
+        await h.stop()

@@ -183,3 +183,53 @@ async def test_a_placed_pod_asks_the_scheduler_for_its_node_and_the_pools_node_s
     assert h.api.pod("small-1")["spec"]["nodeSelector"] == {
         "zone": "a", "firepool.io/shape": "small", "kubernetes.io/hostname": "gpu-a"}
     assert [n.id for n in h.backend.nodes()] == ["gpu-a"]
+
+
+async def test_topology_domains_come_from_the_configured_node_labels(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import make_node
+
+    h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=1, labels={"example.com/rack": "r7",
+                                                                         "topology.kubernetes.io/zone": "z1"})
+    assert [n.domain for n in await h.backend.refresh_nodes()] == ["z1"]  # today's keys by default
+    h.backend.set_domain_labels(["example.com/rack"])  # the catalog's topology_domain_labels
+    assert [n.domain for n in await h.backend.refresh_nodes()] == ["r7"]
+    h.backend.set_domain_labels(None)
+    assert [n.domain for n in await h.backend.refresh_nodes()] == ["z1"]
+
+
+async def test_a_node_whose_every_card_is_avoided_is_excluded_by_node_affinity(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import gpu_uuid, make_node
+
+    for name in ("gpu-a", "gpu-b"):
+        h.api.objects[("Node", name)] = make_node(name, gpus=2)
+    await h.backend.refresh_nodes()
+    quarantined = frozenset({gpu_uuid("gpu-a", 0), gpu_uuid("gpu-a", 1), gpu_uuid("gpu-b", 0)})
+    await start(h, "cpu-1", CPU, avoid=quarantined)  # a CPU pod stays off a quarantined node too
+    affinity = h.api.pod("cpu-1")["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a"]}]}]
+    await start(h, "cpu-2", CPU, avoid=frozenset({gpu_uuid("gpu-b", 0)}))  # one card of gpu-b: no node is out
+    assert "affinity" not in h.api.pod("cpu-2")["spec"]
+
+
+async def test_a_pod_records_its_nodes_boot_epoch_and_a_fenced_pod_refuses_agent_calls(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import make_node
+
+    node = make_node("node-1", gpus=1)  # where the fake kubelet runs pods
+    h.api.objects[("Node", "node-1")] = node
+    info = await start(h, "cpu-1", CPU)
+    assert info.node == "node-1" and info.details["node_epoch"] == node["status"]["nodeInfo"]["bootID"]
+    h.backend.fence("cpu-1", "its node node-1 has another boot epoch")
+    with pytest.raises(BackendError, match="another boot epoch"):
+        h.backend.agent("cpu-1")
+
+
+async def test_a_failed_node_list_keeps_the_last_one_and_the_next_read_recovers(h: Harness) -> None:
+    from broker.backends.kubernetes.emulator.nodes import make_node
+
+    h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=1)
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a"]
+    h.api.objects[("Node", "gpu-b")] = make_node("gpu-b", gpus=1)
+    h.api.fail_nodes = [503]  # the API server restarting: the node-epoch loop must not die of it
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a"]
+    assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a", "gpu-b"]

@@ -82,3 +82,30 @@ def test_volcano_vgpu_requests_count_as_cards_and_shares() -> None:
                 annotations={USE_UUID: card})
     assert place(share, [node], [holder])[1] == [card]
     assert place(whole, [node], [holder])[0] is None
+
+
+def test_required_node_affinity_keeps_a_pod_off_the_nodes_it_excludes() -> None:
+    nodes = [make_node("n0", gpus=1, labels={"tier": "a"}), make_node("n1", gpus=1, labels={"tier": "b"})]
+    limits = {"nvidia.com/gpu": "1"}
+    assert place(pod("p", limits=limits), nodes, [])[0] == "n0"
+    notin = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n0"]}]}]}}}
+    assert place(pod("p", limits=limits, affinity=notin), nodes, [])[0] == "n1"
+    both = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n0", "n1"]}]}]}}}
+    node, _, why = place(pod("p", limits=limits, affinity=both), nodes, [])
+    assert node is None and "didn't match Pod's node affinity" in why
+    tier = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["b"]}]},
+        {"matchExpressions": [{"key": "missing", "operator": "Exists"}]}]}}}
+    assert place(pod("p", limits=limits, affinity=tier), nodes, [])[0] == "n1"  # terms are ORed
+
+
+def test_cards_a_pod_must_not_use_are_never_given_to_it() -> None:
+    node = make_node("n0", gpus=2)
+    limits = {"nvidia.com/gpu": "1"}
+    assert place(pod("p", limits=limits), [node], [])[1] == [gpu_uuid("n0", 0)]
+    avoiding = pod("p", limits=limits, annotations={"nvidia.com/nouse-gpuuuid": gpu_uuid("n0", 0)})
+    assert place(avoiding, [node], [])[1] == [gpu_uuid("n0", 1)]
+    both = pod("p", limits=limits, annotations={"nvidia.com/nouse-gpuuuid": f"{gpu_uuid('n0', 0)},{gpu_uuid('n0', 1)}"})
+    assert place(both, [node], [])[0] is None

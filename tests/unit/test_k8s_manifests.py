@@ -207,3 +207,27 @@ def test_a_custom_image_replaces_only_the_agent_containers_image() -> None:
     assert pinned_pod["spec"]["initContainers"][0]["image"] == CPU["template"]["image"]  # the pre-pulled one
     tagged = VARIANTS["custom_image_tag"]()["spec"]["containers"][0]
     assert (tagged["image"], tagged["imagePullPolicy"]) == ("registry.example/team/train:latest", "Always")
+
+
+def test_quarantined_nodes_are_kept_out_by_node_affinity_in_every_required_term() -> None:
+    pool = parse_pool(HAMI)
+    manifest = pod_manifest("h100-0a1b2c3d", pool, parse_template(pool.name, pool.template), broker="firepool",
+                            kernels="cold", annotations=OWNER, origin="demand", avoid_nodes=("gpu-b", "gpu-a"))
+    terms = manifest["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]},  # the template's own, kept
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a", "gpu-b"]}]}]
+    assert len(pool.template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]) == 1  # the pool's template is not changed
+    plain = _pod(CPU, "cpu-0a1b2c3d")
+    cpu = parse_pool(CPU)
+    excluded = pod_manifest("cpu-0a1b2c3d", cpu, parse_template(cpu.name, cpu.template), broker="firepool",
+                            kernels="cold", annotations=OWNER, origin="demand", created_at=1_800_000_000.0,
+                            avoid_nodes=("gpu-a",))
+    assert "affinity" not in plain["spec"] and excluded["spec"]["affinity"] == {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a"]}]}]}}}
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(manifest, version, strict=True)
+        kubernetes_validate.validate(excluded, version, strict=True)

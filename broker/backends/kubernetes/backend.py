@@ -1,7 +1,7 @@
 """`KubernetesBackend`: the `Backend` port on a Kubernetes namespace.
 
 Creates a Secret (the agent's bearer secret) and a pod per request, waits on the watch cache for the pod
-to run, then for its agent to answer at the pod IP. Every pod and Secret carries `firepool.io/broker`;
+to run, then for its agent to answer at the pod IP (`starting`; nodes: `nodeview`; settings: `settings`). Every pod and Secret carries `firepool.io/broker`;
 the watch selects by it. The Secret records the UID of the pod it was made for: a pod under the same name
 with another UID is a different pod, and nothing on it is trusted. A pod deleted or evicted from outside
 is marked lost, so its agent calls fail and the attempt ends `PodLost` (and follows the retry policy).
@@ -17,28 +17,29 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus
-from broker.backends.kubernetes.annotating import DEFER_S, Annotator
+from broker.backends.kubernetes.annotating import Annotator
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_INCARNATION,
-    AGENT_PORT,
     ANN_GPUS,
     ANN_ORIGIN,
     ANN_READY,
+    HOSTNAME,
     LABEL_BROKER,
     LABEL_ROLE,
     pod_manifest,
     secret_manifest,
     secret_name,
 )
-from broker.backends.kubernetes.nodes import parse_nodes
+from broker.backends.kubernetes.nodeview import NODES_EVERY_S, NodeView
 from broker.backends.kubernetes.podagent import AgentFactory, PodAgent, http_agent
-from broker.backends.kubernetes.ratelimit import RateSettings, Retryable, TokenBucket, with_backoff
+from broker.backends.kubernetes.ratelimit import Retryable, TokenBucket, with_backoff
 from broker.backends.kubernetes.records import ANN_POD_UID, PodRecord, adopt
+from broker.backends.kubernetes.settings import KubernetesSettings
+from broker.backends.kubernetes.starting import LaunchError, Starting
 from broker.backends.kubernetes.sweeping import sweep_cards
 from broker.backends.kubernetes.templates import PodTemplate, parse_template
 from broker.backends.kubernetes.watching import Change, PodCache, Watcher
@@ -54,12 +55,12 @@ from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.topology import Rendezvous
 from firepool_agent.kernel import POD_IP_ENV
 
+__all__ = ["ANN_POD_UID", "KubernetesBackend", "KubernetesSettings", "LaunchError"]
+"""Importable from here as before the split (settings, starting, nodeview)."""
+
 log = logging.getLogger("firepool.k8s")
 
 SYNC_TIMEOUT_S = 30.0
-NODES_EVERY_S = 30.0
-"""How old the node list may get before the next create or list reads it again."""
-HOSTNAME = "kubernetes.io/hostname"
 
 
 def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
@@ -69,29 +70,7 @@ def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
     return "--incarnation" in (containers[0].get("args") or [])
 
 
-class LaunchError(BackendError):
-    """A pod cannot start (its image cannot be pulled, ...); `details.reason` says why. Not retried at once."""
-
-    retryable = False
-
-
-@dataclass(frozen=True)
-class KubernetesSettings:
-    namespace: str = "default"
-    broker_id: str = "firepool"
-    """The `firepool.io/broker` label value: which broker owns a pod (several may share a namespace)."""
-    agent_port: int = AGENT_PORT
-    rate: RateSettings = RateSettings()
-    agent_timeout_s: float = 30.0
-    """How long a running pod's agent may take to answer its first health check."""
-    pull_backoff_s: float = 30.0
-    """After an image pull error, new pods of that template fail at once for this long (doubling)."""
-    annotate_defer_s: float = DEFER_S
-    """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
-    (broker.backends.kubernetes.annotating); identity changes are written at once."""
-
-
-class KubernetesBackend:
+class KubernetesBackend(NodeView, Starting):
     kind = "kubernetes"
     isolated = True
     runs_images = True
@@ -124,22 +103,6 @@ class KubernetesBackend:
         self.annotator = Annotator(clock, self._patch_annotations, settings.annotate_defer_s)
 
     # -- watch ----------------------------------------------------------------------------------
-
-    async def refresh_nodes(self) -> list[Node]:
-        """Read the cluster's Node objects again (at most every NODES_EVERY_S unless forced by a create)."""
-        try:
-            self._nodes = parse_nodes(await self.api.nodes())
-        except BackendError as exc:
-            # Forbidden without deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
-            (log.debug if self._nodes_failed else log.warning)(
-                "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc)
-            self._nodes_failed = True
-        self._nodes_at = self.clock.now()
-        return self._nodes
-
-    def nodes(self) -> list[Node]:
-        """The Ready, schedulable nodes with GPUs, as last read (the watch loop and list_pods refresh them)."""
-        return list(self._nodes)
 
     async def _ensure(self) -> None:
         if self.clock.now() - self._nodes_at >= NODES_EVERY_S:
@@ -214,7 +177,8 @@ class KubernetesBackend:
                                 annotations={**request.annotations, **hami.avoid_annotations(request.avoid)},
                                 standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
-                                image=request.image, gang=request.gang, gang_size=request.gang_size)
+                                image=request.image, gang=request.gang, gang_size=request.gang_size,
+                                avoid_nodes=self.avoided_nodes(request.avoid))
         # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
         # scheduler binds the pod there.
         chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
@@ -235,6 +199,9 @@ class KubernetesBackend:
             await with_backoff(self.clock, rate, lambda: self.api.patch(
                 "Secret", secret_name(name), {"metadata": {"annotations": {ANN_POD_UID: rec.uid}}}))
             pod = await self._wait_running(rec, image, pull_key, tpl.start_timeout_s)
+            node = str((pod.get("spec") or {}).get("nodeName", ""))
+            if node and not self._node_epoch(node) and not self._nodes_failed:
+                await self.refresh_nodes()  # a node added since the last list: its boot epoch is recorded too
             await self._wait_agent(rec)
             self._learn_devices(pod, standby=bool(request.gpus))
             if not rec.gpus and pool.gpus:
@@ -254,58 +221,6 @@ class KubernetesBackend:
         rec.up = True
         log.info("pod %s up: %s", name, rec.ready.view())
         return self._info(rec)
-
-    async def _wait_running(self, rec: PodRecord, image: str, pull_key: str, start_timeout_s: float) -> dict[str, Any]:
-        """Until the watch shows the pod running with an IP; a pull error, failure, deletion or the pool's
-        start timeout ends the wait with an error (the caller deletes the pod, releasing its budget)."""
-        deadline = self.clock.now() + start_timeout_s
-        while True:
-            rec.changed.clear()
-            pod = self.cache.pods.get(rec.name)
-            if rec.lost:
-                raise BackendError(f"pod {rec.name} {rec.lost} while starting")
-            if pod is not None and podstatus.uid(pod) == rec.uid:
-                if podstatus.running(pod):
-                    rec.ip = podstatus.pod_ip(pod)
-                    return dict(pod)
-                reason = podstatus.pull_error(pod)
-                if reason:
-                    self._block(pull_key, reason)
-                    raise LaunchError(f"pod {rec.name}: image {image} cannot be pulled: {reason}",
-                                      details={"reason": reason.split(":", 1)[0], "image": image})
-                why = podstatus.ended(pod)
-                if why:
-                    raise BackendError(f"pod {rec.name} ended while starting: {why}")
-            left = deadline - self.clock.now()
-            if left <= 0:
-                raise BackendError(f"pod {rec.name} still not running after {start_timeout_s:.0f} s "
-                                   f"(pool start_timeout_s); deleted", details={"ready": rec.ready.view()})
-            await self.clock.wait(rec.changed, left)
-
-    def _block(self, key: str, reason: str) -> None:
-        """No retry storm: creates of this template (or custom image) fail at once for a while, doubling."""
-        previous = self._pull_block.get(key)
-        pause = min(previous[1] * 2, 600.0) if previous else self.settings.pull_backoff_s
-        self._pull_block[key] = (self.clock.now() + pause, pause, reason)
-
-    async def _wait_agent(self, rec: PodRecord) -> None:
-        client = self.agent(rec.name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.agent_timeout_s
-        pause = 0.005
-        while True:
-            try:
-                await client.health()
-                rec.ready.answered(self.clock.now())
-                return
-            except AgentError as exc:
-                if rec.lost:
-                    raise BackendError(f"pod {rec.name} {rec.lost} while starting") from exc
-                if loop.time() > deadline:
-                    raise BackendError(f"pod {rec.name}'s agent at {rec.ip} did not answer within "
-                                       f"{self.settings.agent_timeout_s:.0f} s") from exc
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 0.1)
 
     # -- delete ---------------------------------------------------------------------------------
 
@@ -374,16 +289,26 @@ class KubernetesBackend:
                 continue
         return False
 
+    def fence(self, name: str, why: str) -> None:
+        """Trust nothing on this pod any more (its node's boot epoch changed under it): agent calls fail, so the
+        attempt on it ends lost; the pod is deleted when its job lets go of it."""
+        rec = self._pods.get(name)
+        if rec is not None and not rec.lost:
+            rec.lost = why
+            rec.changed.set()
+            log.warning("pod %s fenced: %s", name, why)
+
     def _info(self, rec: PodRecord) -> PodInfo:
         pod = self.cache.pods.get(rec.name) or {}
         labels = podstatus.meta(pod).get("labels") or {}
+        node = str((pod.get("spec") or {}).get("nodeName", ""))
         return PodInfo(name=rec.name, pool=rec.pool, gpus=rec.gpus, template=rec.template, created_at=rec.created_at,
                        isolated=True, annotations=dict(rec.annotations),
                        endpoint=f"tcp:{rec.ip}:{self.settings.agent_port}",
-                       node=str((pod.get("spec") or {}).get("nodeName", "")),
+                       node=node,
                        details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
                                 "incarnation": AGENT_INCARNATION if _started_with_incarnation(pod) else None,
-                                "node": (pod.get("spec") or {}).get("nodeName", ""), "ip": rec.ip,
+                                "node": node, "node_epoch": self._node_epoch(node), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.backends.kubernetes import hami
@@ -111,15 +111,30 @@ def _gang_affinity(pool: PoolSpec, template: PodTemplate, gang: str, size: int) 
     return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def _without_nodes(node_affinity: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+    """The pool's node affinity with `kubernetes.io/hostname NotIn nodes` added to every required term (terms
+    are ORed, expressions within one ANDed: the exclusion must hold in each)."""
+    exclude = {"key": HOSTNAME, "operator": "NotIn", "values": sorted(nodes)}
+    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**term, "matchExpressions": [*(term.get("matchExpressions") or []), exclude]}
+                                     for term in terms]
+    return {**node_affinity, "requiredDuringSchedulingIgnoredDuringExecution": required}
+
+
 def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: str, kernels: str,
                  annotations: Mapping[str, str], standby: bool = False, pin_uuids: tuple[str, ...] = (),
                  origin: str = "", created_at: float = 0.0, gang: str = "", gang_size: int = 1,
-                 image: str = "") -> dict[str, Any]:
+                 image: str = "", avoid_nodes: Sequence[str] = ()) -> dict[str, Any]:
     """The pod to create for `name` (a dict the API accepts as JSON).
 
     `image`: a job's custom image (broker.images) replaces the template's in the agent container, whose
     entrypoint must still be the agent; a mutable tag is pulled every time (`Always`), a digest only when
-    absent. The init container that hands the agent its secret keeps the pool's own (pre-pulled) image."""
+    absent. The init container that hands the agent its secret keeps the pool's own (pre-pulled) image.
+    `avoid_nodes`: quarantined nodes (broker.health.quarantine), kept out through required node affinity."""
     check_pod_name(name)
     meta_ann = {**annotations, ANN_ORIGIN: origin, ANN_CREATED: repr(created_at)}
     if standby:
@@ -182,6 +197,8 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
     affinity = {k: v for k, v in template.affinity.items()}
     if gang and gang_size > 1:
         affinity["podAffinity"] = _gang_affinity(pool, template, gang, gang_size)
+    if avoid_nodes:
+        affinity["nodeAffinity"] = _without_nodes(affinity.get("nodeAffinity") or {}, avoid_nodes)
     if affinity:
         spec["affinity"] = affinity
     return {"apiVersion": "v1", "kind": "Pod",

@@ -2,7 +2,8 @@
 
 A node's GPUs are the cards HAMi registered on it (`hami.io/node-nvidia-register`: UUID and model per
 card); without that annotation, `capacity["nvidia.com/gpu"]` cards keyed `<node>/gpu<i>`. The topology
-domain is the value of a label (`firepool.io/topology-domain`, else `topology.kubernetes.io/zone`), the
+domain is the value of the first label set of `KubernetesSettings.domain_labels` (the catalog's
+`topology_domain_labels`; default `firepool.io/topology-domain`, else `topology.kubernetes.io/zone`), the
 boot epoch `status.nodeInfo.bootID` (a node replaced under the same name gets a new one). Nodes that are
 not Ready or are cordoned are left out: placement must not choose them.
 """

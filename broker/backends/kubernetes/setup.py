@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from broker.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
@@ -22,10 +24,14 @@ def default_namespace() -> str:
 
 
 def kubernetes_backend(clock: Clock, namespace: str | None, kubeconfig: str | None, broker_id: str = "firepool",
-                       create_qps: float = 20.0, create_burst: int = 40) -> KubernetesBackend:
+                       create_qps: float = 20.0, create_burst: int = 40,
+                       domain_labels: Sequence[str] | None = None) -> KubernetesBackend:
     if not valid_label_value(broker_id) or not broker_id:
         raise ValueError(f"--broker-id {broker_id!r} must be a label value (letters, digits, '-', '_', '.')")
     ns = namespace or default_namespace()
     api = KubeApi(api_client(Connection(namespace=ns, kubeconfig=kubeconfig)), ns)
     rate = RateSettings(qps=create_qps, burst=create_burst)
-    return KubernetesBackend(clock, api, KubernetesSettings(namespace=ns, broker_id=broker_id, rate=rate))
+    settings = KubernetesSettings(namespace=ns, broker_id=broker_id, rate=rate)
+    if domain_labels:
+        settings = dataclasses.replace(settings, domain_labels=tuple(domain_labels))
+    return KubernetesBackend(clock, api, settings)

@@ -15,12 +15,14 @@ strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions
 older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
 `expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
 
-The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, taints
+The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, required
+node affinity, taints
 and tolerations, CPU and memory requests, pod affinity, GPUs), then:
 
 - writes `spec.nodeName`, condition PodScheduled, and for a pod requesting `nvidia.com/gpu` HAMi's
   `hami.io/vgpu-devices-allocated` (`UUID,NVIDIA,mem,cores:;`) and `hami.io/vgpu-node`, honouring
-  `nvidia.com/use-gpuuuid` (pinned); nodes carry `hami.io/node-nvidia-register`;
+  `nvidia.com/use-gpuuuid` (pinned) and `nvidia.com/nouse-gpuuuid` (avoided cards); nodes carry
+  `hami.io/node-nvidia-register`;
 - after `start_delay_s` pulls the image, taking `pull_s` the first time on a node (IfNotPresent;
   `prepull()` marks an image present, as a pre-pull DaemonSet does; imagePullPolicy Always always
   pulls), then shows the container waiting in ContainerCreating with its imageID set; an image
@@ -49,6 +51,7 @@ import os
 import signal
 import tempfile
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -170,6 +173,19 @@ class Emulator:
         """A Ready node with `gpus` HAMi-registered fake cards (see `nodes.make_node`)."""
         return self.store.create("nodes", "", make_node(name, gpus=gpus, labels=labels, annotations=annotations,
                                                         allocatable=allocatable, taints=taints))
+
+    def reboot_node(self, name: str) -> str:
+        """The node comes back under its name with a new `status.nodeInfo.bootID` (rebooted, or replaced by
+        another machine); its pods stay bound with their UIDs, as a kubelet restarts them after a reboot.
+        Returns the new boot id."""
+        boot = str(uuid.uuid4())
+
+        def rebooted(node: Obj) -> Obj:
+            node["status"]["nodeInfo"]["bootID"] = boot
+            return node
+
+        self.store.update("nodes", "", name, rebooted)
+        return boot
 
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""

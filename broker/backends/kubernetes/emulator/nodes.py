@@ -23,6 +23,7 @@ GPU = "nvidia.com/gpu"
 GPU_MEM = "nvidia.com/gpumem"
 GPU_CORES = "nvidia.com/gpucores"
 USE_UUID = "nvidia.com/use-gpuuuid"
+NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
 NODE_REGISTER = "hami.io/node-nvidia-register"
 HANDSHAKE = "hami.io/node-handshake"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
@@ -51,6 +52,8 @@ class GpuRequest:
     cores: int | None
     pinned: tuple[str, ...]
     volcano: bool = False
+    avoided: tuple[str, ...] = ()
+    """Cards HAMi must not give the pod (`nvidia.com/nouse-gpuuuid`: quarantined ones)."""
     """Asked through Volcano's `volcano.sh/vgpu-*` resources."""
 
     @property
@@ -82,7 +85,8 @@ def gpu_request(pod: Mapping[str, Any]) -> GpuRequest:
                 cores = (cores or 0) + _quantity(asked[name])
     raw = (pod.get("metadata", {}).get("annotations") or {}).get(USE_UUID, "")
     pinned = tuple(u.strip() for u in raw.split(",") if u.strip())
-    return GpuRequest(count, mem, cores, pinned, volcano)
+    nouse = (pod.get("metadata", {}).get("annotations") or {}).get(NOUSE_UUID, "")
+    return GpuRequest(count, mem, cores, pinned, volcano, tuple(u.strip() for u in nouse.split(",") if u.strip()))
 
 
 def node_gpus(node: Mapping[str, Any]) -> list[str]:
@@ -145,7 +149,7 @@ def gpu_fit(request: GpuRequest, node: Obj, pods: Sequence[Obj]) -> list[str] | 
     whole; `nvidia.com/use-gpuuuid` pins to those cards)."""
     if request.count == 0:
         return []
-    cards = node_gpus(node)
+    cards = [u for u in node_gpus(node) if u not in request.avoided]
     if request.pinned:
         return list(request.pinned) if all(u in cards for u in request.pinned) else None
     holders: dict[str, list[bool]] = {u: [] for u in cards}

@@ -1,6 +1,7 @@
 """The emulated scheduler: which node a new pod goes to, and which GPUs it gets there.
 
-Filters as kube-scheduler does, in a small way: nodeSelector, NoSchedule/NoExecute taints without a
+Filters as kube-scheduler does, in a small way: nodeSelector, required nodeAffinity (matchExpressions
+In/NotIn/Exists/DoesNotExist), NoSchedule/NoExecute taints without a
 matching toleration, CPU and memory requests against allocatable, required podAffinity (a pod that
 matches its own term may start a group alone), then GPUs by HAMi's rules (`nodes.gpu_fit`). Among the
 nodes left, preferred podAffinity weights rank; ties go to the first node by name.
@@ -59,6 +60,20 @@ def _term_selector(term: Mapping[str, Any]) -> str:
     return ",".join(parts)
 
 
+def _node_term(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A nodeSelectorTerm: every matchExpression holds on the node's labels (an empty term matches none)."""
+    expressions = term.get("matchExpressions") or []
+    if not expressions:
+        return False
+    for expression in expressions:
+        key, op, values = expression["key"], expression["operator"], expression.get("values") or []
+        held = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values, "Exists": key in labels,
+                "DoesNotExist": key not in labels}.get(op, False)
+        if not held:
+            return False
+    return True
+
+
 def _domain(node: Mapping[str, Any], key: str) -> str | None:
     return (node["metadata"].get("labels") or {}).get(key)
 
@@ -80,6 +95,10 @@ def _fits(pod: Obj, node: Obj, nodes: Sequence[Obj], pods: Sequence[Obj]) -> str
     meta = node["metadata"]
     labels = meta.get("labels") or {}
     if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        return "node(s) didn't match Pod's node affinity/selector"
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if required is not None and not any(_node_term(term, labels) for term in required.get("nodeSelectorTerms") or []):
         return "node(s) didn't match Pod's node affinity/selector"
     for taint in node.get("spec", {}).get("taints") or []:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(pod, taint):

@@ -1,0 +1,167 @@
+"""Starting a local pod: its directories, limits and sandbox, the agent as PID 1, then its first answer.
+
+A mixin of `LocalBackend` (its create path). The pod's record is written before the agent starts, so a
+restarted broker finds (and can clean up) a half-made pod; the agent's incarnation (design R5) is counted
+on the host beside its ledger, where no job reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from broker.backends import networking
+from broker.backends.limits import Limits
+from broker.backends.podlimits import PodLimiter
+from broker.backends.podnets import PodNetworks
+from broker.backends.podprocs import LEDGER_FD, PodProcesses, starttime
+from broker.backends.sandboxing import PodDirs, SandboxSpec, agent_env, bwrap_argv, fallback_argv
+from broker.backends.volumes import make_volume_dirs
+from broker.errors import AgentError, BackendError
+from broker.running.agent_http import HttpAgentClient
+from firepool_agent.incarnation import next_incarnation
+
+log = logging.getLogger("broker.backends.local")
+
+START_TIMEOUT_S = 30.0
+"""How long a new pod's agent may take to answer its first health check."""
+
+
+class _Pods(Protocol):
+    state_dir: Path
+    ledger_dir: Path
+    limiter: PodLimiter
+    nets: PodNetworks
+    procs: PodProcesses
+    bwrap: str | None
+    mode: str
+    uid: int | None
+
+    @property
+    def isolated(self) -> bool: ...
+
+    def _dirs(self, name: str) -> PodDirs: ...
+
+    def _write(self, record: dict[str, Any]) -> None: ...
+
+    def agent(self, name: str) -> HttpAgentClient: ...
+
+    def _log_tail(self, name: str) -> str: ...
+
+    async def _wait_healthy(self, name: str, launcher: int) -> None: ...
+
+
+class PodStarting:
+    """The start of a pod (mixin)."""
+
+    async def _start(self: _Pods, spec: SandboxSpec, record: dict[str, Any], limits: Limits) -> None:
+        began = time.perf_counter()
+        dirs = spec.dirs
+        dirs.root.mkdir(mode=0o700)
+        try:
+            spec, join = await asyncio.to_thread(
+                self.limiter.apply, spec, record, limits, self.uid if self.isolated else None
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
+        for path in (
+            dirs.workspace,
+            dirs.pkg,
+            dirs.run,
+            dirs.deps,
+            dirs.volumes,
+            *([] if self.isolated else [dirs.tmp]),
+        ):
+            path.mkdir(mode=0o700)
+            if self.isolated and self.uid is not None:
+                os.chown(path, self.uid, self.uid)
+        make_volume_dirs(
+            tuple(b for b in spec.binds if b.src.startswith(f"{self.state_dir}/")),
+            self.uid if self.isolated else None,
+        )
+        if self.isolated and spec.network == "isolated":
+            dirs.resolv.write_text(networking.resolv_conf())
+            dirs.resolv.chmod(0o644)
+        argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
+        # The agent's incarnation (R5) is counted here, on the host beside its ledger, where no job reaches it.
+        record["incarnation"] = await asyncio.to_thread(
+            next_incarnation, self.ledger_dir / f"{spec.name}.incarnation"
+        )
+        argv += [
+            "--kernels",
+            record["kernels"],
+            "--ledger-fd",
+            str(LEDGER_FD),
+            "--incarnation",
+            str(record["incarnation"]),
+        ]  # the agent's own flags end it
+        argv = [*join, *argv]
+        # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
+        env = (
+            agent_env(spec, isolated=False)
+            if not self.isolated
+            else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        )
+        self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
+        try:
+            pid, info_fd = self.procs.spawn(
+                argv,
+                env,
+                record["secret"],
+                dirs.log,
+                with_info=self.isolated,
+                ledger=self.ledger_dir / f"{spec.name}.jsonl",
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start pod {spec.name}: {exc}") from exc
+        record["launcher_pid"] = pid
+        record["launcher_start"] = starttime(pid)
+        self._write(record)
+        agent_pid: int | None = pid
+        if info_fd is not None:
+            agent_pid = await self.procs.sandbox_pid(info_fd, pid, START_TIMEOUT_S)
+            if agent_pid is None:
+                raise BackendError(f"bwrap did not start pod {spec.name}: {self._log_tail(spec.name)}")
+        record["pid"] = agent_pid  # the agent; SIGKILL to it ends the whole pod (a PID namespace init)
+        record["pid_start"] = starttime(agent_pid)
+        self._write(record)
+        await self._wait_healthy(spec.name, pid)
+        net_ms = await self.nets.attach(spec, record, agent_pid) if self.isolated else 0.0
+        log.info(
+            "pod %s up in %.0f ms (%s, network %s%s, GPUs %s, limits %.0f ms)",
+            spec.name,
+            (time.perf_counter() - began) * 1000,
+            self.mode,
+            record["network"],
+            f" +{net_ms:.1f} ms" if net_ms else "",
+            record["cuda_visible_devices"] or "none",
+            record.get("limits_ms", 0.0),
+        )
+
+    def _log_tail(self: _Pods, name: str) -> str:
+        with contextlib.suppress(OSError):
+            return self._dirs(name).log.read_text(errors="replace")[-600:].strip() or "(no output)"
+        return "(no output)"
+
+    async def _wait_healthy(self: _Pods, name: str, launcher: int) -> None:
+        client = self.agent(name)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pause = 0.002
+        while True:
+            try:
+                await client.health()
+                return
+            except AgentError as exc:
+                if self.procs.exited(launcher):
+                    raise BackendError(f"pod {name} exited while starting: {self._log_tail(name)}") from exc
+                if time.monotonic() > deadline:
+                    raise BackendError(
+                        f"pod {name}'s agent did not answer within {START_TIMEOUT_S:.0f} s"
+                    ) from exc
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.05)

@@ -3,10 +3,9 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; team
-quotas are broker.claiming.quotaclaims'; the
-indexes and what a claim asks for and gets are broker.claiming.tracking's. This module owns the lock and every
-pod state change.
+The search order is broker.claiming.searching's (a gang kept on one node: setsearch); a waiting gang's reserved
+pods are gangclaims'; team quotas quotaclaims'; the indexes and what a claim asks for and gets are
+tracking's (with why `recycle` exists). This module owns the lock and every pod state change.
 
 Session continuity. The pod a session's first job runs on is that session's pod from then on, whatever
 path it came by. A `recycled` pod (the caller's idle pod of another session) crosses the boundary at the
@@ -17,13 +16,6 @@ default, as above), `hint` (the tag only routes: the caller's pod of another tag
 taken warm, workspace kept), `retire` (the paper's rule, the "Reuse Off" arm: a pod that crosses a
 session boundary runs that one job and retires). Pods never cross callers.
 
-`recycle` (a job field). Taking another session's idle pod still empties that session's workspace, so
-whether a new session may do it first is the caller's call, and the flag stays: `true` (default) takes
-the caller's least recently used other session's pod before a standby or a new pod, which suits callers
-whose sessions follow one another (CLI tags, SDK runs, notebooks: a live kernel's pod is busy, never
-idle); `false` protects sessions that live side by side (MCP conversations idle between calls): a
-standby or a new pod first, and only at the pool's ceiling does the least recently used session hand
-its pod over (a takeover). Either way the pod then stays with the new session.
 """
 
 from __future__ import annotations
@@ -32,8 +24,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from broker.claiming.quotaclaims import QuotaClaims
 from broker.claiming.tracking import (
-    ASSIGNED,
-    IDLE,
+    ASSIGNED as _ASSIGNED,
+)
+from broker.claiming.tracking import (
+    IDLE as _IDLE,
+)
+from broker.claiming.tracking import (
     REASON_NEW_SESSION,
     REASON_NEW_SESSION_RETIRE,
     REASON_NO_IDLE,
@@ -45,14 +41,21 @@ from broker.claiming.tracking import (
     REASON_TAG_HINT,
     REASON_TAKEOVER,
     REASON_TEAM_QUOTA,
-    RESETTING,
-    RETIRING,
-    RUNNING,
     Bucket,
     Claim,
     Lease,
     Pick,
     Shortfall,
+    confined,
+)
+from broker.claiming.tracking import (
+    RESETTING as _RESETTING,
+)
+from broker.claiming.tracking import (
+    RETIRING as _RETIRING,
+)
+from broker.claiming.tracking import (
+    RUNNING as _RUNNING,
 )
 from broker.fleet.quotas import Kind
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
@@ -64,12 +67,6 @@ __all__ = [
     "REASON_TEAM_QUOTA",
     "Claim", "Lease", "Shortfall", "Tracker",
 ]
-
-_IDLE = IDLE
-_ASSIGNED = ASSIGNED
-_RUNNING = RUNNING
-_RESETTING = RESETTING
-_RETIRING = RETIRING
 
 
 class Tracker(QuotaClaims):
@@ -179,10 +176,13 @@ class Tracker(QuotaClaims):
                         break
             if picked is None and self._returning_keys:
                 picked = self._session_pod_resetting(want)
+            where = "" if want.pods == 1 or want.single_use or want.image else \
+                confined(want.topology, bucket.spec, want.pods)  # broker.claiming.setsearch
             if picked is None:
                 gang = self._gangs and want.job_id in self._reserved
-                picked = self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
-            if isinstance(picked, Shortfall) and self._gangs:
+                picked = self._pick_set(bucket, want, where) if where else \
+                    self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
+            if isinstance(picked, Shortfall) and self._gangs and not where:  # a confined set takes no other's pods
                 picked = self._backfill(want, picked)
             if isinstance(picked, Shortfall):
                 return picked
@@ -198,7 +198,9 @@ class Tracker(QuotaClaims):
                     pod.reserved_for = None  # its job took it: from now on it is its caller's (or it retires)
                 if path is Path.RECYCLED and bucket.retire:
                     pod.retire = True  # reuse_tag: retire, the paper's rule: one job across a boundary
-            if self._gangs:
+            if where:
+                self._settle_set(want, picked)
+            elif self._gangs:
                 self._settle(want, picked)
             n = len(picked)
             lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus, borrowed)

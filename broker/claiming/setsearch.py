@@ -95,8 +95,7 @@ class SetSearch(Search):
         if g == "":
             pods: list[Pod] = [p for p in bucket.fresh.values() if not p.node]
         else:
-            pods = [p for node, on in bucket.fresh_by_node.items() if group(node) == g
-                    for p in on.values()]
+            pods = [p for node, on in bucket.fresh_by_node.items() if group(node) == g for p in on.values()]
         for pod in reversed(pods):
             new = pod.idle_since >= want.since
             yield pod, Path.NEW if new else Path.WARM, REASON_NO_IDLE if new else REASON_NO_SESSION_POD
@@ -108,8 +107,12 @@ class SetSearch(Search):
         cards: set[str] = set()
         for sources in (self._warm(bucket, want), self._fresh_in(bucket, want, g, group)):
             for pod, path, reason in sources:
-                if pod.name in taken or group(pod.node) != g or not self._gate_open(pod) \
-                        or not cards.isdisjoint(pod.gpus):
+                if (
+                    pod.name in taken
+                    or group(pod.node) != g
+                    or not self._gate_open(pod)
+                    or not cards.isdisjoint(pod.gpus)
+                ):
                     continue
                 picked.append((pod, path, reason))
                 taken.add(pod.name)
@@ -132,7 +135,11 @@ class SetSearch(Search):
         pool as never-used pods, starting or idle (a set's pods are plain pool pods, unlike single-use ones)."""
         with self._lock:
             for pod in pods:
-                if pod.reserved_for is None or pod.origin is not Origin.DEMAND or self.pods.get(pod.name) is not pod:
+                if (
+                    pod.reserved_for is None
+                    or pod.origin is not Origin.DEMAND
+                    or self.pods.get(pod.name) is not pod
+                ):
                     continue
                 if pod.state is PodState.IDLE:
                     self._unindex_idle(pod)

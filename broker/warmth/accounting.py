@@ -51,16 +51,31 @@ class Accounting:
         if self.ledger.reserve(name, spec.accelerator, units):
             return True
         b = self.borrowing
-        return (spec.borrow and b is not None and b.ledger.limit(spec.accelerator) is not None
-                and b.ledger.reserve(name, spec.accelerator, units))
+        return (
+            spec.borrow
+            and b is not None
+            and b.ledger.limit(spec.accelerator) is not None
+            and b.ledger.reserve(name, spec.accelerator, units)
+        )
 
     def _release(self, pod: Pod) -> None:
         """A pod is gone: its group's reservation moves to a pod still on its GPUs, or is given back."""
         spec = self.pools.get(pod.pool)
-        shared = pod.gpus and spec is not None and spec.standbys_per_active > 0  # only standby pools share GPUs
-        mate = next((p for p in self.tracker.snapshot()
-                     if p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE),
-                    None) if shared else None
+        shared = (
+            pod.gpus and spec is not None and spec.standbys_per_active > 0
+        )  # only standby pools share GPUs
+        mate = (
+            next(
+                (
+                    p
+                    for p in self.tracker.snapshot()
+                    if p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE
+                ),
+                None,
+            )
+            if shared
+            else None
+        )
         for ledger in (self.ledger, *((self.borrowing.ledger,) if self.borrowing is not None else ())):
             r = ledger.release(pod.name)
             if r is not None and mate is not None and not ledger.holds(mate.name):
@@ -99,7 +114,9 @@ class Accounting:
 
     def _note_throttle(self, spec: PoolSpec, p: Plan, created: int, demand: int) -> None:
         """A `budget.throttled` event when the accelerator budget starts holding this pool's creates back."""
-        throttled = demand > 0 and (created < p.create or p.reason.startswith(f"budget of {spec.accelerator} exhausted"))
+        throttled = demand > 0 and (
+            created < p.create or p.reason.startswith(f"budget of {spec.accelerator} exhausted")
+        )
         if not throttled:
             self.throttled.discard(spec.name)
             return
@@ -108,8 +125,17 @@ class Accounting:
         self.throttled.add(spec.name)
         if self.events is not None:
             view = self.ledger.view().get(spec.accelerator, {})
-            self.events.emit("budget.throttled", spec.name,
-                             f"budget of {spec.accelerator} exhausted ({view.get('used')} of {view.get('limit')} "
-                             f"in use): {demand} queued pods wait for capacity to free",
-                             None, None, {"accelerator": spec.accelerator, "demand_pods": demand,
-                                          "used": view.get("used"), "limit": view.get("limit")})
+            self.events.emit(
+                "budget.throttled",
+                spec.name,
+                f"budget of {spec.accelerator} exhausted ({view.get('used')} of {view.get('limit')} "
+                f"in use): {demand} queued pods wait for capacity to free",
+                None,
+                None,
+                {
+                    "accelerator": spec.accelerator,
+                    "demand_pods": demand,
+                    "used": view.get("used"),
+                    "limit": view.get("limit"),
+                },
+            )

@@ -43,12 +43,20 @@ class Creating(Accounting):
         try:
             # A standby's and a custom image's record is written at create: a restarted broker must never
             # take either for a plain pool pod.
-            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod)
-                                                        if pod.standby or pod.image else {}, image=pod.image,
-                                                        node=pod.node, gang=pod.gang,
-                                                        gang_size=self._gang_sizes.pop(pod.name, 1),
-                                                        avoid=self.avoid()))
+            info = await self.backend.create(
+                PodRequest(
+                    name=pod.name,
+                    pool=spec,
+                    origin=pod.origin,
+                    gpus=pin,
+                    annotations=owner_annotations(pod) if pod.standby or pod.image else {},
+                    image=pod.image,
+                    node=pod.node,
+                    gang=pod.gang,
+                    gang_size=self._gang_sizes.pop(pod.name, 1),
+                    avoid=self.avoid(),
+                )
+            )
         except FirepoolError as exc:
             log.warning("creating pod %s failed: %s", pod.name, exc)
             self._backoff_until[spec.name] = self.clock.now() + 2.0

@@ -46,7 +46,15 @@ CASES = [
     ("node: the tightest node that holds them", {"a": 2, "b": 5, "c": 4}, {}, "node", "any", 4, {"c"}),
     ("node: the held pod on another node is not taken", {"b": 4}, {"a": 1}, "node", "any", 4, {"b"}),
     ("any: the held pod is taken first and the set splits", {"b": 4}, {"a": 1}, "any", "any", 4, {"a", "b"}),
-    ("node: the node with the session's pod comes first", {"a": 4, "b": 3}, {"b": 1}, "node", "any", 4, {"b"}),
+    (
+        "node: the node with the session's pod comes first",
+        {"a": 4, "b": 3},
+        {"b": 1},
+        "node",
+        "any",
+        4,
+        {"b"},
+    ),
     ("domain: two nodes of one rack", {"a": 2, "b": 2, "c": 3}, {}, "domain", "any", 4, {"a", "b"}),
     ("domain: never across racks", {"a": 2, "c": 3}, {}, "domain", "any", 4, None),
     ("node: the pool default applies", {"a": 2, "b": 2}, {}, "", "node", 4, None),
@@ -55,10 +63,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fresh", "held", "topology", "pool_topology", "pods", "expect"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_a_confined_gang_takes_one_group_or_nothing(fresh: dict[str, int], held: dict[str, int], topology: str,
-                                                    pool_topology: str, pods: int, expect: set[str] | None) -> None:
+@pytest.mark.parametrize(
+    ("fresh", "held", "topology", "pool_topology", "pods", "expect"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_a_confined_gang_takes_one_group_or_nothing(
+    fresh: dict[str, int],
+    held: dict[str, int],
+    topology: str,
+    pool_topology: str,
+    pods: int,
+    expect: set[str] | None,
+) -> None:
     tracker = _fleet(fresh, held, pool_topology)
     got = tracker.claim(Claim("job-1", "alice", "gpu", "default", "s", pods=pods, topology=topology), now=0.0)
     if expect is None:
@@ -81,8 +98,14 @@ def test_pods_without_a_node_are_one_group() -> None:
 def test_a_set_made_for_a_gang_is_taken_whole_and_its_spare_pods_join_the_pool() -> None:
     tracker = _fleet({"a": 4})
     for i in range(5):  # the controller made five for it on b (one more than it needs: a retried create)
-        pod = Pod(f"made{i}", "gpu", (f"b-gpu{i}",), state=PodState.STARTING, origin=Origin.DEMAND,
-                  reserved_for="gang")
+        pod = Pod(
+            f"made{i}",
+            "gpu",
+            (f"b-gpu{i}",),
+            state=PodState.STARTING,
+            origin=Origin.DEMAND,
+            reserved_for="gang",
+        )
         tracker.add(pod)
         assert tracker.ready(pod.name, 1.0, pod.gpus, "b")
     lease = tracker.claim(Claim("gang", "bob", "gpu", pods=4, topology="node", since=0.5), now=2.0)
@@ -98,13 +121,23 @@ def test_a_set_made_for_a_gang_is_taken_whole_and_its_spare_pods_join_the_pool()
 
 def test_pods_made_for_a_gang_that_left_join_the_pool_starting_or_idle() -> None:
     tracker = _fleet({})
-    idle = Pod("made-idle", "gpu", ("b-gpu0",), state=PodState.STARTING, origin=Origin.DEMAND, reserved_for="gone")
-    starting = Pod("made-starting", "gpu", ("b-gpu1",), state=PodState.STARTING, origin=Origin.DEMAND,
-                   reserved_for="gone")
+    idle = Pod(
+        "made-idle", "gpu", ("b-gpu0",), state=PodState.STARTING, origin=Origin.DEMAND, reserved_for="gone"
+    )
+    starting = Pod(
+        "made-starting",
+        "gpu",
+        ("b-gpu1",),
+        state=PodState.STARTING,
+        origin=Origin.DEMAND,
+        reserved_for="gone",
+    )
     for pod in (idle, starting):
         tracker.add(pod)
     tracker.ready("made-idle", 1.0, ("b-gpu0",), "b")
-    assert isinstance(tracker.claim(Claim("x", "carol", "gpu"), now=1.0), Shortfall)  # reserved: not the pool's
+    assert isinstance(
+        tracker.claim(Claim("x", "carol", "gpu"), now=1.0), Shortfall
+    )  # reserved: not the pool's
     tracker.unreserve([idle, starting])
     assert idle.reserved_for is None and starting.reserved_for is None
     tracker.ready("made-starting", 2.0, ("b-gpu1",), "b")
@@ -115,8 +148,10 @@ def test_pods_made_for_a_gang_that_left_join_the_pool_starting_or_idle() -> None
 def _pinned_fleet() -> Harness:
     """2 fake nodes × 4 GPUs; pools `pin0`/`pin1` hold one node each, `gpu` may use both."""
     backend = FakeBackend(VirtualClock(), gpus=8, gpus_per_node=4)
-    pools = [gpu_pool(name=f"pin{i}", max_count=1, step=1, node_selector={"firepool.dev/node": f"fake-node-{i}"})
-             for i in (0, 1)]
+    pools = [
+        gpu_pool(name=f"pin{i}", max_count=1, step=1, node_selector={"firepool.dev/node": f"fake-node-{i}"})
+        for i in (0, 1)
+    ]
     pools.append(gpu_pool(max_count=8, step=8, topology="any"))
     return Harness(pools, backend=backend, clock=backend.clock)  # type: ignore[arg-type]
 
@@ -163,12 +198,18 @@ async def test_topology_rides_the_wire_and_an_unknown_one_is_422() -> None:
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fp") as http:
             auth = {"Authorization": "Bearer t"}
-            r = await http.post("/v1/jobs", json={"pool": "cpu", "command": ["true"], "pods": 2, "topology": "rack"},
-                                headers=auth)
+            r = await http.post(
+                "/v1/jobs",
+                json={"pool": "cpu", "command": ["true"], "pods": 2, "topology": "rack"},
+                headers=auth,
+            )
             assert r.status_code == 422 and r.json()["error"]["class"] == "InvalidRequest"
             assert h.store.list_jobs() == []
-            r = await http.post("/v1/jobs", json={"pool": "cpu", "command": ["true"], "pods": 2, "topology": "node"},
-                                headers=auth)
+            r = await http.post(
+                "/v1/jobs",
+                json={"pool": "cpu", "command": ["true"], "pods": 2, "topology": "node"},
+                headers=auth,
+            )
             assert r.status_code in (200, 201, 202) and r.json()["topology"] == "node"
             [job] = h.store.list_jobs()
             assert job.spec.topology == "node"

@@ -240,3 +240,50 @@ def test_the_sdk_and_the_cli_send_topology() -> None:
     assert args.topology == "node"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["submit", "--topology", "rack", "--", "true"])
+
+
+def _nodes() -> list[object]:
+    from broker.fleet.nodes import Node
+
+    racks = {"n0": "rack-1", "n1": "rack-1", "n2": "rack-2"}
+    return [Node(n, tuple(f"{n}-g{i}" for i in range(4)), domain=d) for n, d in racks.items()]
+
+
+SET_CASES = [
+    # (id, GPUs used per node, topology, pods, nodes of pods already made, expected nodes or [] to wait)
+    ("node: the tightest node that holds the set", {"n0": 1, "n1": 2}, "node", 2, [], ["n1", "n1"]),
+    ("node: waits rather than split 2 + 2", {"n0": 2, "n1": 2, "n2": 2}, "node", 4, [], []),
+    ("domain: two nodes of one rack", {"n0": 2, "n1": 2, "n2": 2}, "domain", 3, [], ["n0", "n0", "n1"]),
+    (
+        "domain: a node's multiple takes a whole node or waits (§6)",
+        {"n0": 2, "n1": 2, "n2": 2},
+        "domain",
+        4,
+        [],
+        [],
+    ),
+    ("node: the rest joins the pods made", {"n0": 1}, "node", 2, ["n1"], ["n1", "n1"]),
+    ("node: no room beside the pods made: wait", {"n1": 3}, "node", 2, ["n1"], []),
+    ("domain: the rest stays in their rack", {"n0": 4, "n1": 2}, "domain", 2, ["n1"], ["n1", "n1"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("used", "topology", "pods", "near", "expect"), [c[1:] for c in SET_CASES], ids=[c[0] for c in SET_CASES]
+)
+def test_a_set_made_for_a_confined_gang_is_placed_strictly(
+    used: dict[str, int], topology: str, pods: int, near: list[str], expect: list[str]
+) -> None:
+    from broker.fleet.nodes import Fleet
+    from broker.warmth.placing import where_set
+
+    fleet = Fleet.of(_nodes(), used.items())  # type: ignore[arg-type]
+    assert sorted(where_set(fleet, gpu_pool(accelerator="any"), pods, topology, near)) == expect
+
+
+def test_a_set_of_a_pool_without_nodes_lets_the_backend_choose() -> None:
+    from broker.fleet.nodes import Fleet
+    from broker.warmth.placing import where_set
+
+    assert where_set(Fleet(()), gpu_pool(), 3, "node") == ["", "", ""]
+    assert where_set(Fleet(()), cpu_pool(), 2, "domain") == ["", ""]

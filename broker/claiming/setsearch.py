@@ -5,17 +5,18 @@ A gang whose topology (its own, else its pool's) is `node` or `domain` takes its
 holds: pods made for it (the pool controller creates a waiting set's pods on one node, reserved for it,
 the way single-use sets are made), the session's own pods, `reuse_tag: hint` pods, never-used pods, then
 the caller's pods of other sessions when it may recycle. A caller's held pod on another node is not
-taken; standbys and ceiling takeovers are left to unconfined claims. Pods whose node is unknown (a
-backend that reports none, a CPU pool) form one group: nothing says they are apart.
+taken; standbys and ceiling takeovers are left to unconfined claims. When the pool's pods report no
+node (a CPU pool, a backend without nodes) they form one group: nothing says they are apart.
 
-Runs under the tracker lock: the groups are read off the per-node index of never-used pods (one pass over
-the nodes that hold any) and the caller's own few pods; the node -> domain map is computed outside the
-lock and swapped in whole (`set_domains`).
+Runs under the tracker lock: a gang whose warm pods (made for it, its own) hold the set needs no pass over
+the nodes; otherwise the group is read off the per-node index of never-used pods in one pass, as the
+unconfined gang search does. The node -> domain map is computed outside the lock and swapped in whole
+(`set_domains`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Reversible, Sequence
 
 from broker.claiming.searching import Search
 from broker.claiming.tracking import (
@@ -47,27 +48,51 @@ class SetSearch(Search):
         def group(node: str) -> str:
             return domains.get(node, node) if domains is not None else node
 
+        n = want.pods
         warm: dict[str, int] = {}
         for pod, _, _ in self._warm(bucket, want):
             g = group(pod.node)
             warm[g] = warm.get(g, 0) + 1
-        fresh: dict[str, int] = {}
-        placed = 0
-        for node, on in bucket.fresh_by_node.items():
-            g = group(node)
-            fresh[g] = fresh.get(g, 0) + len(on)
-            placed += len(on)
-        if len(bucket.fresh) > placed:
-            fresh[""] = fresh.get("", 0) + len(bucket.fresh) - placed
-        fits = [g for g in {*warm, *fresh} if warm.get(g, 0) + fresh.get(g, 0) >= want.pods]
-        # Warmest group first; among equals the one with the fewest never-used pods (best-fit: whole
-        # nodes of idle pods stay whole for the next set).
-        fits.sort(key=lambda g: (-warm.get(g, 0), fresh.get(g, 0), g))
-        for g in fits:
-            picked = self._pick_in(bucket, want, g, group)
+        # The groups that hold warm pods first, warmest first, topped up with never-used pods there: a gang
+        # that ran before finds its own pods without a pass over the nodes.
+        for g in sorted(warm, key=warm.__getitem__, reverse=True):
+            if warm[g] + self._fresh_count(bucket, g, group, domains is not None) >= n:
+                picked = self._pick_in(bucket, want, g, group)
+                if picked is not None:
+                    return picked
+        # Never-used pods only: the group with the fewest that still holds the set (best-fit: whole nodes of
+        # idle pods stay whole for the next set), found in one pass over the per-node index.
+        if domains is None:
+            fits = [
+                (len(on), node)
+                for node, on in bucket.fresh_by_node.items()
+                if len(on) >= n and node not in warm
+            ]
+        else:
+            counts: dict[str, int] = {}
+            for node, on in bucket.fresh_by_node.items():
+                g = group(node)
+                counts[g] = counts.get(g, 0) + len(on)
+            fits = [(c, g) for g, c in counts.items() if c >= n and g not in warm]
+        if not bucket.fresh_by_node and len(bucket.fresh) >= n and "" not in warm:
+            fits.append((len(bucket.fresh), ""))  # no pod reports a node: one group
+        while fits:
+            best = min(fits)
+            fits.remove(best)
+            picked = self._pick_in(bucket, want, best[1], group)
             if picked is not None:
                 return picked
-        return Shortfall(f"{REASON_NO_SET} ({where} topology)", want.pods)
+        return Shortfall(f"{REASON_NO_SET} ({where} topology)", n)
+
+    @staticmethod
+    def _fresh_count(bucket: Bucket, g: str, group: Callable[[str], str], domain: bool) -> int:
+        """Never-used idle pods in group `g` ("": pods whose node is unknown)."""
+        if g == "":
+            return len(bucket.fresh) - sum(len(on) for on in bucket.fresh_by_node.values())
+        if domain:
+            return sum(len(on) for node, on in bucket.fresh_by_node.items() if group(node) == g)
+        on = bucket.fresh_by_node.get(g)
+        return len(on) if on else 0
 
     def _warm(self, bucket: Bucket, want: Claim) -> Iterator[Pick]:
         """The pods this claim may take before never-used ones: made for it, its session's, hint, recycled."""
@@ -92,8 +117,11 @@ class SetSearch(Search):
                     yield pod, Path.RECYCLED, reason
 
     def _fresh_in(self, bucket: Bucket, want: Claim, g: str, group: Callable[[str], str]) -> Iterator[Pick]:
+        pods: Reversible[Pod]
         if g == "":
-            pods: list[Pod] = [p for p in bucket.fresh.values() if not p.node]
+            pods = [p for p in bucket.fresh.values() if not p.node]
+        elif (on := bucket.fresh_by_node.get(g)) is not None and group(g) == g:  # a node: its own index
+            pods = on.values()
         else:
             pods = [p for node, on in bucket.fresh_by_node.items() if group(node) == g for p in on.values()]
         for pod in reversed(pods):

@@ -156,24 +156,29 @@ def _pinned_fleet() -> Harness:
     return Harness(pools, backend=backend, clock=backend.clock)  # type: ignore[arg-type]
 
 
-async def test_a_node_gang_waits_rather_than_split_and_its_set_is_made_on_one_node() -> None:
+@pytest.mark.parametrize("single_use", [False, True], ids=["pool gang", "single-use gang"])
+async def test_a_node_gang_waits_rather_than_split_and_its_set_is_made_on_one_node(single_use: bool) -> None:
     h = await _pinned_fleet().start()
     try:
         # One GPU busy on each node: 6 free, but no node has 4.
         short = await h.submit("carol", pool="pin0", command=("sleep", "5"), single_use=True)
         long = await h.submit("carol", pool="pin1", command=("sleep", "1000"), single_use=True)
         await h.until(lambda: all((h.store.get(j.id) or j).state is JobState.RUNNING for j in (short, long)))
-        gang = await h.submit("bob", pool="gpu", pods=4, topology="node", command=("sleep", "1"))
+        gang = await h.submit(
+            "bob", pool="gpu", pods=4, topology="node", command=("sleep", "1"), single_use=single_use
+        )
         await h.run_for(2.0)
         assert (h.store.get(gang.id) or gang).state is JobState.QUEUED
-        assert h.cp.dispatcher.waiting_reason[gang.id].startswith(REASON_NO_SET)
+        reason = h.cp.dispatcher.waiting_reason[gang.id]
+        assert reason.startswith("single-use pod starting" if single_use else REASON_NO_SET)
         assert [p for p in h.cp.tracker.snapshot() if p.pool == "gpu"] == []  # no part of a set is made
         gang = await h.finish(gang)  # carol's short job ends; its single-use pod frees node 0
         assert gang.state is JobState.SUCCEEDED
-        node = {p.name: p.node for p in h.cp.tracker.snapshot()}
-        assert {node[p] for p in gang.pods} == {"fake-node-0"}
+        assert {h.backend.requests[p].node for p in gang.pods} == {"fake-node-0"}
         assert {a.path for a in gang.acquisition} == {"new"}
-        assert all(p.reserved_for is None for p in h.cp.tracker.snapshot() if p.pool == "gpu")
+        assert all(
+            p.reserved_for is None for p in h.cp.tracker.snapshot() if p.pool == "gpu" and not single_use
+        )
     finally:
         await h.stop()
 

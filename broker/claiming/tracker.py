@@ -24,12 +24,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from broker.claiming.quotaclaims import QuotaClaims
 from broker.claiming.tracking import (
-    ASSIGNED as _ASSIGNED,
-)
-from broker.claiming.tracking import (
-    IDLE as _IDLE,
-)
-from broker.claiming.tracking import (
+    ASSIGNED,
+    IDLE,
     REASON_NEW_SESSION,
     REASON_NEW_SESSION_RETIRE,
     REASON_NO_IDLE,
@@ -41,21 +37,15 @@ from broker.claiming.tracking import (
     REASON_TAG_HINT,
     REASON_TAKEOVER,
     REASON_TEAM_QUOTA,
+    RESETTING,
+    RETIRING,
+    RUNNING,
     Bucket,
     Claim,
     Lease,
     Pick,
     Shortfall,
     confined,
-)
-from broker.claiming.tracking import (
-    RESETTING as _RESETTING,
-)
-from broker.claiming.tracking import (
-    RETIRING as _RETIRING,
-)
-from broker.claiming.tracking import (
-    RUNNING as _RUNNING,
 )
 from broker.fleet.quotas import Kind
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
@@ -85,7 +75,7 @@ class Tracker(QuotaClaims):
             self.pods[pod.name] = pod
             if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
                 bucket.physical += 1
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 if pod.standby:
                     self._unverified.update(pod.gpus)
                 self._index_idle(pod)
@@ -108,7 +98,7 @@ class Tracker(QuotaClaims):
                 return False
             pod.gpus = gpus
             pod.node = node or pod.node
-            pod.move(_IDLE)
+            pod.move(IDLE)
             pod.idle_since = now
             self._index_idle(pod)
             return True
@@ -121,14 +111,14 @@ class Tracker(QuotaClaims):
         """
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state in (_ASSIGNED, _RUNNING, _RETIRING):
+            if pod is None or pod.state in (ASSIGNED, RUNNING, RETIRING):
                 return None
-            if only_if_idle_since is not None and (pod.state is not _IDLE or pod.idle_since != only_if_idle_since):
+            if only_if_idle_since is not None and (pod.state is not IDLE or pod.idle_since != only_if_idle_since):
                 return None
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 self._unindex_idle(pod)
-            verified = pod.state is not _RESETTING
-            pod.move(_RETIRING)
+            verified = pod.state is not RESETTING
+            pod.move(RETIRING)
             if verified:
                 self._leave_gate(pod)
             return pod
@@ -188,9 +178,9 @@ class Tracker(QuotaClaims):
                 return picked
             job_id = want.job_id
             for pod, path, reason in picked:
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                pod.move(_ASSIGNED)
+                pod.move(ASSIGNED)
                 pod.job = job_id
                 pod.path = path
                 pod.reason = reason
@@ -222,7 +212,7 @@ class Tracker(QuotaClaims):
             if lease is None:
                 return
             for pod in lease.pods:
-                pod.move(_IDLE)
+                pod.move(IDLE)
                 pod.job = None
                 pod.retire = False
                 self._index_idle(pod)
@@ -242,7 +232,7 @@ class Tracker(QuotaClaims):
                 if gate and not self._gate_open(pod):
                     return False
             for pod in pods:
-                pod.move(_RUNNING)
+                pod.move(RUNNING)
                 pod.used = True
                 if pod.standby:
                     self._buckets[pod.pool].physical += 1  # promoted: it now holds the card's count
@@ -265,7 +255,7 @@ class Tracker(QuotaClaims):
         """
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state is not _RESETTING:
+            if pod is None or pod.state is not RESETTING:
                 return False
             return self._finish_reset(pod, clean, now, hold_seconds)
 
@@ -279,9 +269,9 @@ class Tracker(QuotaClaims):
 
     def _begin_reset(self, lease: Lease, key: SessionKey, returning: bool = True) -> tuple[Pod, ...]:
         for pod in lease.pods:
-            if pod.state is _ASSIGNED:  # the launch never went out; the pod may still be dirty
-                pod.move(_RUNNING)
-            pod.move(_RESETTING)
+            if pod.state is ASSIGNED:  # the launch never went out; the pod may still be dirty
+                pod.move(RUNNING)
+            pod.move(RESETTING)
             pod.caller = key[0]
             pod.key = key
             pod.job = None
@@ -298,9 +288,9 @@ class Tracker(QuotaClaims):
             # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
         if not clean or pod.retire or pod.origin is Origin.SINGLE_USE or (self._gangs and self._makes_room(pod)):
-            pod.move(_RETIRING)
+            pod.move(RETIRING)
             return False
-        pod.move(_IDLE)
+        pod.move(IDLE)
         pod.idle_since = now
         pod.hold_until = now + hold_seconds
         self._index_idle(pod)
@@ -310,23 +300,23 @@ class Tracker(QuotaClaims):
         """A pod vanished or its agent stays unreachable: RETIRING from any live state."""
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state in (_RETIRING, PodState.GONE):
+            if pod is None or pod.state in (RETIRING, PodState.GONE):
                 return None
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 self._unindex_idle(pod)
-            if pod.state is _ASSIGNED:
-                pod.move(_RUNNING)
-            if pod.state is _RUNNING:
-                pod.move(_RESETTING)
+            if pod.state is ASSIGNED:
+                pod.move(RUNNING)
+            if pod.state is RUNNING:
+                pod.move(RESETTING)
             self._returned(pod)
-            pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
+            pod.move(RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 
     def retire_at_release(self, name: str) -> bool:
         """Mark a busy pod to retire when its job ends (drain, preemption); False when it is not busy."""
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state not in (_ASSIGNED, _RUNNING, _RESETTING):
+            if pod is None or pod.state not in (ASSIGNED, RUNNING, RESETTING):
                 return False
             pod.retire = True
             return True
@@ -343,10 +333,10 @@ class Tracker(QuotaClaims):
         with self._lock:
             pods = tuple(self.pods[n] for n in names)
             for pod in pods:
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                pod.move(_ASSIGNED)
-                pod.move(_RUNNING)
+                pod.move(ASSIGNED)
+                pod.move(RUNNING)
                 pod.job = job_id
                 pod.used = True
                 for g in pod.gpus:
@@ -371,12 +361,12 @@ class Tracker(QuotaClaims):
             for pod in self.pods.values():
                 if pod.key != key and (pod.job is None or pod.job not in jobs):
                     continue
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                    pod.move(_RETIRING)
+                    pod.move(RETIRING)
                     self._leave_gate(pod)
                     now_retired.append(pod.name)
-                elif pod.state in (_ASSIGNED, _RUNNING, _RESETTING):
+                elif pod.state in (ASSIGNED, RUNNING, RESETTING):
                     pod.retire = True
                     at_release.append(pod.name)
         return now_retired, at_release

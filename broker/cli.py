@@ -120,6 +120,9 @@ def _submit_parser(sub: Any) -> None:
     p.add_argument("--single-use", action="store_true", help="retire the pod after this job")
     p.add_argument("--preemptible", action="store_true",
                    help="may run on other teams' unused quota and be preempted (SIGTERM, then SIGKILL; docs/quotas.md)")
+    p.add_argument("--topology", choices=("node", "domain", "any"), default=None,
+                   help="a gang's pods all on one node, within one topology domain, or anywhere "
+                        "(default: the pool's; docs/fleet.md)")
     p.add_argument("--package", metavar="DIR", help="zip DIR, upload it once, and run the job in it")
     p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                    help="leave paths matching this .gitignore-style pattern out of --package (repeatable)")

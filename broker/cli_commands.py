@@ -208,7 +208,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         job = fp.submit(command, pool=args.pool, lease_tag=args.tag, pods=args.pods, queue=args.queue,
                         env=env, timeout_s=args.timeout, max_retries=args.retries,
                         single_use=args.single_use or None, priority=args.priority, package=package,
-                        requirements=requirements, preemptible=args.preemptible or None)
+                        requirements=requirements, preemptible=args.preemptible or None,
+                        topology=args.topology)
         if not args.wait:
             print(json.dumps(job.raw, indent=2) if args.json else job.id)
             return 0

@@ -153,9 +153,12 @@ class Client:
         self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
         return digest
 
-    def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
-        """Queue a job; `fields` are the REST request fields (lease_tag, env, pods, timeout_s, ...)."""
-        return JobInfo.from_json(self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields)).json())
+    def submit(self, command: Sequence[str], pool: str = "cpu", *, topology: str | None = None,
+               **fields: Any) -> JobInfo:
+        """Queue a job; `fields` are the REST request fields (lease_tag, env, pods, timeout_s, ...). `topology`
+        (`node` | `domain` | `any`) keeps a gang's pods on one node or in one domain; None: the pool's."""
+        body = _job_body(command, pool, {**fields, "topology": topology})
+        return JobInfo.from_json(self._call("POST", "/v1/jobs", json=body).json())
 
     def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:
         params = {"wait_s": wait_s} if wait_s else None
@@ -284,8 +287,9 @@ class AsyncClient:
         await self._call("PUT", f"/v1/packages/{digest}", content=data, headers={"Content-Type": "application/zip"})
         return digest
 
-    async def submit(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
-        response = await self._call("POST", "/v1/jobs", json=_job_body(command, pool, fields))
+    async def submit(self, command: Sequence[str], pool: str = "cpu", *, topology: str | None = None,
+                     **fields: Any) -> JobInfo:
+        response = await self._call("POST", "/v1/jobs", json=_job_body(command, pool, {**fields, "topology": topology}))
         return JobInfo.from_json(response.json())
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:

@@ -139,9 +139,12 @@ class JobSpec:
     """May a new session take the caller's idle pod of another session (emptying that session's workspace)
     before a standby or a new pod? Either way the pod then stays with the new session. False protects
     sessions that live side by side (MCP conversations): only at the pool's ceiling does the caller's least
-    recently used session hand its pod over. broker.claiming.tracker's docstring says why both exist."""
+    recently used session hand its pod over. Claim.recycle (broker.claiming.tracking) says why both exist."""
     image: str = ""
     """A custom container image from the pool's allowlist (broker.images); empty: the pool's own."""
+    topology: str = ""
+    """Where a gang's pods may be: `node` (all on one node), `domain` (within one topology domain), `any`;
+    empty: the pool's `topology` (broker.fleet.placement). Stored in the spec JSON, like every field."""
 
     @property
     def own_pods(self) -> bool:

@@ -50,6 +50,10 @@ class JobRequest(Strict):
                               description="A custom container image from the pool's `images` allowlist (kubernetes "
                               "backend only): a mutable tag runs on a single-use pod; a digest-pinned one "
                               "(`@sha256:`) on a pod only this caller's jobs of that image reuse.")
+    topology: Literal["node", "domain", "any"] | None = Field(
+        default=None, description="Where a gang's pods may be: `node` all on one node, `domain` within one "
+        "topology domain, `any` wherever they fit; absent: the pool's `topology` (docs/fleet.md). A `node` or "
+        "`domain` gang waits for a whole set rather than run split.")
     mode: Literal["plain", "ray"] = Field(default="plain", description="`ray`: the job's pods form an ephemeral "
                                           "Ray cluster (head on rank 0, a worker node on each other pod) and the "
                                           "command runs as the driver with RAY_ADDRESS; the reset tears it down.")
@@ -58,7 +62,7 @@ class JobRequest(Strict):
         return JobSpec(pool=self.pool, recycle=self.recycle, command=tuple(self.command), env=dict(self.env), lease_tag=self.lease_tag,
                        queue=self.queue, pods=self.pods, single_use=self.single_use, timeout_s=self.timeout_s,
                        max_retries=self.max_retries, priority=self.priority, idempotency_key=self.idempotency_key,
-                       image=self.image or "", extra={**late_binding_extra(self.package, self.requirements),
+                       image=self.image or "", topology=self.topology or "", extra={**late_binding_extra(self.package, self.requirements),
                               **({"kernel": True} if self.kernel else {}),
                               **({"preemptible": True} if self.preemptible else {}),
                               **({"mode": self.mode} if self.mode != "plain" else {})})
@@ -114,6 +118,7 @@ def job_view(job: Job, waiting_reason: str | None = None) -> dict[str, Any]:
         "effective_priority": job.priority if job.priority != spec.priority else None,
         "image": spec.image or None,
         "mode": spec.extra.get("mode"),
+        "topology": spec.topology or None,
     }
     return _clean(view)
 

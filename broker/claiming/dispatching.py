@@ -27,6 +27,7 @@ from broker.claiming.tracker import (
     Shortfall,
     Tracker,
 )
+from broker.claiming.tracking import confined
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
@@ -109,6 +110,10 @@ class Dispatcher:
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
         images: dict[str, tuple[str, bool]] = {}
         gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        sets: dict[str, tuple[str, int]] = {}
+        """Gangs confined to one node or domain: the controller makes each a whole set there (job -> pool, pods)."""
+        where: dict[str, str] = {}
+        """job -> `node` | `domain` for every confined gang above and confined single-use set."""
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
         if self.preempter is not None:
@@ -119,7 +124,8 @@ class Dispatcher:
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
                                            order, recycle=spec.recycle, image=spec.image,
-                                           preemptible=bool(spec.extra.get("preemptible"))), now)
+                                           preemptible=bool(spec.extra.get("preemptible")),
+                                           topology=spec.topology), now)
             if isinstance(got, Shortfall):
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:
@@ -128,11 +134,17 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
+                pool = self.tracker.pool(spec.pool)
+                if pool is not None and (confine := confined(spec.topology, pool, spec.pods)):
+                    where[job.id] = confine
                 if spec.own_pods:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
                         single_use[job.id] = (spec.pool, spec.pods)
                         if spec.image:
                             images[job.id] = (spec.image, pinned(spec.image) and not spec.single_use)
+                elif job.id in where:
+                    if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
+                        sets[job.id] = (spec.pool, spec.pods)
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -154,7 +166,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where)
         return claimed
 
     def _alert(self, res: Reservation, held: int, why: str) -> None:

@@ -13,13 +13,13 @@ import math
 from collections.abc import Iterable, Sequence
 
 from broker.claiming.reserving import REASON_AHEAD, REASON_BACKFILL, Estimate, Reservation
-from broker.claiming.searching import Search
+from broker.claiming.setsearch import SetSearch
 from broker.claiming.tracking import REASON_NO_IDLE, REASON_NO_SESSION_POD, Bucket, Claim, Pick, Shortfall
 from broker.jobs import PREEMPT_AGING
 from broker.pods import Origin, Path, Pod
 
 
-class GangClaims(Search):
+class GangClaims(SetSearch):
     """Reservation bookkeeping; the public methods take the tracker lock, the private ones expect it held."""
 
     def reserve_gang(self, res: Reservation) -> bool:

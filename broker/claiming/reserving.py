@@ -63,9 +63,16 @@ def due(spec: PoolSpec, pods: int, single_use: bool, waited: float) -> bool:
 
 
 def restart_estimate(spec: PoolSpec) -> float:
-    """How long a new pod of this pool takes to start, as the template declares it (0 when unknown)."""
-    raw = spec.template.get("start_delay_s", 0.0)
-    return float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else 0.0
+    """How long a new pod of this pool takes to start, as the template declares it (0 when unknown): its
+    `start_delay_s` plus the median of its modelled venue cold start (`venue_delay`: `median_s` × `scale`,
+    which broker.backends.startdelay adds to every real start; the median is the typical draw)."""
+    venue = spec.template.get("venue_delay")
+    modelled = _seconds(venue.get("median_s")) * _seconds(venue.get("scale", 1.0)) if isinstance(venue, Mapping) else 0.0
+    return _seconds(spec.template.get("start_delay_s", 0.0)) + modelled
+
+
+def _seconds(raw: object) -> float:
+    return float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,9 @@
 A claim finds a job's whole pod set, validates each transition, checks the caller's limits and records
 the lease in one step under the lock, so no two claimers take one pod and no caller overruns a quota.
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
-The search order is broker.claiming.searching's; a waiting gang's reserved pods are broker.claiming.gangclaims'; team
-quotas are broker.claiming.quotaclaims'; the
-indexes and what a claim asks for and gets are broker.claiming.tracking's. This module owns the lock and every
-pod state change.
+The search order is broker.claiming.searching's (a gang kept on one node: setsearch); a waiting gang's reserved
+pods are gangclaims'; team quotas quotaclaims'; the indexes and what a claim asks for and gets are
+tracking's (with why `recycle` exists). This module owns the lock and every pod state change.
 
 Session continuity. The pod a session's first job runs on is that session's pod from then on, whatever
 path it came by. A `recycled` pod (the caller's idle pod of another session) crosses the boundary at the
@@ -17,13 +16,6 @@ default, as above), `hint` (the tag only routes: the caller's pod of another tag
 taken warm, workspace kept), `retire` (the paper's rule, the "Reuse Off" arm: a pod that crosses a
 session boundary runs that one job and retires). Pods never cross callers.
 
-`recycle` (a job field). Taking another session's idle pod still empties that session's workspace, so
-whether a new session may do it first is the caller's call, and the flag stays: `true` (default) takes
-the caller's least recently used other session's pod before a standby or a new pod, which suits callers
-whose sessions follow one another (CLI tags, SDK runs, notebooks: a live kernel's pod is busy, never
-idle); `false` protects sessions that live side by side (MCP conversations idle between calls): a
-standby or a new pod first, and only at the pool's ceiling does the least recently used session hand
-its pod over (a takeover). Either way the pod then stays with the new session.
 """
 
 from __future__ import annotations
@@ -53,6 +45,7 @@ from broker.claiming.tracking import (
     Lease,
     Pick,
     Shortfall,
+    confined,
 )
 from broker.fleet.quotas import Kind
 from broker.pods import Origin, Path, Pod, PodState, SessionKey
@@ -64,12 +57,6 @@ __all__ = [
     "REASON_TEAM_QUOTA",
     "Claim", "Lease", "Shortfall", "Tracker",
 ]
-
-_IDLE = IDLE
-_ASSIGNED = ASSIGNED
-_RUNNING = RUNNING
-_RESETTING = RESETTING
-_RETIRING = RETIRING
 
 
 class Tracker(QuotaClaims):
@@ -88,7 +75,7 @@ class Tracker(QuotaClaims):
             self.pods[pod.name] = pod
             if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
                 bucket.physical += 1
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 if pod.standby:
                     self._unverified.update(pod.gpus)
                 self._index_idle(pod)
@@ -111,7 +98,7 @@ class Tracker(QuotaClaims):
                 return False
             pod.gpus = gpus
             pod.node = node or pod.node
-            pod.move(_IDLE)
+            pod.move(IDLE)
             pod.idle_since = now
             self._index_idle(pod)
             return True
@@ -124,14 +111,14 @@ class Tracker(QuotaClaims):
         """
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state in (_ASSIGNED, _RUNNING, _RETIRING):
+            if pod is None or pod.state in (ASSIGNED, RUNNING, RETIRING):
                 return None
-            if only_if_idle_since is not None and (pod.state is not _IDLE or pod.idle_since != only_if_idle_since):
+            if only_if_idle_since is not None and (pod.state is not IDLE or pod.idle_since != only_if_idle_since):
                 return None
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 self._unindex_idle(pod)
-            verified = pod.state is not _RESETTING
-            pod.move(_RETIRING)
+            verified = pod.state is not RESETTING
+            pod.move(RETIRING)
             if verified:
                 self._leave_gate(pod)
             return pod
@@ -179,18 +166,21 @@ class Tracker(QuotaClaims):
                         break
             if picked is None and self._returning_keys:
                 picked = self._session_pod_resetting(want)
+            where = "" if want.pods == 1 or want.single_use or want.image else \
+                confined(want.topology, bucket.spec, want.pods)  # broker.claiming.setsearch
             if picked is None:
                 gang = self._gangs and want.job_id in self._reserved
-                picked = self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
-            if isinstance(picked, Shortfall) and self._gangs:
+                picked = self._pick_set(bucket, want, where) if where else \
+                    self._pick_gang(bucket, want) if gang else self._pick(bucket, want)
+            if isinstance(picked, Shortfall) and self._gangs and not where:  # a confined set takes no other's pods
                 picked = self._backfill(want, picked)
             if isinstance(picked, Shortfall):
                 return picked
             job_id = want.job_id
             for pod, path, reason in picked:
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                pod.move(_ASSIGNED)
+                pod.move(ASSIGNED)
                 pod.job = job_id
                 pod.path = path
                 pod.reason = reason
@@ -198,7 +188,9 @@ class Tracker(QuotaClaims):
                     pod.reserved_for = None  # its job took it: from now on it is its caller's (or it retires)
                 if path is Path.RECYCLED and bucket.retire:
                     pod.retire = True  # reuse_tag: retire, the paper's rule: one job across a boundary
-            if self._gangs:
+            if where:
+                self._settle_set(want, picked)
+            elif self._gangs:
                 self._settle(want, picked)
             n = len(picked)
             lease = Lease(job_id, want.caller, tuple(p[0] for p in picked), n * bucket.spec.gpus, borrowed)
@@ -220,7 +212,7 @@ class Tracker(QuotaClaims):
             if lease is None:
                 return
             for pod in lease.pods:
-                pod.move(_IDLE)
+                pod.move(IDLE)
                 pod.job = None
                 pod.retire = False
                 self._index_idle(pod)
@@ -240,7 +232,7 @@ class Tracker(QuotaClaims):
                 if gate and not self._gate_open(pod):
                     return False
             for pod in pods:
-                pod.move(_RUNNING)
+                pod.move(RUNNING)
                 pod.used = True
                 if pod.standby:
                     self._buckets[pod.pool].physical += 1  # promoted: it now holds the card's count
@@ -263,7 +255,7 @@ class Tracker(QuotaClaims):
         """
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state is not _RESETTING:
+            if pod is None or pod.state is not RESETTING:
                 return False
             return self._finish_reset(pod, clean, now, hold_seconds)
 
@@ -277,9 +269,9 @@ class Tracker(QuotaClaims):
 
     def _begin_reset(self, lease: Lease, key: SessionKey, returning: bool = True) -> tuple[Pod, ...]:
         for pod in lease.pods:
-            if pod.state is _ASSIGNED:  # the launch never went out; the pod may still be dirty
-                pod.move(_RUNNING)
-            pod.move(_RESETTING)
+            if pod.state is ASSIGNED:  # the launch never went out; the pod may still be dirty
+                pod.move(RUNNING)
+            pod.move(RESETTING)
             pod.caller = key[0]
             pod.key = key
             pod.job = None
@@ -296,9 +288,9 @@ class Tracker(QuotaClaims):
             # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
             self._leave_gate(pod)
         if not clean or pod.retire or pod.origin is Origin.SINGLE_USE or (self._gangs and self._makes_room(pod)):
-            pod.move(_RETIRING)
+            pod.move(RETIRING)
             return False
-        pod.move(_IDLE)
+        pod.move(IDLE)
         pod.idle_since = now
         pod.hold_until = now + hold_seconds
         self._index_idle(pod)
@@ -308,23 +300,23 @@ class Tracker(QuotaClaims):
         """A pod vanished or its agent stays unreachable: RETIRING from any live state."""
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state in (_RETIRING, PodState.GONE):
+            if pod is None or pod.state in (RETIRING, PodState.GONE):
                 return None
-            if pod.state is _IDLE:
+            if pod.state is IDLE:
                 self._unindex_idle(pod)
-            if pod.state is _ASSIGNED:
-                pod.move(_RUNNING)
-            if pod.state is _RUNNING:
-                pod.move(_RESETTING)
+            if pod.state is ASSIGNED:
+                pod.move(RUNNING)
+            if pod.state is RUNNING:
+                pod.move(RESETTING)
             self._returned(pod)
-            pod.move(_RETIRING)  # the gate stays closed until remove(): its processes may still run
+            pod.move(RETIRING)  # the gate stays closed until remove(): its processes may still run
             return pod
 
     def retire_at_release(self, name: str) -> bool:
         """Mark a busy pod to retire when its job ends (drain, preemption); False when it is not busy."""
         with self._lock:
             pod = self.pods.get(name)
-            if pod is None or pod.state not in (_ASSIGNED, _RUNNING, _RESETTING):
+            if pod is None or pod.state not in (ASSIGNED, RUNNING, RESETTING):
                 return False
             pod.retire = True
             return True
@@ -341,10 +333,10 @@ class Tracker(QuotaClaims):
         with self._lock:
             pods = tuple(self.pods[n] for n in names)
             for pod in pods:
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                pod.move(_ASSIGNED)
-                pod.move(_RUNNING)
+                pod.move(ASSIGNED)
+                pod.move(RUNNING)
                 pod.job = job_id
                 pod.used = True
                 for g in pod.gpus:
@@ -369,12 +361,12 @@ class Tracker(QuotaClaims):
             for pod in self.pods.values():
                 if pod.key != key and (pod.job is None or pod.job not in jobs):
                     continue
-                if pod.state is _IDLE:
+                if pod.state is IDLE:
                     self._unindex_idle(pod)
-                    pod.move(_RETIRING)
+                    pod.move(RETIRING)
                     self._leave_gate(pod)
                     now_retired.append(pod.name)
-                elif pod.state in (_ASSIGNED, _RUNNING, _RESETTING):
+                elif pod.state in (ASSIGNED, RUNNING, RESETTING):
                     pod.retire = True
                     at_release.append(pod.name)
         return now_retired, at_release

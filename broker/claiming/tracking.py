@@ -63,12 +63,27 @@ class Claim:
     """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
     recycle: bool = True
     """May take the caller's idle pod of another session before a standby or a new pod; False takes one
-    only at the pool's ceiling (broker.claiming.tracker's docstring says why both exist)."""
+    only at the pool's ceiling.
+
+    Why both exist: taking another session's idle pod still empties that session's workspace, so whether a
+    new session may do it first is the caller's call. `true` suits callers whose sessions follow one another
+    (CLI tags, SDK runs, notebooks: a live kernel's pod is busy, never idle); `false` protects sessions that
+    live side by side (MCP conversations idle between calls): a standby or a new pod first, and only at the
+    pool's ceiling does the least recently used session hand its pod over (a takeover). Either way the pod
+    then stays with the new session."""
     preemptible: bool = False
     """The job may run beyond its team's guarantee on borrowed quota, and yield it (broker.fleet.quotas)."""
     image: str = ""
     """A custom image (broker.images): only pods made for this job, or the caller's idle pods of this
     digest-pinned image, serve it."""
+    topology: str = ""
+    """`node` | `domain` | `any`; empty: the pool's. A gang confined to a node or domain never runs split."""
+
+
+def confined(topology: str, spec: PoolSpec, pods: int) -> str:
+    """`node` or `domain` when a job's pods must stay together (a gang whose own or pool topology says so)."""
+    where = topology or spec.topology
+    return where if pods > 1 and where != "any" else ""
 
 
 class Lease:
@@ -158,6 +173,8 @@ class TrackerState:
         """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
         self._gangs: dict[str, list[Reservation]] = {}
         """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
+        self._domains: dict[str, str] = {}
+        """node id -> topology domain (broker.claiming.setsearch); replaced whole, never changed in place."""
 
     def _gate_open(self, pod: Pod) -> bool:
         """No other pod runs a job on any of this pod's GPUs."""

@@ -5,14 +5,17 @@ GPUs on the node placement chose for it; standbys share their active pod's GPUs 
 pool sees the nodes its `node_selector` admits and, when nodes report its accelerator as their model,
 only those. New pods of one reconcile pass are placed as one set with the pool's `topology`
 (broker.fleet.placement: best-fit over topology sets, shape-aligned), so a gang's pods are made together.
+A set made for one confined gang (`where_set`) is placed strictly: on one node (or in one domain), beside
+the pods already made for it, or not now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 from broker.fleet.nodes import Fleet, Node
-from broker.fleet.placement import Ask, apply, place
+from broker.fleet.placement import Ask, Topology, apply, place
 from broker.pods import Pod, PodState
 from broker.pools import PoolSpec
 
@@ -68,3 +71,25 @@ def where(fleet: Fleet, spec: PoolSpec, pods: int) -> list[str]:
     for node in nodes:  # `mine` shares its loads with the caller's fleet: leave it as it was
         mine.loads[node].remove(spec.gpus)
     return nodes if spec.node_selector else nodes + [""] * (pods - len(nodes))
+
+
+def where_set(fleet: Fleet, spec: PoolSpec, pods: int, topology: str, near: Iterable[str] = ()) -> list[str]:
+    """The node of each of `pods` new pods of one set that must stay on one node (or in one domain), joining
+    the nodes `near` its pods already made are on; [] when it cannot be placed now (it waits, never splits).
+    "" each where nodes do not matter: a CPU pool, or no nodes reported (the backend decides)."""
+    if pods <= 0:
+        return []
+    mine = pool_fleet(fleet, spec)
+    if spec.gpus <= 0 or (not len(mine) and not spec.node_selector):
+        return [""] * pods
+    joined = {n for n in near if n in mine.loads}
+    if joined:
+        domains = {mine.loads[n].node.domain_key for n in joined}
+        keep = {n: load for n, load in mine.loads.items()
+                if (n in joined if topology == "node" else load.node.domain_key in domains)}
+        mine = Fleet(())
+        mine.loads.update(keep)
+        if topology == "node" and len(joined) > 1:
+            return []  # made apart (a backend that chose otherwise): nothing joins both
+    placed = place(mine, Ask(pods, spec.gpus, cast(Topology, topology)))
+    return placed.nodes() if placed is not None else []

@@ -8,8 +8,9 @@ next keep-alive or hold expiry, and every 30 s at the latest. Each create first 
 budget ledger (or borrowed capacity). Idle pods no queued job can take give way when the ceiling blocks
 queued jobs (broker.warmth.holds), single-use jobs get whole sets of pods made for them and pods made for
 a job that left retire at once (broker.warmth.singleuse), stale pods drain after a template change, and
-borrowed pods go back when their owner reclaims. Creation and deletion run as supervised tasks, off the
-claim path.
+borrowed pods go back when their owner reclaims; a gang confined to one node or domain gets a whole set
+made for it there. Starts and deletions run as supervised tasks, off the claim path (broker.warmth.creating);
+the budget and borrowed-capacity books are broker.warmth.accounting's.
 """
 
 from __future__ import annotations
@@ -24,20 +25,20 @@ from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
 from broker.fleet.nodes import Fleet
-from broker.health.epochs import recorded_epoch
-from broker.pods import Origin, Pod, PodState, owner_annotations
+from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
-from broker.ports.backend import Backend, PodInfo, PodRequest
+from broker.ports.backend import Backend, PodInfo
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
 from broker.warmth import placing
 from broker.warmth.borrowing import Borrowing
-from broker.warmth.budgets import Ledger, units_of
+from broker.warmth.budgets import Ledger
+from broker.warmth.creating import Creating
 from broker.warmth.holds import MIN_TENURE_S, holds_to_break
 from broker.warmth.rollout import drain
-from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, followers, plan
-from broker.warmth.singleuse import gang_hints, orphans, wanted
-from broker.warmth.standby import exclusive_cards, group_key, plan_standbys
+from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, plan
+from broker.warmth.singleuse import gang_hints, made_on, orphans, set_orphans, wanted, wanted_sets
+from broker.warmth.standby import exclusive_cards, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
 
@@ -48,7 +49,7 @@ RECONCILE_S = 30.0
 """Default reconcile interval (paper App. A.5); demand changes and expiries wake the loop sooner."""
 
 
-class PoolController:
+class PoolController(Creating):
     def __init__(self, *, clock: Clock, backend: Backend, tracker: Tracker, pools: Mapping[str, PoolSpec],
                  tasks: Supervisor, stats: Stats, on_ready: Callable[[], None], tick: float = RECONCILE_S,
                  budgets: Mapping[str, float] | None = None, borrowing: Borrowing | None = None,
@@ -71,6 +72,11 @@ class PoolController:
         """job id -> (pool, pods) of unplaced single-use jobs (custom-image jobs too)."""
         self.images: dict[str, tuple[str, bool]] = {}
         """job id -> (custom image, reusable: digest-pinned) of the unplaced single-use jobs that bring one."""
+        self.sets: dict[str, tuple[str, int]] = {}
+        """job id -> (pool, pods) of gangs confined to one node or domain that no pods in place could serve: a
+        whole set is made for each on one node (or domain), reserved for it (broker.claiming.setsearch)."""
+        self.confined: dict[str, str] = {}
+        """job id -> `node` | `domain` of the waiting confined jobs (single-use sets are placed so too)."""
         self.gangs: dict[str, list[tuple[str, int]]] = {}
         """pool -> waiting gangs (job id, pods) in dispatch order: demand pods are made for them, side by side."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
@@ -100,15 +106,20 @@ class PoolController:
                       queued_by: Mapping[str, Mapping[str, int]] | None = None,
                       over_quota: Mapping[str, Mapping[str, int]] | None = None,
                       images: Mapping[str, tuple[str, bool]] | None = None,
-                      gangs: Mapping[str, list[tuple[str, int]]] | None = None) -> None:
+                      gangs: Mapping[str, list[tuple[str, int]]] | None = None,
+                      sets: Mapping[str, tuple[str, int]] | None = None,
+                      confined: Mapping[str, str] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
-        on their caller's quota), unplaced single-use jobs."""
+        on their caller's quota), unplaced single-use jobs, gangs that wait for a whole set on one node or
+        domain, and which waiting jobs are confined so (job -> `node` | `domain`)."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
         quota = {pool: dict(callers) for pool, callers in (over_quota or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
-                   or by != self.queued_by or quota != self.over_quota)
+                   or by != self.queued_by or quota != self.over_quota or set(sets or {}) != set(self.sets))
         self.demand = dict(demand)
         self.single_use = dict(single_use)
+        self.sets = dict(sets or {})
+        self.confined = dict(confined or {})
         self.images = dict(images or {})
         self.gangs = {pool: list(waiting) for pool, waiting in (gangs or {}).items()}
         self.queued_by = by
@@ -124,6 +135,7 @@ class PoolController:
     def reconcile_once(self) -> dict[str, Plan]:
         """Observe, plan and act for every pool; returns the plans (for tests and /v1/pools)."""
         now = self.clock.now()
+        self.tracker.set_domains({node.id: node.domain_key for node in self.backend.nodes()})
         snapshot = self.tracker.snapshot()
         self._sync_ledgers(snapshot)
         by_pool: dict[str, list[Pod]] = {name: [] for name in self.pools}
@@ -139,6 +151,7 @@ class PoolController:
             orphaned = orphans(pods, self._single_use_waiting)
             for pod in orphaned:  # whatever else this pass decides: no job may ever take them
                 self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
+            self.tracker.unreserve(set_orphans(pods, self._single_use_waiting))  # plain pool pods from now on
             if self._backoff_until.get(name, 0.0) > now:
                 plans[name] = Plan(reason="backing off after a failed create")
                 continue
@@ -158,22 +171,8 @@ class PoolController:
                     "the pool's node set"
                 p = Plan(create=created, reason=f"{p.reason}; {why} allowed {created}")
             self._note_throttle(spec, p, created, demand)
-            room = spec.max_count - counts.physical - created
-            blocked_singles = 0
-            for job_id, n in singles:
-                # In dispatch order, each job's whole set or nothing: pods made for one job serve no other, so
-                # a part of a set would hold room another job could run in (two half-made sets deadlock).
-                fits = self.headroom(spec)
-                nodes = self.where(spec, n)
-                if room < n or (fits is not None and fits < n) or len(nodes) < n:
-                    blocked_singles += n
-                    continue
-                room -= n
-                image, reusable = self.images.get(job_id, ("", False))
-                origin = Origin.CUSTOM_IMAGE if image and reusable else Origin.SINGLE_USE
-                for node in nodes:
-                    self._create(spec, origin, reserved_for=job_id, node=node, image=image)  # headroom checked above
-                created += n
+            made, blocked_singles = self._make_sets(spec, pods, singles, spec.max_count - counts.physical - created)
+            created += made
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
             blocked = (blocked_at_ceiling(spec, counts, demand, headroom) + blocked_singles
@@ -212,23 +211,6 @@ class PoolController:
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
-
-    def _note_throttle(self, spec: PoolSpec, p: Plan, created: int, demand: int) -> None:
-        """A `budget.throttled` event when the accelerator budget starts holding this pool's creates back."""
-        throttled = demand > 0 and (created < p.create or p.reason.startswith(f"budget of {spec.accelerator} exhausted"))
-        if not throttled:
-            self.throttled.discard(spec.name)
-            return
-        if spec.name in self.throttled:
-            return
-        self.throttled.add(spec.name)
-        if self.events is not None:
-            view = self.ledger.view().get(spec.accelerator, {})
-            self.events.emit("budget.throttled", spec.name,
-                             f"budget of {spec.accelerator} exhausted ({view.get('used')} of {view.get('limit')} "
-                             f"in use): {demand} queued pods wait for capacity to free",
-                             None, None, {"accelerator": spec.accelerator, "demand_pods": demand,
-                                          "used": view.get("used"), "limit": view.get("limit")})
 
     def _note_holds_broken(self, spec: PoolSpec, broken: list[Pod], blocked: int) -> None:
         if self.events is None:
@@ -270,25 +252,55 @@ class PoolController:
         """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
         return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools, self.avoid())
 
+    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
+                gpus: tuple[str, ...] = (), node: str = "", image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
+        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
+
+        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
+        """
+        name = f"{spec.name}-{secrets.token_hex(4)}"
+        if origin is not Origin.STANDBY and not self._reserve(name, spec):
+            return False
+        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
+                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
+        pod.standby = origin is Origin.STANDBY
+        pod.node = node
+        pod.gang = gang[0]
+        self.tracker.add(pod)
+        self._gang_sizes[name] = gang[1]
+        self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
+        return True
+
+    def _make_sets(self, spec: PoolSpec, pods: list[Pod], singles: list[tuple[str, int]], room: int) -> tuple[int, int]:
+        """Pods made for one job, in dispatch order: single-use and custom-image sets, then gangs confined to a
+        node or domain. Each job's whole set or nothing: pods made for one job serve no other, so a part of a
+        set would hold room another job could run in (two half-made sets deadlock). (pods made, pods blocked)"""
+        created = blocked = 0
+        todo = [(job_id, n, False) for job_id, n in singles]
+        todo += [(job_id, n, True) for job_id, n in wanted_sets(self.sets, spec.name, pods)]
+        for job_id, n, gang in todo:
+            fits = self.headroom(spec)
+            where = self.confined.get(job_id, "")
+            if where:
+                nodes = placing.where_set(self.fleet(), spec, n, where, made_on(pods, job_id))
+            else:
+                nodes = self.where(spec, n)
+            if room < n or (fits is not None and fits < n) or len(nodes) < n:
+                blocked += n
+                continue
+            room -= n
+            created += n
+            image, reusable = self.images.get(job_id, ("", False))
+            origin = Origin.DEMAND if gang else Origin.CUSTOM_IMAGE if image and reusable else Origin.SINGLE_USE
+            size = self.sets[job_id][1] if gang else 1
+            for node in nodes:  # headroom checked above
+                self._create(spec, origin, reserved_for=job_id, node=node, image=image, gang=(job_id, size) if gang
+                             else ("", 1))
+        return created, blocked
+
     def where(self, spec: PoolSpec, pods: int) -> list[str]:
         """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
         return placing.where(self.fleet(), spec, pods) if pods > 0 and spec.gpus > 0 else [""] * pods
-
-    def headroom(self, spec: PoolSpec) -> int | None:
-        """Whole pods the pool's accelerator budget (plus borrowable capacity) still allows; None: unbounded."""
-        units = units_of(spec)
-        own = self.ledger.pods_fit(spec.accelerator, units)
-        if own is None:
-            return None
-        if spec.borrow and self.borrowing is not None:
-            own += self.borrowing.fits(spec.accelerator, units)
-        return own
-
-    def borrowed(self, pods: list[Pod]) -> int:
-        """How many of these pods sit on borrowed capacity."""
-        if self.borrowing is None:
-            return 0
-        return sum(1 for p in pods if self.borrowing.ledger.holds(p.name))
 
     def _next_tick(self, snapshot: list[Pod], now: float) -> float:
         """Sleep until the next keep-alive or hold expiry (or hold tenure), at most the reconcile interval."""
@@ -307,37 +319,6 @@ class PoolController:
                 if due > now:
                     soonest = min(soonest, due - now + 1e-3)
         return soonest
-
-    def _sync_ledgers(self, snapshot: list[Pod]) -> None:
-        """Observe: adopt pods the ledger does not know (recovered after a restart), drop vanished ones."""
-        live = {p.name for p in snapshot if p.state is not PodState.GONE}
-        ledgers = [self.ledger] + ([self.borrowing.ledger] if self.borrowing is not None else [])
-        for ledger in ledgers:
-            for name in ledger.pods():
-                if name not in live:
-                    ledger.release(name)
-        groups: set[tuple[str, ...]] = set()
-        for ledger in ledgers:
-            for name in ledger.pods():
-                pod = self.tracker.pods.get(name)
-                if pod is not None and pod.gpus:
-                    groups.add(pod.gpus)
-        skip: set[str] = set()
-        by_pool: dict[str, list[Pod]] = {}
-        for pod in snapshot:
-            by_pool.setdefault(pod.pool, []).append(pod)
-        for name, pods in by_pool.items():
-            spec = self.pools.get(name)
-            if spec is not None:
-                skip |= followers(pods, spec, self.clock.now())
-        for pod in snapshot:
-            spec = self.pools.get(pod.pool)
-            if spec is None or pod.state is PodState.GONE or pod.name in skip or pod.gpus in groups:
-                continue
-            if not any(ledger.holds(pod.name) for ledger in ledgers):
-                self.ledger.adopt(pod.name, spec.accelerator, units_of(spec))
-                if pod.gpus:
-                    groups.add(pod.gpus)
 
     def _preempt_borrowed(self) -> None:
         """Give borrowed GPUs back to their owner when the published ceiling dropped, newest first."""
@@ -361,74 +342,6 @@ class PoolController:
                                  + ("it retires when its job ends; the job is not stopped" if busy else "it retires now"),
                                  None, caller, {"busy": busy})
 
-    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = (), node: str = "", image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
-        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
-
-        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
-        """
-        name = f"{spec.name}-{secrets.token_hex(4)}"
-        if origin is not Origin.STANDBY and not self._reserve(name, spec):
-            return False
-        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
-                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
-        pod.standby = origin is Origin.STANDBY
-        pod.node = node
-        pod.gang = gang[0]
-        self.tracker.add(pod)
-        self._gang_sizes[name] = gang[1]
-        self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
-        return True
-
-    def _reserve(self, name: str, spec: PoolSpec) -> bool:
-        units = units_of(spec)
-        if self.ledger.reserve(name, spec.accelerator, units):
-            return True
-        b = self.borrowing
-        return (spec.borrow and b is not None and b.ledger.limit(spec.accelerator) is not None
-                and b.ledger.reserve(name, spec.accelerator, units))
-
-    def _release(self, pod: Pod) -> None:
-        """A pod is gone: its group's reservation moves to a pod still on its GPUs, or is given back."""
-        spec = self.pools.get(pod.pool)
-        shared = pod.gpus and spec is not None and spec.standbys_per_active > 0  # only standby pools share GPUs
-        mate = next((p for p in self.tracker.snapshot()
-                     if p.gpus == pod.gpus and p.name != pod.name and p.state is not PodState.GONE),
-                    None) if shared else None
-        for ledger in (self.ledger, *((self.borrowing.ledger,) if self.borrowing is not None else ())):
-            r = ledger.release(pod.name)
-            if r is not None and mate is not None and not ledger.holds(mate.name):
-                ledger.adopt(mate.name, r.accelerator, r.units)
-
-    async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
-        pin = group_key(pod) if pod.standby else ()
-        try:
-            # A standby's and a custom image's record is written at create: a restarted broker must never
-            # take either for a plain pool pod.
-            info = await self.backend.create(PodRequest(name=pod.name, pool=spec, origin=pod.origin, gpus=pin,
-                                                        annotations=owner_annotations(pod)
-                                                        if pod.standby or pod.image else {}, image=pod.image,
-                                                        node=pod.node, gang=pod.gang,
-                                                        gang_size=self._gang_sizes.pop(pod.name, 1),
-                                                        avoid=self.avoid()))
-        except FirepoolError as exc:
-            log.warning("creating pod %s failed: %s", pod.name, exc)
-            self._backoff_until[spec.name] = self.clock.now() + 2.0
-            self.tracker.retire(pod.name)
-            self.tracker.remove(pod.name)
-            self._release(pod)
-            self.wake()  # the next pass sees the backoff and sleeps until it ends, not a whole tick
-            return
-        self.stats.pods_created[spec.name] += 1
-        pod.epoch = str(recorded_epoch(info.details, {}) or "")  # R5: the identity work on it is bound under
-        if self.created is not None:
-            self.created(pod, info)
-        if not self.tracker.ready(pod.name, self.clock.now(), info.gpus, info.node):
-            await self._delete(pod.name)  # retired while starting
-            return
-        self.on_ready()
-        self.wake()  # a rollout's next drain waits for this replacement
-
     def forget_single_use(self, job_id: str) -> None:
         """A single-use job was placed: its pods are leased, nothing more to make for it."""
         self.single_use.pop(job_id, None)
@@ -443,27 +356,5 @@ class PoolController:
             self.retire(pod.name, only_if_idle_since=None if pod.state is PodState.STARTING else pod.idle_since)
 
     def _single_use_waiting(self, job_id: str) -> bool:
-        return job_id in self.single_use or self.waiting(job_id)
-
-    def retire(self, name: str, *, only_if_idle_since: float | None = None) -> bool:
-        """Retire a pod now (it must not be busy); its deletion runs in the background."""
-        if self.tracker.retire(name, only_if_idle_since=only_if_idle_since) is None:
-            return False
-        self.tasks.spawn(f"delete {name}", self._delete(name))
-        return True
-
-    def delete_retiring(self, name: str) -> None:
-        """Delete a pod the tracker already moved to RETIRING (unclean reset, lost, single-use)."""
-        self.tasks.spawn(f"delete {name}", self._delete(name))
-
-    async def _delete(self, name: str) -> None:
-        try:
-            await self.backend.delete(name)
-        except FirepoolError as exc:
-            log.warning("deleting pod %s failed (will be retried by recovery): %s", name, exc)
-        pod = self.tracker.pods.get(name)
-        self.tracker.remove(name)
-        if pod is not None:
-            self._release(pod)
-            self.stats.pods_deleted[pod.pool] += 1
-        self.wake()
+        """A job pods are made for still waits: its single-use or confined set, or the dispatcher has it."""
+        return job_id in self.single_use or job_id in self.sets or self.waiting(job_id)

@@ -105,7 +105,7 @@ def count(pods: list[Pod], spec: PoolSpec, now: float, queued_by: Mapping[str, i
                 elif pod.reserved_for is None and not old and not single:
                     c["fresh"] += 1
         elif state is PodState.STARTING:
-            if not single and not old:
+            if not single and not old and pod.reserved_for is None:  # a confined gang's set serves only it
                 c["starting"] += 1
         else:
             c[state.value] += 1

@@ -8,6 +8,10 @@ failed, placed on other pods) is an orphan: no other job may ever take it, so it
 A custom image's pod (broker.images) is made for one job the same way: a mutable tag's is single-use; a
 digest-pinned one's (`Origin.CUSTOM_IMAGE`) then serves its caller's jobs of that image, so it is an orphan
 only while no job has used it.
+
+A gang confined to one node or domain (broker.claiming.setsearch) that no pods in place could serve gets a
+whole set made for it the same way, on one node (`Origin.DEMAND`, reserved for it): its pods are plain
+pool pods once the gang runs, and if it leaves first they join the pool unused instead of retiring.
 """
 
 from __future__ import annotations
@@ -46,3 +50,23 @@ def gang_hints(gangs: Iterable[tuple[str, int]], pods: Iterable[Pod], create: in
 def orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:
     """Starting or idle single-use pods whose job no longer waits for them (`waiting(job id)` is False)."""
     return [p for p in pods if _made_for(p) and (p.reserved_for is None or not waiting(p.reserved_for))]
+
+
+def _made_for_set(pod: Pod) -> bool:
+    return pod.origin is Origin.DEMAND and pod.reserved_for is not None and not pod.used and pod.state in _WAITING
+
+
+def wanted_sets(sets: Mapping[str, tuple[str, int]], pool: str, pods: Iterable[Pod]) -> list[tuple[str, int]]:
+    """(job id, pods still to create) for the pool's confined gangs waiting for a set, in dispatch order."""
+    have = Counter(p.reserved_for for p in pods if _made_for_set(p))
+    return [(job_id, n - have[job_id]) for job_id, (where, n) in sets.items() if where == pool and n > have[job_id]]
+
+
+def made_on(pods: Iterable[Pod], job_id: str) -> list[str]:
+    """The nodes of the pods already made for a job (starting or idle): the rest of its set joins them."""
+    return [p.node for p in pods if p.reserved_for == job_id and not p.used and p.state in _WAITING and p.node]
+
+
+def set_orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:
+    """Starting or idle pods made for a confined gang that no longer waits for them: they join the pool."""
+    return [p for p in pods if _made_for_set(p) and not waiting(p.reserved_for or "")]

@@ -4,6 +4,8 @@ pod's node, and largest_placeable in /v1/pools and /metrics follows what is plac
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.conftest import BrokerProcess, run_job
@@ -46,6 +48,39 @@ def test_a_4_pod_gang_of_1_gpu_pods_lands_on_one_node(tmp_path) -> None:
         metrics = ops.get("/metrics").text
         assert 'firepool_pool_largest_placeable{pool="gpu",shape="1"} 3.0' in metrics
         assert 'firepool_largest_placeable{accelerator="virtual",shape="node"} 0.0' in metrics
+    finally:
+        b.stop()
+
+
+def test_a_node_topology_gang_never_splits_when_one_node_is_partly_busy(tmp_path) -> None:
+    """Job-level `topology: node`: carol's held pod sits on the partly busy node, which has room for 2 more; the
+    gang takes 4 new pods on the other node and leaves her pod alone (an unconfined gang would take it first
+    and split 1 + 3)."""
+    b = BrokerProcess(tmp_path / "fleet", extra=NODES)
+    try:
+        alice, carol = b.client("alice"), b.client("carol")
+        busy = alice.post("/v1/jobs", json={"pool": "gpu", "command": ["sleep", "120"], "lease_tag": "busy"})
+        assert busy.status_code in (200, 201), busy.text
+        busy_id = busy.json()["id"]
+        deadline = time.monotonic() + 60
+        while alice.get(f"/v1/jobs/{busy_id}").json()["state"] != "RUNNING":
+            assert time.monotonic() < deadline, "alice's job never ran"
+            time.sleep(0.1)
+        (partly,) = nodes_of(b, alice.get(f"/v1/jobs/{busy_id}").json()["bound_pods"])
+
+        solo = run_job(carol, {"pool": "gpu", "command": ["true"], "lease_tag": "t"})
+        assert solo["state"] == "SUCCEEDED"
+        assert nodes_of(b, solo["bound_pods"]) == {partly}  # best-fit: beside alice's, 2 GPUs left there
+
+        gang = run_job(carol, {"pool": "gpu", "pods": 4, "lease_tag": "t", "topology": "node",
+                               "command": ["sh", "-c", "echo rank $RANK"]})
+        assert gang["state"] == "SUCCEEDED", gang
+        assert gang["topology"] == "node"
+        placed = nodes_of(b, gang["bound_pods"])
+        assert len(placed) == 1 and partly not in placed
+        assert not set(solo["bound_pods"]) & set(gang["bound_pods"])  # her held pod on the other node stays out
+        assert {a["path"] for a in gang["acquisition"]} == {"new"}
+        alice.post(f"/v1/jobs/{busy_id}/cancel")
     finally:
         b.stop()
 

@@ -13,7 +13,7 @@ from broker.claiming.tracker import Claim, Lease, Shortfall, Tracker
 from broker.jobs import Job, JobState
 from broker.pods import Pod, PodState
 from broker.pools import CatalogError, PoolSpec, parse_pool
-from tests.unit.harness import Harness, cpu_pool
+from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
 JOB_S = 2.0
 START_DELAY = 1.0
@@ -260,3 +260,23 @@ def test_the_fill_estimate_waits_for_the_blocking_job_and_a_replacement_start() 
     assert (e.fill_at, e.make_room) == (12.0, 0)
     jobs["alice-job"] = ("alice", math.inf)  # no timeout: nothing bounds the fill, no backfill
     assert estimate(spec, [(res, 3)], [*reserved, busy], jobs.__getitem__, now=10.0)[0].fill_at == math.inf
+
+
+def test_restart_estimate_counts_the_modelled_venue_delay() -> None:
+    """A pool whose template models a venue's cold start (`venue_delay`) starts that much slower than its
+    `start_delay_s` alone: the estimate is the model's median (what the backend's sampler draws typically)."""
+    import random
+    import statistics
+
+    from broker.backends.startdelay import from_template
+    from broker.claiming.reserving import restart_estimate
+
+    venue = {"median_s": 8.0, "p90_s": 20.0, "scale": 0.5, "seed": 3}
+    spec = gpu_pool(template={"start_delay_s": 1.5, "venue_delay": venue})
+    assert restart_estimate(gpu_pool(template={"start_delay_s": 1.5})) == 1.5
+    assert restart_estimate(spec) == 1.5 + 4.0
+    parsed = from_template(spec.template)
+    assert parsed is not None
+    rng = random.Random(7)
+    drawn = statistics.median(parsed[0].sample(rng) for _ in range(4001))
+    assert abs((restart_estimate(spec) - 1.5) - drawn) < 0.25  # the median the local backend really adds

@@ -127,13 +127,16 @@ class HttpAgentClient:
                    "session": request.session, "cwd": request.cwd, "timeout_s": request.timeout_s,
                    "extra": dict(request.extra)}
         setup = SETUP_S if request.extra.get("requirements") is not None else 0.0
-        response = await self._request("POST", "/v1/attempts", json=payload, ok=(201,), wait_s=setup)
+        path = "/v1/attempts"
+        if request.wait_s > 0:  # the status once the attempt ended (logs inline) or wait_s passed
+            path += f"?wait_s={request.wait_s}&inline_logs={INLINE_LOGS}"
+        response = await self._request("POST", path, json=payload, ok=(201,), wait_s=setup + request.wait_s)
         with self._decoding():
             return _status(response.json())
 
     async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
         wait_s = max(0.0, timeout_s)
-        response = await self._request("GET", _attempt_path(attempt_id), params={"wait_s": wait_s, "inline_logs": INLINE_LOGS},
+        response = await self._request("GET", _attempt_path(attempt_id, f"?wait_s={wait_s}&inline_logs={INLINE_LOGS}"),
                                        wait_s=wait_s)
         with self._decoding():
             return _status(response.json())

@@ -20,14 +20,16 @@ from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState
-from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
-from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
+from broker.pods import Pod
+from broker.ports.agent import AttemptStatus, LaunchRequest
 from broker.ports.backend import Backend
-from broker.ports.logs import STREAMS, LogStore
+from broker.ports.logs import LogStore
 from broker.running.delivering import PackageDelivery
 from broker.running.jobenv import agent_session, memory_limits
 from broker.running.kernelwarm import KernelWarmth
+from broker.running.logcopy import copy_logs
 from broker.running.outcome import PREEMPTING, outcome_of
+from broker.running.returning import PodReturn
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -48,9 +50,6 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
-_PER_JOB_ANNOTATIONS = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
-"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
-_OWNERS_KEPT = 10_000
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
 """What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 __all__ = ["PREEMPTING", "SIGNALS", "Executor", "session_key"]
@@ -90,8 +89,9 @@ class Executor:
         self._gate_opened = asyncio.Event()
         self._handed_off: dict[str, float] = {}
         """job id -> when its pods were handed off, for an attempt that ended within its launch call."""
-        self._owners: dict[str, dict[str, str]] = {}
-        """pod -> the ownership annotations last written for it (a job start rewrites them only when they change)."""
+        self.returns = PodReturn(clock=clock, book=book, tracker=tracker, backend=backend, controller=controller,
+                                 tasks=tasks, stats=stats, health=health)
+        """Resets the pods after an attempt and keeps their owner records (broker.running.returning)."""
 
     # ---------------------------------------------------------------- launch
 
@@ -145,8 +145,7 @@ class Executor:
         else:
             self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
         for pod in lease.pods:
-            if self._owner_changed(pod):  # else recovery learns a busy pod's owner from its job row
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+            self.returns.started(pod)
         if not ended and self.book.live.get(job.id, job).cancel_requested:
             await self.cancel(job.id)
         await self.watch(job, attempt.id, lease.pods, results)
@@ -228,21 +227,6 @@ class Executor:
             await self.book.write(job_id, mark)
         except FirepoolError as exc:
             log.warning("recording the start of %s failed (the result write will carry it): %s", aid, exc)
-
-    def _owner_changed(self, pod: Pod) -> bool:
-        """Do the pod's ownership annotations (all but the job and its hold times) differ from the last written?"""
-        owner = {k: v for k, v in owner_annotations(pod).items() if k not in _PER_JOB_ANNOTATIONS}
-        return self._owners.get(pod.name) != owner
-
-    async def _annotate(self, pod: Pod) -> None:
-        annotations = owner_annotations(pod)
-        if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
-            self._owners.clear()
-        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in _PER_JOB_ANNOTATIONS}
-        try:
-            await self.backend.annotate(pod.name, annotations)
-        except FirepoolError as exc:
-            log.debug("annotating %s failed: %s", pod.name, exc)
 
     # ---------------------------------------------------------------- watch
 
@@ -357,7 +341,7 @@ class Executor:
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                       never_ran: bool = False, may_retry: bool = True) -> None:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
-        await self._collect_logs(aid, pods, statuses)
+        await copy_logs(self.backend, self.logs, aid, pods, statuses)
         self.launched.pop(job_id, None)
         if self.kernels is not None:
             self.kernels.ended(job_id)
@@ -369,35 +353,6 @@ class Executor:
                                             self._reset(job_id, pods, lost))
         if committed is not None and committed.state is JobState.QUEUED:
             self.requeue(committed)
-
-    async def _collect_logs(self, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]) -> None:
-        async def copy(rank: int, pod: Pod, stream: str) -> None:
-            inline = statuses[rank]
-            if inline is not None and inline.logs is not None and stream in inline.logs:
-                await self._write_log(aid, rank, stream, inline.logs[stream])
-                return
-            agent = self.backend.agent(pod.name)
-            chunks, offset = [], 0
-            try:
-                while True:
-                    chunk = await agent.read_log(aid, stream, offset, 8 << 20)
-                    chunks.append(chunk.data)
-                    offset = chunk.next_offset
-                    if chunk.complete or not chunk.data:
-                        break
-            except FirepoolError as exc:
-                log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
-            await self._write_log(aid, rank, stream, b"".join(chunks))
-
-        await asyncio.gather(*(copy(rank, pod, stream) for rank, pod in enumerate(pods)
-                               if statuses[rank] is not None for stream in STREAMS))
-
-    async def _write_log(self, aid: str, rank: int, stream: str, data: bytes) -> None:
-        name = stream if rank == 0 else f"rank{rank}.{stream}"
-        if self.logs.blocking and data:  # an empty log writes nothing worth a worker thread
-            await asyncio.to_thread(self.logs.write, aid, name, data)
-        else:
-            self.logs.write(aid, name, data)
 
     async def _commit_outcome(self, job_id: str, aid: str, statuses: Sequence[AttemptStatus | None],
                               never_ran: bool, may_retry: bool) -> Job | None:
@@ -426,45 +381,7 @@ class Executor:
         return committed
 
     async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
-        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted."""
-        job = self.book.live.get(job_id) or await self.book.get(job_id)
-        assert job is not None
-        spec = self.tracker.pool(job.spec.pool)
-        assert spec is not None
-        key = (job.caller, job.spec.queue, job.spec.lease_tag)
-        self.tracker.begin_reset(job_id, key)
-        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
-
-        async def reset_one(pod: Pod) -> None:
-            if pod.origin is Origin.SINGLE_USE:
-                # Never reused: deleting it is the proof, so it retires at once (cancelled, failed or done),
-                # and its card's gate stays closed until the deletion.
-                self.tracker.finish_reset(pod.name, False, self.clock.now(), spec.hold_seconds)
-                self.controller.delete_retiring(pod.name)
-                return
-            clean = False
-            started = self.clock.now()
-            if pod.name not in lost:
-                try:
-                    result = await self.backend.agent(pod.name).reset(request)
-                    clean = result.clean
-                    self.stats.observe_reset(pod.name, started, clean, result.duration_s, result.killed,
-                                             tuple(result.problems))
-                    if not clean:
-                        log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
-                    elif self.health is not None:
-                        clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
-                except AgentError as exc:
-                    log.warning("reset of %s failed: %s", pod.name, exc)
-                    self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
-            self.stats.resets[(pod.pool, clean)] += 1
-            if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))  # a new hold survives a broker kill
-                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
-            else:
-                self.controller.delete_retiring(pod.name)
-
-        await asyncio.gather(*(reset_one(p) for p in pods))
+        await self.returns.reset(job_id, pods, lost)
         opened, self._gate_opened = self._gate_opened, asyncio.Event()
         opened.set()
         self.wake_dispatcher()

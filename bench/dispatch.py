@@ -161,10 +161,10 @@ class _CountingStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def commit(self, writes: Any) -> list[bool]:
+    def commit(self, writes: Any, inserts: Any = ()) -> list[bool]:
         self.transactions += 1
-        self.writes += len(writes)
-        return self._store.commit(writes)
+        self.writes += len(writes) + len(inserts)
+        return self._store.commit(writes, inserts)
 
 
 async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> tuple[float, int, int]:

@@ -172,7 +172,8 @@ async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> t
     RUNNING and launched on their pod) or, with `finish`, until all have run and their pods are back."""
     clock = RealClock()
     counting = _CountingStore(store)
-    cp = ControlPlane(clock=clock, store=counting, backend=FakeBackend(clock), logs=MemoryLogStore(),
+    backend = FakeBackend(clock)
+    cp = ControlPlane(clock=clock, store=counting, backend=backend, logs=MemoryLogStore(),
                       catalog=_catalog(pods), tuning=Tuning())
     tag = "lifecycle" if finish else "dispatch"
     await cp.start()
@@ -193,8 +194,8 @@ async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> t
         if finish:
             while any(i in cp.book.live for i in ids):
                 await asyncio.sleep(0.002)
-        else:
-            while len(ids & cp.executor.launched.keys()) < n:
+        else:  # launched: its pod's agent took the launch (the executor notes it before the call returns)
+            while sum(len(agent.launches) for agent in backend.agents.values()) < n:
                 await asyncio.sleep(0.002)
         elapsed = time.perf_counter() - t0
     finally:

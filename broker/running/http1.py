@@ -54,7 +54,9 @@ class _Conn:
 class Http1Pool:
     """Keep-alive connections to one agent, on a Unix socket (`uds`) or TCP (`host`, `port`)."""
 
-    def __init__(self, *, uds: str | None = None, host: str = "", port: int = 0, headers: dict[str, str]) -> None:
+    def __init__(
+        self, *, uds: str | None = None, host: str = "", port: int = 0, headers: dict[str, str]
+    ) -> None:
         self.uds = uds
         self.host = host
         self.port = port
@@ -76,8 +78,14 @@ class Http1Pool:
                     head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 conn.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
                 reply, keep = await _read_reply(conn.reader)
-        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                ValueError) as exc:
+        except (
+            OSError,
+            EOFError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ValueError,
+        ) as exc:
             if conn is not None:
                 conn.writer.close()
             raise AgentUnreachable(f"{type(exc).__name__}: {exc}") from exc

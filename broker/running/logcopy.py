@@ -22,9 +22,11 @@ CHUNK = 8 << 20
 """Bytes per log read from an agent."""
 
 
-async def copy_logs(backend: Backend, logs: LogStore, aid: str, pods: Sequence[Pod],
-                    statuses: Sequence[AttemptStatus | None]) -> None:
+async def copy_logs(
+    backend: Backend, logs: LogStore, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]
+) -> None:
     """Store every stream of every rank that did not get lost (rank 0 under the stream's name)."""
+
     async def copy(rank: int, pod: Pod, stream: str) -> None:
         inline = statuses[rank]
         if inline is not None and inline.logs is not None and stream in inline.logs:
@@ -43,8 +45,14 @@ async def copy_logs(backend: Backend, logs: LogStore, aid: str, pods: Sequence[P
             log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
         await _write(logs, aid, rank, stream, b"".join(chunks))
 
-    await asyncio.gather(*(copy(rank, pod, stream) for rank, pod in enumerate(pods)
-                           if statuses[rank] is not None for stream in STREAMS))
+    await asyncio.gather(
+        *(
+            copy(rank, pod, stream)
+            for rank, pod in enumerate(pods)
+            if statuses[rank] is not None
+            for stream in STREAMS
+        )
+    )
 
 
 async def _write(logs: LogStore, aid: str, rank: int, stream: str, data: bytes) -> None:

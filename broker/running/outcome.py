@@ -47,13 +47,19 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
         error, message = ErrorClass.POD_LOST, "a pod of the attempt was lost"
     else:
         assert rank0 is not None
-        error = rank0.error_class or describe_exit(rank0.exit_code, timed_out=rank0.timed_out, cancelled=cancelled,
-                                                   oom=rank0.oom, signal=rank0.signal)
+        error = rank0.error_class or describe_exit(
+            rank0.exit_code,
+            timed_out=rank0.timed_out,
+            cancelled=cancelled,
+            oom=rank0.oom,
+            signal=rank0.signal,
+        )
         message = rank0.message
         failed = next((s for s in statuses[1:] if s is not None and s.exit_code != 0), None)
         if error is None and failed is not None:
-            error = failed.error_class or describe_exit(failed.exit_code, timed_out=failed.timed_out,
-                                                        oom=failed.oom, signal=failed.signal)
+            error = failed.error_class or describe_exit(
+                failed.exit_code, timed_out=failed.timed_out, oom=failed.oom, signal=failed.signal
+            )
             message = "another rank failed"
     fault = next((s.hardware_fault for s in statuses if s is not None and s.hardware_fault), None)
     if fault is not None and error is not None and not cancelled:
@@ -61,15 +67,31 @@ def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_r
     if cancelled:
         error = ErrorClass.CANCELLED
     lost = error == ErrorClass.POD_LOST
-    final = (AttemptState.SUCCEEDED if error is None else AttemptState.CANCELLED if cancelled
-             else AttemptState.LOST if lost else AttemptState.FAILED)
+    final = (
+        AttemptState.SUCCEEDED
+        if error is None
+        else AttemptState.CANCELLED
+        if cancelled
+        else AttemptState.LOST
+        if lost
+        else AttemptState.FAILED
+    )
     state = JobState.SUCCEEDED if error is None else JobState.CANCELLED if cancelled else JobState.FAILED
     return Verdict(error, message, exit_code, cancelled, final, state)
 
 
-def outcome_of(job: Job, aid: str, statuses: Sequence[AttemptStatus | None], *, now: float, never_ran: bool,
-               may_retry: bool, preempted: str | None, handed_off_at: float | None,
-               health: HealthMonitor | None) -> Job:
+def outcome_of(
+    job: Job,
+    aid: str,
+    statuses: Sequence[AttemptStatus | None],
+    *,
+    now: float,
+    never_ran: bool,
+    may_retry: bool,
+    preempted: str | None,
+    handed_off_at: float | None,
+    health: HealthMonitor | None,
+) -> Job:
     """The job with attempt `aid` ended: terminal, or re-queued when its retry policy says so."""
     rank0 = statuses[0]
     attempt = job.current_attempt
@@ -80,10 +102,20 @@ def outcome_of(job: Job, aid: str, statuses: Sequence[AttemptStatus | None], *, 
     if why is None and attempt.message is not None and attempt.message.startswith(PREEMPTING):
         why = attempt.message.removeprefix(PREEMPTING)  # marked by a broker before a restart
     if why is not None and verdict.error is not None and not job.cancel_requested:
-        verdict = dataclasses.replace(verdict, error=ErrorClass.PREEMPTED, message=why, cancelled=False,
-                                      final=AttemptState.FAILED, state=JobState.FAILED)
-    changes: dict[str, object] = {"finished_at": now, "exit_code": verdict.exit_code,
-                                  "error_class": verdict.error, "message": verdict.message}
+        verdict = dataclasses.replace(
+            verdict,
+            error=ErrorClass.PREEMPTED,
+            message=why,
+            cancelled=False,
+            final=AttemptState.FAILED,
+            state=JobState.FAILED,
+        )
+    changes: dict[str, object] = {
+        "finished_at": now,
+        "exit_code": verdict.exit_code,
+        "error_class": verdict.error,
+        "message": verdict.message,
+    }
     times: dict[str, float] = {}
     if handed_off_at is not None and "handed_off_at" not in job.timings:  # its start was never marked
         times["handed_off_at"] = handed_off_at
@@ -92,15 +124,32 @@ def outcome_of(job: Job, aid: str, statuses: Sequence[AttemptStatus | None], *, 
         changes["first_instruction_at"] = attempt.first_instruction_at or rank0.first_instruction_at
         changes["timings"] = {**attempt.timings, **rank0.timings}
         if rank0.first_instruction_at is not None:
-            times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
+            times["first_instruction_at"] = job.timings.get(
+                "first_instruction_at", rank0.first_instruction_at
+            )
     if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
         attempt = attempt.move(AttemptState.RUNNING)
     job = job.with_attempt(attempt.move(verdict.final, **changes))
-    if verdict.error == ErrorClass.HARDWARE_FAULT and may_retry and health is not None \
-            and health.free_requeue(job):
+    if (
+        verdict.error == ErrorClass.HARDWARE_FAULT
+        and may_retry
+        and health is not None
+        and health.free_requeue(job)
+    ):
         return transition(job, JobState.QUEUED, now, pods=(), timings=times)  # no retry spent
-    if verdict.error is not None and not verdict.cancelled and may_retry \
-            and job.retries < job.spec.max_retries:
+    if (
+        verdict.error is not None
+        and not verdict.cancelled
+        and may_retry
+        and job.retries < job.spec.max_retries
+    ):
         return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
-    return transition(job, verdict.state, now, exit_code=verdict.exit_code, error_class=verdict.error,
-                      error_message=verdict.message, timings=times)
+    return transition(
+        job,
+        verdict.state,
+        now,
+        exit_code=verdict.exit_code,
+        error_class=verdict.error,
+        error_message=verdict.message,
+        timings=times,
+    )

@@ -40,8 +40,18 @@ _OWNERS_KEPT = 10_000
 
 
 class PodReturn:
-    def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
-                 controller: PoolController, tasks: Supervisor, stats: Stats, health: HealthMonitor | None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        book: JobBook,
+        tracker: Tracker,
+        backend: Backend,
+        controller: PoolController,
+        tasks: Supervisor,
+        stats: Stats,
+        health: HealthMonitor | None,
+    ) -> None:
         self.clock = clock
         self.book = book
         self.tracker = tracker
@@ -113,10 +123,13 @@ class PodReturn:
                 try:
                     result = await self.backend.agent(pod.name).reset(request)
                     clean = result.clean
-                    self.stats.observe_reset(pod.name, started, clean, result.duration_s, result.killed,
-                                             tuple(result.problems))
+                    self.stats.observe_reset(
+                        pod.name, started, clean, result.duration_s, result.killed, tuple(result.problems)
+                    )
                     if not clean:
-                        log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
+                        log.warning(
+                            "reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems)
+                        )
                     elif self.health is not None:
                         clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
                 except AgentError as exc:

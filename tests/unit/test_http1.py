@@ -28,8 +28,14 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 self.heads.append(head + await reader.readexactly(length))
                 writer.write(self.reply(head))
                 await writer.drain()
@@ -41,8 +47,10 @@ class Server:
 
 
 def ok(body: bytes = b'{"ok":true}', extra: str = "") -> Reply:
-    return lambda _: (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-                      .encode() + body)
+    return lambda _: (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
+        + body
+    )
 
 
 async def _listen(server: Server) -> asyncio.AbstractServer:
@@ -69,8 +77,10 @@ async def test_one_kept_alive_connection_carries_request_after_request(tmp_path:
 
 
 async def test_a_connection_the_agent_closes_is_never_reused(tmp_path: Path) -> None:
-    for server in (Server(tmp_path / "b.sock", ok(extra="Connection: close\r\n"), close_after=True),
-                   Server(tmp_path / "c.sock", ok(), close_after=True)):  # closes without saying so
+    for server in (
+        Server(tmp_path / "b.sock", ok(extra="Connection: close\r\n"), close_after=True),
+        Server(tmp_path / "c.sock", ok(), close_after=True),
+    ):  # closes without saying so
         async with await _listen(server):
             pool = Http1Pool(uds=str(server.path), headers={})
             for _ in range(3):
@@ -80,14 +90,18 @@ async def test_a_connection_the_agent_closes_is_never_reused(tmp_path: Path) -> 
             await _closed(pool)
 
 
-async def test_a_refusal_is_a_reply_and_a_reply_that_is_not_the_agents_dialect_is_unreachable(tmp_path: Path) -> None:
+async def test_a_refusal_is_a_reply_and_a_reply_that_is_not_the_agents_dialect_is_unreachable(
+    tmp_path: Path,
+) -> None:
     refused = Server(tmp_path / "d.sock", lambda _: b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
     async with await _listen(refused):
         pool = Http1Pool(uds=str(refused.path), headers={})
         reply = await pool.request("GET", "/v1/x", None, 5.0)
         assert reply.status_code == 404 and reply.headers["content-length"] == "2"
         await _closed(pool)
-    chunked = Server(tmp_path / "e.sock", lambda _: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    chunked = Server(
+        tmp_path / "e.sock", lambda _: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    )
     async with await _listen(chunked):
         pool = Http1Pool(uds=str(chunked.path), headers={})
         with pytest.raises(AgentUnreachable):

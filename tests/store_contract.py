@@ -223,6 +223,37 @@ class JobStoreContract:
         assert store.get("j-c").attempts == (new_attempt["j-c"],)  # type: ignore[union-attr]
         assert store.get("j-ghost") is None
 
+    def test_inserts_ride_in_a_group_commit_beside_version_checked_writes(self, store: JobStore) -> None:
+        a = store.insert(make_job("j-a", state=JobState.QUEUED, version=1))
+        running = transition(a, JobState.RUNNING, at=30.0, pods=("p",))
+        new = [make_job("j-new1", state=JobState.QUEUED, version=1), make_job("j-new2", "bob")]
+        assert store.commit([(running, 1), (transition(a, JobState.CANCELLED, at=31.0), 1)], new) == [True, False]
+        assert store.get("j-a") == running
+        assert store.get("j-new1") == new[0] and store.get("j-new2") == new[1]
+        assert store.commit([], [make_job("j-new3")]) == []
+        assert store.get("j-new3") == make_job("j-new3")
+
+    def test_a_duplicate_id_among_batched_inserts_fails_the_whole_batch(self, store: JobStore) -> None:
+        a = store.insert(make_job("j-a", state=JobState.QUEUED, version=1))
+        running = transition(a, JobState.RUNNING, at=30.0, pods=("p",))
+        for inserts in ([make_job("j-a", "bob")], [make_job("j-x"), make_job("j-x", "bob")]):
+            try:
+                store.commit([(running, 1)], inserts)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("a batch inserting a duplicate id was accepted")
+            assert store.get("j-a") == a and store.get("j-x") is None  # nothing of the batch landed
+
+    def test_a_job_with_an_idempotency_key_is_not_batch_inserted(self, store: JobStore) -> None:
+        try:
+            store.commit([], [make_job("j-k", key="k")])
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a keyed job was inserted without looking for its first copy")
+        assert store.get("j-k") is None
+
     def test_a_batch_racing_a_single_write_loses_only_the_contested_job(self, store: JobStore) -> None:
         for round_ in range(6):
             jobs = [store.insert(make_job(f"j-{round_}-{i}", state=JobState.QUEUED, version=1)) for i in range(8)]

@@ -3,7 +3,8 @@
 Every write to a job row goes through `write(job_id, change)`: writes to one job are serialized, the
 change function sees the latest committed row, and the store applies it only if the row still has
 the version the change was computed from. Writes from different jobs that arrive together share one
-store transaction (group commit), so a busy SQL store pays one commit for many jobs.
+store transaction (group commit), so a busy SQL store pays one commit for many jobs; a new job without an
+idempotency key joins the same transaction, and its submit returns only once that transaction committed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class JobBook:
         self.finished: OrderedDict[str, Job] = OrderedDict()
         """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
         client polling for its result reads it here, not from the store."""
-        self._pending: list[tuple[Job, int, asyncio.Future[bool]]] = []
+        self._pending: list[tuple[Job, int | None, asyncio.Future[bool]]] = []
+        """Writes (job, expected version) and inserts (job, None) waiting for the next group commit."""
         self._flushing = False
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -47,7 +49,11 @@ class JobBook:
         return fn(*args)
 
     async def insert(self, job: Job) -> Job:
-        stored = await self.io(self.store.insert, job)
+        if self.store.blocking and job.spec.idempotency_key is None:  # nothing to look up: group-commit it
+            await self._enqueue(job, None)
+            stored = job
+        else:
+            stored = await self.io(self.store.insert, job)
         if not stored.terminal:
             self.live.setdefault(stored.id, stored)
         return stored
@@ -102,6 +108,9 @@ class JobBook:
     async def _commit(self, job: Job, expected: int) -> bool:
         if not self.store.blocking:
             return self.store.commit([(job, expected)])[0]
+        return await self._enqueue(job, expected)
+
+    async def _enqueue(self, job: Job, expected: int | None) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append((job, expected, future))
         if not self._flushing:
@@ -114,14 +123,21 @@ class JobBook:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                writes = [(j, e) for j, e, _ in batch if e is not None]
+                inserts = [j for j, e, _ in batch if e is None]
                 try:
-                    results = await asyncio.to_thread(self.store.commit, [(j, e) for j, e, _ in batch])
+                    if inserts:
+                        won = await asyncio.to_thread(self.store.commit, writes, inserts)
+                    else:
+                        won = await asyncio.to_thread(self.store.commit, writes)
                 except Exception as exc:  # the store's own error tree; every writer sees it
                     for _, _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for (_, _, future), ok in zip(batch, results, strict=True):
+                results = iter(won)
+                for _, expected, future in batch:
+                    ok = True if expected is None else next(results)
                     if not future.done():
                         future.set_result(ok)
         finally:

@@ -29,6 +29,9 @@ class LaunchRequest:
     timeout_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Later features (package, requirements, kernel mode) ride here."""
+    wait_s: float = 0.0
+    """Answer once the attempt ended or this long after its start: a short job's launch, wait and logs then
+    cost one round trip (an agent that ignores it answers at the start, and the broker waits as usual)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ class AgentClient(Protocol):
     async def health(self) -> AgentHealth: ...
 
     async def launch(self, request: LaunchRequest) -> AttemptStatus:
-        """Start an attempt; returns once rank 0's process has exec'd (first instruction)."""
+        """Start an attempt; returns once rank 0's process has exec'd (first instruction), or with
+        `request.wait_s`, once it ended or that long passed."""
         ...
 
     async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
@@ -205,6 +209,9 @@ class FakeAgent:
         self.runs[request.attempt_id] = run
         self.current = request.attempt_id
         asyncio.get_running_loop().create_task(self._run(request, run))
+        if request.wait_s > 0:
+            await self.clock.wait(run.done, request.wait_s)
+            return run.status
         return status
 
     async def _run(self, request: LaunchRequest, run: _FakeRun) -> None:

@@ -2,7 +2,8 @@
 
 `commit` is the one write path after insert. Each write names the version it expects; a write whose row
 moved on loses and the store reports it as False, never as an exception. Several writes in one call
-share one transaction (group commit), each still checked on its own.
+share one transaction (group commit), each still checked on its own; new jobs without an idempotency key
+may ride in the same transaction (`inserts`), so a busy broker pays no commit of its own per submit.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class JobStore(Protocol):
         """Newest first; `before` pages by job id."""
         ...
 
-    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
-        """Write each job iff its row still has the expected version; one transaction for all."""
+    def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
+        """Write each job iff its row still has the expected version, and store `inserts` (new jobs without
+        an idempotency key; a duplicate id fails the whole call); one transaction for all."""
         ...
 
     def add_events(self, events: Sequence[Event]) -> list[Event]:
@@ -85,9 +87,15 @@ class MemoryJobStore:
                 and (before is None or j.id < before) and (pool is None or j.spec.pool == pool)
                 and (lease_tag is None or j.spec.lease_tag == lease_tag)][:limit]
 
-    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
+    def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
+        if any(job.spec.idempotency_key is not None for job in inserts):
+            raise ValueError("a job with an idempotency key goes through insert(), which finds its first copy")
         with self._lock:
+            if len({j.id for j in inserts}) < len(inserts) or any(j.id in self._jobs for j in inserts):
+                raise ValueError("duplicate job id in a batch of inserts")
             self.commits += 1
+            for job in inserts:
+                self._jobs[job.id] = job
             won = []
             for job, expected in writes:
                 current = self._jobs.get(job.id)

@@ -1,19 +1,22 @@
 """`HttpAgentClient`: the `AgentClient` port spoken over HTTP to a pod agent (Unix socket or TCP).
 
-One `httpx.AsyncClient` per pod keeps its connection open between calls, so a warm launch costs one
-request on an established socket. Every httpx error and every unexpected status becomes an
-`AgentError` here, with `raise ... from`, so the dispatcher sees one error class per boundary.
+Each pod's client keeps its connections open between calls, so a warm launch costs one request on an
+established socket. The small JSON calls go through `broker.running.http1` (a keep-alive HTTP/1.1 client for
+the agent's narrow dialect); package uploads, `https://` agents and an injected transport use httpx. Every
+transport error and every unexpected status becomes an `AgentError` here, with `raise ... from`, so the
+dispatcher sees one error class per boundary.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json as jsonlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -27,6 +30,7 @@ from broker.ports.agent import (
     ResetRequest,
     ResetResult,
 )
+from broker.running.http1 import AgentUnreachable, Http1Pool, Reply
 
 _STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptStatus))
 SETUP_S = 660.0
@@ -62,6 +66,13 @@ class HttpAgentClient:
         # Plain HTTP needs no CA bundle: loading one costs 50-100 ms per pod's client, which made a
         # restarted broker's first health checks of its pods (before dispatching) take half a second.
         verify = endpoint.startswith("https://")
+        auth = {"Authorization": f"Bearer {secret}"}
+        self._fast: Http1Pool | None = None
+        if transport is None and endpoint.startswith("unix:"):
+            self._fast = Http1Pool(uds=uds_path or endpoint[len("unix:"):], headers=auth)
+        elif transport is None and endpoint.startswith("tcp:"):
+            host, _, port = endpoint[len("tcp:"):].rpartition(":")
+            self._fast = Http1Pool(host=host.strip("[]"), port=int(port), headers=auth)
         if endpoint.startswith("unix:"):
             base_url = "http://agent"
             transport = transport or httpx.AsyncHTTPTransport(uds=uds_path or endpoint[len("unix:"):], limits=limits,
@@ -76,12 +87,27 @@ class HttpAgentClient:
             transport = httpx.AsyncHTTPTransport(limits=limits, verify=verify)
         # trust_env=False: a proxy configured for the broker must never carry agent traffic.
         self._client = httpx.AsyncClient(base_url=base_url, transport=transport, trust_env=False,
-                                         headers={"Authorization": f"Bearer {secret}"},
+                                         headers=auth,
                                          timeout=httpx.Timeout(timeout_s))
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-                       wait_s: float = 0.0, ok: tuple[int, ...] = (200,)) -> httpx.Response:
-        timeout = httpx.Timeout(self.timeout_s + wait_s + (_SLACK_S if wait_s else 0.0))
+                       wait_s: float = 0.0, ok: tuple[int, ...] = (200,)) -> httpx.Response | Reply:
+        seconds = self.timeout_s + wait_s + (_SLACK_S if wait_s else 0.0)
+        if self._fast is not None:
+            target = path + ("?" + urlencode(params) if params else "")
+            body = None if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
+            try:
+                reply = await self._fast.request(method, target, body, seconds)
+            except RuntimeError as exc:
+                raise AgentError(f"the client of pod {self.pod or self.endpoint} was closed (pod deleted?)",
+                                 {"pod": self.pod, "endpoint": self.endpoint}) from exc
+            except AgentUnreachable as exc:
+                raise AgentError(f"agent of pod {self.pod or self.endpoint} unreachable: {exc}",
+                                 {"pod": self.pod, "endpoint": self.endpoint}) from exc
+            if reply.status_code not in ok:
+                raise self._refusal(method, path, reply)
+            return reply
+        timeout = httpx.Timeout(seconds)
         try:
             response = await self._client.request(method, path, json=json, params=params, timeout=timeout)
         except RuntimeError as exc:
@@ -96,7 +122,7 @@ class HttpAgentClient:
             raise self._refusal(method, path, response)
         return response
 
-    def _refusal(self, method: str, path: str, response: httpx.Response) -> AgentError:
+    def _refusal(self, method: str, path: str, response: httpx.Response | Reply) -> AgentError:
         try:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
@@ -127,13 +153,16 @@ class HttpAgentClient:
                    "session": request.session, "cwd": request.cwd, "timeout_s": request.timeout_s,
                    "extra": dict(request.extra)}
         setup = SETUP_S if request.extra.get("requirements") is not None else 0.0
-        response = await self._request("POST", "/v1/attempts", json=payload, ok=(201,), wait_s=setup)
+        path = "/v1/attempts"
+        if request.wait_s > 0:  # the status once the attempt ended (logs inline) or wait_s passed
+            path += f"?wait_s={request.wait_s}&inline_logs={INLINE_LOGS}"
+        response = await self._request("POST", path, json=payload, ok=(201,), wait_s=setup + request.wait_s)
         with self._decoding():
             return _status(response.json())
 
     async def wait(self, attempt_id: str, timeout_s: float) -> AttemptStatus:
         wait_s = max(0.0, timeout_s)
-        response = await self._request("GET", _attempt_path(attempt_id), params={"wait_s": wait_s, "inline_logs": INLINE_LOGS},
+        response = await self._request("GET", _attempt_path(attempt_id, f"?wait_s={wait_s}&inline_logs={INLINE_LOGS}"),
                                        wait_s=wait_s)
         with self._decoding():
             return _status(response.json())
@@ -150,9 +179,9 @@ class HttpAgentClient:
         params = {"stream": stream, "offset": offset, "max_bytes": max_bytes, "wait_s": wait_s}
         response = await self._request("GET", _attempt_path(attempt_id, "/log"), params=params, wait_s=wait_s)
         with self._decoding():
-            next_offset = int(response.headers["X-Next-Offset"])
+            next_offset = int(response.headers["x-next-offset"])
         return LogChunk(data=response.content, next_offset=next_offset,
-                        complete=response.headers.get("X-Complete") == "1")
+                        complete=response.headers.get("x-complete") == "1")
 
     async def signal(self, attempt_id: str, signal: str) -> None:
         await self._request("POST", _attempt_path(attempt_id, "/signal"), json={"signal": signal}, ok=(204,))
@@ -198,4 +227,6 @@ class HttpAgentClient:
                                     receive_s=body.get("receive_s", 0.0), extracted=body.get("extracted", 0))
 
     async def close(self) -> None:
+        if self._fast is not None:
+            await self._fast.aclose()
         await self._client.aclose()

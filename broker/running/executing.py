@@ -13,21 +13,23 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
-from broker.jobs import AttemptState, ErrorClass, Job, JobState, describe_exit, transition
-from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
-from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
+from broker.jobs import AttemptState, ErrorClass, Job, JobState
+from broker.pods import Pod
+from broker.ports.agent import AttemptStatus, LaunchRequest
 from broker.ports.backend import Backend
-from broker.ports.logs import STREAMS, LogStore
+from broker.ports.logs import LogStore
 from broker.running.delivering import PackageDelivery
 from broker.running.jobenv import agent_session, memory_limits
 from broker.running.kernelwarm import KernelWarmth
+from broker.running.logcopy import copy_logs
+from broker.running.outcome import PREEMPTING, outcome_of
+from broker.running.returning import PodReturn
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -41,62 +43,16 @@ log = logging.getLogger("firepool.executing")
 
 WAIT_POLL_S = 25.0
 """Long-poll length of one agent wait call."""
+LAUNCH_WAIT_S = 0.25
+"""How long a launch call waits for the attempt to end: a job shorter than this costs one agent round trip and
+no start write (the outcome write carries its start); a longer one is marked running this much later."""
 UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
-_PER_JOB_ANNOTATIONS = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
-"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
-_OWNERS_KEPT = 10_000
 SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
-PREEMPTING = "preempting: "
-"""Prefix of a running attempt's message once the broker asked it to yield (broker.claiming.preempting)."""
 """What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a finished attempt means for its job."""
-
-    error: str | None
-    message: str | None
-    exit_code: int | None
-    cancelled: bool
-    final: AttemptState
-    state: JobState
-
-
-def judge(statuses: Sequence[AttemptStatus | None], *, never_ran: bool, cancel_requested: bool) -> Verdict:
-    """Rank 0's exit decides; a lost pod makes it PodLost, another failed rank fails a clean rank 0."""
-    rank0 = statuses[0]
-    exit_code = rank0.exit_code if rank0 is not None else None
-    cancelled = cancel_requested or bool(rank0 and rank0.cancelled)
-    error: str | None
-    message: str | None = None
-    if never_ran:
-        error, message = ErrorClass.CANCELLED, "cancelled before launch"
-    elif any(s is None for s in statuses):
-        error, message = ErrorClass.POD_LOST, "a pod of the attempt was lost"
-    else:
-        assert rank0 is not None
-        error = rank0.error_class or describe_exit(rank0.exit_code, timed_out=rank0.timed_out, cancelled=cancelled,
-                                                   oom=rank0.oom, signal=rank0.signal)
-        message = rank0.message
-        failed = next((s for s in statuses[1:] if s is not None and s.exit_code != 0), None)
-        if error is None and failed is not None:
-            error = failed.error_class or describe_exit(failed.exit_code, timed_out=failed.timed_out,
-                                                        oom=failed.oom, signal=failed.signal)
-            message = "another rank failed"
-    fault = next((s.hardware_fault for s in statuses if s is not None and s.hardware_fault), None)
-    if fault is not None and error is not None and not cancelled:
-        error, message = ErrorClass.HARDWARE_FAULT, fault  # the card's failure, not the job's (design §8)
-    if cancelled:
-        error = ErrorClass.CANCELLED
-    lost = error == ErrorClass.POD_LOST
-    final = (AttemptState.SUCCEEDED if error is None else AttemptState.CANCELLED if cancelled
-             else AttemptState.LOST if lost else AttemptState.FAILED)
-    state = JobState.SUCCEEDED if error is None else JobState.CANCELLED if cancelled else JobState.FAILED
-    return Verdict(error, message, exit_code, cancelled, final, state)
+__all__ = ["PREEMPTING", "SIGNALS", "Executor", "session_key"]
 
 
 def session_key(job: Job) -> str:
@@ -131,8 +87,11 @@ class Executor:
         self.preempting: dict[str, str] = {}
         """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
-        self._owners: dict[str, dict[str, str]] = {}
-        """pod -> the ownership annotations last written for it (a job start rewrites them only when they change)."""
+        self._handed_off: dict[str, float] = {}
+        """job id -> when its pods were handed off, for an attempt that ended within its launch call."""
+        self.returns = PodReturn(clock=clock, book=book, tracker=tracker, backend=backend, controller=controller,
+                                 tasks=tasks, stats=stats, health=health)
+        """Resets the pods after an attempt and keeps their owner records (broker.running.returning)."""
 
     # ---------------------------------------------------------------- launch
 
@@ -164,9 +123,9 @@ class Executor:
             self.kernels.started(job.id, job.spec.pool)
         requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
                     for rank, pod in enumerate(lease.pods)]
+        self.launched[job.id] = attempt.id  # before the launch returns: cancel and signal reach it meanwhile
         results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
         first = results[0]
-        self.launched[job.id] = attempt.id
         if any(r is None or (not r.running and r.error_class) for r in results):
             # A rank could not start: the attempt fails as a whole; stop the ranks that did start.
             await self._kill(attempt.id, [p for p, r in zip(lease.pods, results, strict=True) if r and r.running])
@@ -176,17 +135,20 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, statuses)
             return
         assert first is not None
-        first = dataclasses.replace(first, timings={**first.timings, **bound})
+        results[0] = first = dataclasses.replace(first, timings={**first.timings, **bound})
         submitted = job.timings.get("submitted_at")
         if first.first_instruction_at is not None and submitted is not None:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
-        self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
+        ended = all(r is not None and not r.running for r in results)
+        if ended:  # it ran and ended within the launch call: the outcome write records its start too
+            self._handed_off[job.id] = handed_off_at
+        else:
+            self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
         for pod in lease.pods:
-            if self._owner_changed(pod):  # else recovery learns a busy pod's owner from its job row
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
-        if self.book.live.get(job.id, job).cancel_requested:
+            self.returns.started(pod)
+        if not ended and self.book.live.get(job.id, job).cancel_requested:
             await self.cancel(job.id)
-        await self.watch(job, attempt.id, lease.pods)
+        await self.watch(job, attempt.id, lease.pods, results)
 
     async def abort(self, job: Job, lease: Lease, exc: BaseException) -> None:
         """`start` raised (a bug, not an expected error): end the attempt `LaunchError` and follow the job's retry
@@ -238,7 +200,7 @@ class Executor:
         if rank == 0 and spec.extra.get("kernel"):
             env.update(rdzv.kernel_env)
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
-                             timeout_s=spec.timeout_s, extra=dict(spec.extra))
+                             timeout_s=spec.timeout_s, extra=dict(spec.extra), wait_s=LAUNCH_WAIT_S)
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:
         try:
@@ -266,30 +228,26 @@ class Executor:
         except FirepoolError as exc:
             log.warning("recording the start of %s failed (the result write will carry it): %s", aid, exc)
 
-    def _owner_changed(self, pod: Pod) -> bool:
-        """Do the pod's ownership annotations (all but the job and its hold times) differ from the last written?"""
-        owner = {k: v for k, v in owner_annotations(pod).items() if k not in _PER_JOB_ANNOTATIONS}
-        return self._owners.get(pod.name) != owner
-
-    async def _annotate(self, pod: Pod) -> None:
-        annotations = owner_annotations(pod)
-        if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
-            self._owners.clear()
-        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in _PER_JOB_ANNOTATIONS}
-        try:
-            await self.backend.annotate(pod.name, annotations)
-        except FirepoolError as exc:
-            log.debug("annotating %s failed: %s", pod.name, exc)
-
     # ---------------------------------------------------------------- watch
 
-    async def watch(self, job: Job, aid: str, pods: Sequence[Pod]) -> None:
+    async def watch(self, job: Job, aid: str, pods: Sequence[Pod],
+                    known: Sequence[AttemptStatus | None] | None = None) -> None:
+        """Wait for every rank to end (`known`: statuses the launch returned; an ended one is not asked again)."""
         deadline = None
         if job.spec.timeout_s is not None:
             deadline = self.clock.now() + job.spec.timeout_s + BACKSTOP_S
-        waits = [asyncio.ensure_future(self._wait_rank(pod, aid, deadline)) for pod in pods]
         statuses: list[AttemptStatus | None] = [None] * len(pods)
-        pending = set(waits)
+        waits: list[asyncio.Future[AttemptStatus | None] | None] = []
+        for rank, pod in enumerate(pods):
+            status = known[rank] if known is not None else None
+            if status is not None and not status.running:
+                statuses[rank] = status
+                waits.append(None)
+            else:
+                waits.append(asyncio.ensure_future(self._wait_rank(pod, aid, deadline)))
+        pending = {w for w in waits if w is not None}
+        if pending and any(s is not None and s.exit_code != 0 for s in statuses):
+            await self._kill(aid, [pods[rank] for rank, w in enumerate(waits) if w is not None])  # the gang cannot finish
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -383,7 +341,7 @@ class Executor:
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                       never_ran: bool = False, may_retry: bool = True) -> None:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
-        await self._collect_logs(aid, pods, statuses)
+        await copy_logs(self.backend, self.logs, aid, pods, statuses)
         self.launched.pop(job_id, None)
         if self.kernels is not None:
             self.kernels.ended(job_id)
@@ -396,71 +354,15 @@ class Executor:
         if committed is not None and committed.state is JobState.QUEUED:
             self.requeue(committed)
 
-    async def _collect_logs(self, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]) -> None:
-        async def copy(rank: int, pod: Pod, stream: str) -> None:
-            inline = statuses[rank]
-            if inline is not None and inline.logs is not None and stream in inline.logs:
-                await self._write_log(aid, rank, stream, inline.logs[stream])
-                return
-            agent = self.backend.agent(pod.name)
-            chunks, offset = [], 0
-            try:
-                while True:
-                    chunk = await agent.read_log(aid, stream, offset, 8 << 20)
-                    chunks.append(chunk.data)
-                    offset = chunk.next_offset
-                    if chunk.complete or not chunk.data:
-                        break
-            except FirepoolError as exc:
-                log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
-            await self._write_log(aid, rank, stream, b"".join(chunks))
-
-        await asyncio.gather(*(copy(rank, pod, stream) for rank, pod in enumerate(pods)
-                               if statuses[rank] is not None for stream in STREAMS))
-
-    async def _write_log(self, aid: str, rank: int, stream: str, data: bytes) -> None:
-        name = stream if rank == 0 else f"rank{rank}.{stream}"
-        if self.logs.blocking and data:  # an empty log writes nothing worth a worker thread
-            await asyncio.to_thread(self.logs.write, aid, name, data)
-        else:
-            self.logs.write(aid, name, data)
-
     async def _commit_outcome(self, job_id: str, aid: str, statuses: Sequence[AttemptStatus | None],
                               never_ran: bool, may_retry: bool) -> Job | None:
         now = self.clock.now()
-        rank0 = statuses[0]
         preempted = self.preempting.pop(job_id, None)
+        handed_off_at = self._handed_off.pop(job_id, None)
 
         def outcome(job: Job) -> Job:
-            attempt = job.current_attempt
-            if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
-                raise Abort
-            verdict = judge(statuses, never_ran=never_ran, cancel_requested=job.cancel_requested)
-            why = preempted
-            if why is None and attempt.message is not None and attempt.message.startswith(PREEMPTING):
-                why = attempt.message.removeprefix(PREEMPTING)  # marked by a broker before a restart
-            if why is not None and verdict.error is not None and not job.cancel_requested:
-                verdict = dataclasses.replace(verdict, error=ErrorClass.PREEMPTED, message=why, cancelled=False,
-                                              final=AttemptState.FAILED, state=JobState.FAILED)
-            changes: dict[str, object] = {"finished_at": now, "exit_code": verdict.exit_code,
-                                          "error_class": verdict.error, "message": verdict.message}
-            times: dict[str, float] = {}
-            if rank0 is not None:
-                changes["launched_at"] = attempt.launched_at or rank0.started_at
-                changes["first_instruction_at"] = attempt.first_instruction_at or rank0.first_instruction_at
-                changes["timings"] = {**attempt.timings, **rank0.timings}
-                if rank0.first_instruction_at is not None:
-                    times["first_instruction_at"] = job.timings.get("first_instruction_at", rank0.first_instruction_at)
-            if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
-                attempt = attempt.move(AttemptState.RUNNING)
-            job = job.with_attempt(attempt.move(verdict.final, **changes))
-            if may_retry and self.health is not None and self.health.requeues_free(job, verdict.error):
-                return transition(job, JobState.QUEUED, now, pods=(), timings=times)  # no retry spent
-            if verdict.error is not None and not verdict.cancelled and may_retry \
-                    and job.retries < job.spec.max_retries:
-                return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
-            return transition(job, verdict.state, now, exit_code=verdict.exit_code, error_class=verdict.error,
-                              error_message=verdict.message, timings=times)
+            return outcome_of(job, aid, statuses, now=now, never_ran=never_ran, may_retry=may_retry,
+                              preempted=preempted, handed_off_at=handed_off_at, health=self.health)
 
         pause = OUTCOME_RETRY_S
         while True:
@@ -479,45 +381,7 @@ class Executor:
         return committed
 
     async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
-        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted."""
-        job = self.book.live.get(job_id) or await self.book.get(job_id)
-        assert job is not None
-        spec = self.tracker.pool(job.spec.pool)
-        assert spec is not None
-        key = (job.caller, job.spec.queue, job.spec.lease_tag)
-        self.tracker.begin_reset(job_id, key)
-        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
-
-        async def reset_one(pod: Pod) -> None:
-            if pod.origin is Origin.SINGLE_USE:
-                # Never reused: deleting it is the proof, so it retires at once (cancelled, failed or done),
-                # and its card's gate stays closed until the deletion.
-                self.tracker.finish_reset(pod.name, False, self.clock.now(), spec.hold_seconds)
-                self.controller.delete_retiring(pod.name)
-                return
-            clean = False
-            started = self.clock.now()
-            if pod.name not in lost:
-                try:
-                    result = await self.backend.agent(pod.name).reset(request)
-                    clean = result.clean
-                    self.stats.observe_reset(pod.name, started, clean, result.duration_s, result.killed,
-                                             tuple(result.problems))
-                    if not clean:
-                        log.warning("reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems))
-                    elif self.health is not None:
-                        clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
-                except AgentError as exc:
-                    log.warning("reset of %s failed: %s", pod.name, exc)
-                    self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
-            self.stats.resets[(pod.pool, clean)] += 1
-            if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
-                self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))  # a new hold survives a broker kill
-                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
-            else:
-                self.controller.delete_retiring(pod.name)
-
-        await asyncio.gather(*(reset_one(p) for p in pods))
+        await self.returns.reset(job_id, pods, lost)
         opened, self._gate_opened = self._gate_opened, asyncio.Event()
         opened.set()
         self.wake_dispatcher()

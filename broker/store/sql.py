@@ -187,8 +187,8 @@ class SqlJobStore:
 
         return self._run(read, writes=False)
 
-    def commit(self, writes: Sequence[tuple[Job, int]]) -> list[bool]:
-        """Write each job iff its row still has the expected version; one transaction for all.
+    def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
+        """Write each job iff its row still has the expected version, and insert `inserts`; one transaction.
 
         Set-based, so a batch costs a fixed number of round trips, not one per job (group commit is
         what buys throughput, and on a busy host each round trip to the server is a context switch):
@@ -200,9 +200,11 @@ class SqlJobStore:
            earlier writes of this batch left it) is the one it expects; a loser affects only itself;
         3. one batched write of each winning row's final state, still guarded by `version =` the value
            read under the lock (MySQL: a multi-row upsert, which PyMySQL sends as one statement, of
-           rows known to exist and locked), and one upsert of the winners' attempts.
+           rows known to exist and locked), and one upsert of the winners' attempts;
+        4. one multi-row INSERT of the new jobs (no idempotency key, so only a duplicate id, a programming
+           error, can conflict: it fails the whole transaction, as `insert` reports it).
         """
-        if not writes:
+        if not writes and not inserts:
             return []
         now = self._clock.now()
         ids = sorted({job.id for job, _ in writes})
@@ -227,10 +229,22 @@ class SqlJobStore:
                 self._write_rows(conn, [final[i] for i in sorted(final)], locked, now)
             if upserts:
                 conn.execute(self._upsert_attempts, list(upserts.values()))
+            if inserts:
+                conn.execute(jobs.insert(), [rows.job_row(job, now) for job in inserts])
+                new_attempts = [a for job in inserts for a in rows.attempt_rows(job)]
+                if new_attempts:
+                    conn.execute(attempts.insert(), new_attempts)
             return won
 
+        if any(job.spec.idempotency_key is not None for job in inserts):
+            raise ValueError("a job with an idempotency key goes through insert(), which finds its first copy")
         with _translated("commit"):
-            return self._run(write, writes=True)
+            try:
+                return self._run(write, writes=True)
+            except sa.exc.IntegrityError as exc:
+                if not inserts:
+                    raise
+                raise ValueError("duplicate job id in a batch of inserts") from exc
 
     def _write_rows(self, conn: sa.Connection, winners: list[Job], locked: dict[str, int], now: float) -> None:
         params = []

@@ -1,6 +1,6 @@
 """The agent's HTTP/1.1 API over a Unix socket or TCP: bearer auth, routing, one response per write.
 
-    GET  /v1/health                       POST /v1/attempts              GET /v1/attempts/{id}?wait_s=
+    GET  /v1/health                       POST /v1/attempts?wait_s=      GET /v1/attempts/{id}?wait_s=
     GET  /v1/attempts/{id}/log?stream=&offset=&max_bytes=&wait_s=      POST /v1/reset
     POST /v1/kernels  {"keep": bool}      (the pool serves kernels: keep a pre-started one while idle)
     POST /v1/attempts/{id}/signal         POST /v1/attempts/{id}/cancel
@@ -172,8 +172,13 @@ class Handler(BaseHTTPRequestHandler):
         if route == ("GET", "health", 2):
             self._json(200, self.agent.health())
         elif route == ("POST", "attempts", 2):
+            # `wait_s`: answer once the attempt ended or that long passed, so a short job's launch, wait
+            # and logs cost the broker one round trip instead of two or more. Read before launching:
+            # a bad query must not leave an attempt running that the broker was told failed.
+            wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
+            inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
             attempt = attempts.launch(wire.parse_launch(body))
-            self._json(201, attempt.to_json())
+            self._json(201, attempts.wait(attempt, wait_s, int(inline)) if wait_s or inline else attempt.to_json())
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))

@@ -153,6 +153,31 @@ def test_a_lost_race_in_the_job_books_group_commit_affects_only_that_job(store: 
             assert store.get(job.id) == result == book.live[job.id]
 
 
+def test_submits_join_the_job_books_group_commit_and_are_stored_when_they_return(
+        store: SqlJobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = [store.insert(make_job(f"j-{i}", state=JobState.QUEUED, version=1)) for i in range(4)]
+    book = JobBook(store, RealClock())
+    for job in jobs:
+        book.adopt(job)
+    batches: list[tuple[int, int]] = []
+    commit = store.commit
+    monkeypatch.setattr(store, "commit", lambda writes, inserts=(): batches.append((len(writes), len(inserts)))
+                        or commit(writes, inserts))
+    new = [make_job(f"j-new{i}", state=JobState.QUEUED, version=1) for i in range(4)]
+    keyed = make_job("j-keyed", state=JobState.QUEUED, version=1, key="k")
+
+    async def submit_and_bind() -> list[Job | None]:
+        return await asyncio.gather(*(book.write(j.id, lambda cur: transition(cur, JobState.RUNNING, at=6.0,
+                                                                             pods=("p",))) for j in jobs),
+                                    *(book.insert(j) for j in [*new, keyed]))
+
+    results = asyncio.run(submit_and_bind())
+    assert batches == [(4, 4)]  # four writes and four submits, one transaction; the keyed job looked for its copy
+    assert results[4:] == [*new, keyed]
+    for job in [*new, keyed]:
+        assert store.get(job.id) == job == book.live[job.id]
+
+
 def test_an_over_long_name_is_refused_the_same_on_every_backend(store: SqlJobStore) -> None:
     with pytest.raises(InvalidRequest, match="idempotency_key"):
         store.insert(make_job("j-1", key="k" * 256))

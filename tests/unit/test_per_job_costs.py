@@ -12,6 +12,7 @@ from broker.jobs import JobState
 from broker.pods import ANNOTATION_PREFIX
 from broker.ports.backend import FakeBackend
 from broker.running.logstore import FileLogStore
+from broker.running.returning import AGEING_DEFER_S
 from tests.unit.harness import Harness, cpu_pool
 
 
@@ -34,20 +35,39 @@ async def h() -> AsyncIterator[Harness]:
     await harness.stop()
 
 
-async def test_a_busy_pods_record_is_rewritten_at_a_start_only_when_its_owner_changes(h: Harness) -> None:
+async def test_a_pods_record_is_written_at_once_when_its_owner_changes_and_once_a_second_when_it_only_ages(
+        h: Harness) -> None:
     backend = h.backend
     assert isinstance(backend, RecordingBackend)
-    await h.run_job("alice")
-    await h.spin()
-    assert len(backend.writes) == 2  # owner alice at the start, alice's hold after the reset
+    t0 = h.clock.now()
+    await h.run_job("alice", command=("exit", "0"))
+    written = len(backend.writes)
+    assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "alice"  # the new owner, at once
     for _ in range(5):
-        await h.run_job("alice")  # same owner: the start writes nothing, each reset writes the new hold
-    await h.spin()
-    assert len(backend.writes) == 2 + 5
+        await h.run_job("alice", command=("exit", "0"))  # same owner: neither start nor reset writes now
+    assert h.clock.now() - t0 < AGEING_DEFER_S
+    assert len(backend.writes) == written
+    await h.run_for(AGEING_DEFER_S)
+    assert len(backend.writes) == written + 1  # one write for the six holds, the latest values winning
+    pod = next(iter(h.cp.tracker.pods.values()))
     assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "alice"
-    pod = next(iter(backend.pods.values()))
-    assert pod.annotations[ANNOTATION_PREFIX + "job"] == ""  # idle and held, written at once
-    assert pod.annotations[ANNOTATION_PREFIX + "hold-until"] != "None"
+    assert backend.writes[-1][ANNOTATION_PREFIX + "job"] == ""  # idle and held
+    assert backend.writes[-1][ANNOTATION_PREFIX + "hold-until"] == repr(pod.hold_until)
+    await h.run_job("bob", command=("exit", "0"))
+    assert backend.writes[-1][ANNOTATION_PREFIX + "caller"] == "bob"  # a new owner is written at once
+
+
+async def test_a_clean_stop_writes_the_hold_that_waited(h: Harness) -> None:
+    backend = h.backend
+    assert isinstance(backend, RecordingBackend)
+    await h.run_job("alice", command=("exit", "0"))
+    written = len(backend.writes)
+    await h.run_job("alice", command=("exit", "0"))
+    assert len(backend.writes) == written
+    pod = next(iter(h.cp.tracker.pods.values()))
+    await h.stop()
+    assert len(backend.writes) == written + 1
+    assert backend.writes[-1][ANNOTATION_PREFIX + "hold-until"] == repr(pod.hold_until)
 
 
 async def test_a_finished_job_is_read_from_the_book_not_the_store(h: Harness) -> None:

@@ -1,0 +1,144 @@
+"""A minimal keep-alive HTTP/1.1 client for the pod agent's small JSON calls (launch, wait, reset, ...).
+
+The agent speaks a narrow dialect (`firepool_agent.server`): every reply carries Content-Length, no chunked
+bodies, no redirects, no cookies. httpx handles all of those on every request, and under `bench throughput`
+py-spy put a third of the broker's Python time in httpx and httpcore for two agent calls per job; this client
+does only what the dialect needs, over asyncio streams. Failures raise `AgentUnreachable` (the caller turns it
+into an `AgentError`); a reply with a status is never an exception here.
+
+A connection idle longer than `IDLE_S` is dropped before reuse (the agent closes its idle ones after 300 s),
+and one the agent closed meanwhile (EOF already seen) is never reused, so a request is never sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+IDLE_S = 60.0
+"""Idle connections older than this are closed rather than reused (below the agent's 300 s)."""
+MAX_IDLE = 8
+"""Idle connections kept per agent."""
+MAX_HEADER = 64 << 10
+
+
+class AgentUnreachable(Exception):
+    """No reply: the connection failed, broke, timed out or carried something that is not HTTP/1.1."""
+
+
+@dataclass
+class Reply:
+    status_code: int
+    headers: dict[str, str]
+    """Lower-case names."""
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = 0.0
+
+
+class Http1Pool:
+    """Keep-alive connections to one agent, on a Unix socket (`uds`) or TCP (`host`, `port`)."""
+
+    def __init__(
+        self, *, uds: str | None = None, host: str = "", port: int = 0, headers: dict[str, str]
+    ) -> None:
+        self.uds = uds
+        self.host = host
+        self.port = port
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host or "agent", **headers}.items())
+        self._idle: list[_Conn] = []
+        self.closed = False
+
+    async def request(self, method: str, target: str, body: bytes | None, timeout: float) -> Reply:
+        """One request and its reply; raises AgentUnreachable (or RuntimeError once closed)."""
+        if self.closed:
+            raise RuntimeError("the agent's client is closed")
+        conn = self._take()
+        try:
+            async with asyncio.timeout(timeout):
+                if conn is None:
+                    conn = await self._connect()
+                head = f"{method} {target} HTTP/1.1\r\n{self._head}"
+                if body is not None:
+                    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                conn.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
+                reply, keep = await _read_reply(conn.reader)
+        except (
+            OSError,
+            EOFError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ValueError,
+        ) as exc:
+            if conn is not None:
+                conn.writer.close()
+            raise AgentUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled mid-request: the reply would confuse the next user
+            if conn is not None:
+                conn.writer.close()
+            raise
+        if keep and not self.closed and len(self._idle) < MAX_IDLE:
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            conn.writer.close()
+        return reply
+
+    def _take(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since < IDLE_S and not conn.reader.at_eof() and not conn.writer.is_closing():
+                return conn
+            conn.writer.close()
+        return None
+
+    async def _connect(self) -> _Conn:
+        if self.uds is not None:
+            reader, writer = await asyncio.open_unix_connection(self.uds, limit=MAX_HEADER)
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEADER)
+        return _Conn(reader, writer)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.writer.close()
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[Reply, bool]:
+    """The status, headers and body of one reply, and whether the connection may carry another."""
+    raw = await reader.readuntil(b"\r\n\r\n")
+    lines = raw[:-4].decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x reply: {lines[0][:80]!r}")
+    status = int(rest[:3])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"malformed header line {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    if "transfer-encoding" in headers or "content-length" not in headers:
+        raise ValueError("the agent's reply has no Content-Length")
+    body = await reader.readexactly(int(headers["content-length"]))
+    keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+    return Reply(status, headers, body), keep

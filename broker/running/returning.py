@@ -1,0 +1,145 @@
+"""Pods back to the pool after an attempt: the reset with proof, and the owner record a restarted broker reads.
+
+A clean pod goes back held for its owner; anything else is deleted (a single-use pod at once, with no reset).
+The owner record (the pod's annotations, `broker.pods.owner_annotations`) is split by what a change means:
+
+- **identity** (caller, queue, lease tag, used, origin, role, image, epoch): written at once, so recovery
+  never reads a used pod as fresh or gives one caller's pod to another;
+- **ageing** (`hold-until`, `idle-since`, `job`): a warm loop of one session changes only these, at every
+  job. They are coalesced per pod and written `AGEING_DEFER_S` after the first unwritten change, the latest
+  values winning (as the Kubernetes backend does for its PATCHes). A broker killed inside that window restores
+  a hold or keep-alive that ends at most that much earlier: warmth lost, never a pod given to the wrong caller.
+  A clean stop writes every pending record first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from broker.claiming.jobbook import JobBook
+from broker.claiming.tracker import Tracker
+from broker.clock import Clock
+from broker.errors import AgentError, FirepoolError
+from broker.health.monitor import HealthMonitor
+from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
+from broker.ports.agent import ResetRequest
+from broker.ports.backend import Backend
+from broker.stats import Stats
+from broker.tasks import Supervisor
+from broker.warmth.pooling import PoolController
+
+log = logging.getLogger("firepool.executing")
+
+AGEING = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
+"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
+AGEING_DEFER_S = 1.0
+"""How long an ageing-only change of a pod's record waits, to be written once for all the jobs meanwhile."""
+_OWNERS_KEPT = 10_000
+
+
+class PodReturn:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        book: JobBook,
+        tracker: Tracker,
+        backend: Backend,
+        controller: PoolController,
+        tasks: Supervisor,
+        stats: Stats,
+        health: HealthMonitor | None,
+    ) -> None:
+        self.clock = clock
+        self.book = book
+        self.tracker = tracker
+        self.backend = backend
+        self.controller = controller
+        self.tasks = tasks
+        self.stats = stats
+        self.health = health
+        self._owners: dict[str, dict[str, str]] = {}
+        """pod -> the identity annotations last written for it."""
+        self._ageing: set[str] = set()
+        """Pods whose ageing-only change waits to be written."""
+
+    def started(self, pod: Pod) -> None:
+        """A job starts on `pod`: its record changes at once only when the owner does (the job row names the job)."""
+        if self._owner_changed(pod):
+            self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+
+    def _owner_changed(self, pod: Pod) -> bool:
+        owner = {k: v for k, v in owner_annotations(pod).items() if k not in AGEING}
+        return self._owners.get(pod.name) != owner
+
+    async def _annotate(self, pod: Pod) -> None:
+        annotations = owner_annotations(pod)
+        if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
+            self._owners.clear()
+        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in AGEING}
+        self._ageing.discard(pod.name)  # the latest ageing values go with this write
+        try:
+            await self.backend.annotate(pod.name, annotations)
+        except FirepoolError as exc:
+            log.debug("annotating %s failed: %s", pod.name, exc)
+
+    async def _annotate_later(self, pod: Pod) -> None:
+        try:
+            await self.clock.sleep(AGEING_DEFER_S)
+        finally:  # a stop cancels the wait: write now, so a clean stop leaves every hold on record
+            if pod.name in self._ageing and self.tracker.pods.get(pod.name) is pod:
+                await self._annotate(pod)
+
+    def _held(self, pod: Pod) -> None:
+        """A new hold on `pod`: recorded so it survives a broker kill (ageing-only changes coalesced)."""
+        if self._owner_changed(pod):
+            self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
+        elif pod.name not in self._ageing:
+            self._ageing.add(pod.name)
+            self.tasks.spawn(f"annotate {pod.name} later", self._annotate_later(pod))
+
+    async def reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
+        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted."""
+        job = self.book.live.get(job_id) or await self.book.get(job_id)
+        assert job is not None
+        spec = self.tracker.pool(job.spec.pool)
+        assert spec is not None
+        key = (job.caller, job.spec.queue, job.spec.lease_tag)
+        self.tracker.begin_reset(job_id, key)
+        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
+
+        async def reset_one(pod: Pod) -> None:
+            if pod.origin is Origin.SINGLE_USE:
+                # Never reused: deleting it is the proof, so it retires at once (cancelled, failed or done),
+                # and its card's gate stays closed until the deletion.
+                self.tracker.finish_reset(pod.name, False, self.clock.now(), spec.hold_seconds)
+                self.controller.delete_retiring(pod.name)
+                return
+            clean = False
+            started = self.clock.now()
+            if pod.name not in lost:
+                try:
+                    result = await self.backend.agent(pod.name).reset(request)
+                    clean = result.clean
+                    self.stats.observe_reset(
+                        pod.name, started, clean, result.duration_s, result.killed, tuple(result.problems)
+                    )
+                    if not clean:
+                        log.warning(
+                            "reset of %s unclean (%s): deleting it", pod.name, "; ".join(result.problems)
+                        )
+                    elif self.health is not None:
+                        clean = self.health.epoch_holds(pod, result.incarnation)  # R5: still the same agent
+                except AgentError as exc:
+                    log.warning("reset of %s failed: %s", pod.name, exc)
+                    self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
+            self.stats.resets[(pod.pool, clean)] += 1
+            if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
+                self._held(pod)
+                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
+            else:
+                self.controller.delete_retiring(pod.name)
+
+        await asyncio.gather(*(reset_one(p) for p in pods))

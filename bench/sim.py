@@ -90,31 +90,29 @@ def run_loops(args: argparse.Namespace) -> int:
         return 0
     columns = tables.loop_columns(args.seed, args.repeats)
     rows = [Row(**r) for r in tables.loop_rows(columns=columns)]
-    save_json("sim-loops", {"columns": columns})
     if args.plot:
         runs = {c["column"]: {"reuse-on": c["latencies_on"], c["baseline"]: c["latencies_off"]} for c in columns}
         cdf_plot(columns, runs, RESULTS / "sim-loops-cdf.png")
     if not args.json:
         print(loops_table(columns))
         print()
-    return report("sim-loops", rows, json_out=args.json)
+    return report("sim-loops", rows, json_out=args.json, extra={"columns": columns})
 
 
 def run_tenants(args: argparse.Namespace) -> int:
     table = tables.tenant_sensitivity(args.seed, args.repeats)
     rows = [Row(**r) for r in tables.tenant_rows(table)]
-    save_json("sim-tenants", {"columns": [{k: v for k, v in c.items() if not k.startswith("latencies")} for c in table],
-                              "default": tables.CPU_TENANTS.sessions_per_s})
     if not args.json:
         print(tenant_table(table))
         print()
-    return report("sim-tenants", rows, json_out=args.json)
+    columns = [{k: v for k, v in c.items() if not k.startswith("latencies")} for c in table]
+    return report("sim-tenants", rows, json_out=args.json,
+                  extra={"columns": columns, "default": tables.CPU_TENANTS.sessions_per_s})
 
 
 def run_standby(args: argparse.Namespace) -> int:
     table = tables.standby_table(args.seed, args.repeats)
     rows = [Row(**r) for r in tables.standby_rows(table)]
-    save_json("sim-standby", table)
     if not args.json:
         on, off, p = table["on"], table["off"], table["paper"]
         print(f"{'Table 6 (H200, 2-GPU pool)':<40} {'standby on':>22} {'standby off':>22}")
@@ -127,13 +125,12 @@ def run_standby(args: argparse.Namespace) -> int:
         print(f"{'loop makespan, median (s)':<40} {on['makespan']:>9.1f} (paper {p['mk_on']:.0f}) "
               f"{off['makespan']:>9.1f} (paper {p['mk_off']:.0f})")
         print()
-    return report("sim-standby", rows, json_out=args.json)
+    return report("sim-standby", rows, json_out=args.json, extra={"table": table})
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     seeds = range(args.seed, args.seed + args.repeats)
     data = [sweeps.sweep("w-rl", seeds=seeds), sweeps.sweep("w-agent-4", seeds=seeds)]
-    save_json("sim-sweep", {"sweeps": data})
     sweep_plot(data, RESULTS / "sim-sweep.png")
     rows = []
     for sw in data:
@@ -149,7 +146,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         rows.append(Row("F7", f"{sw['workload']}: speedup at 1 s bodies, think {sweeps.THINKS_S[-1]:g} s "
                         f"(> {scenarios.KEEP_ALIVE_S:g} s keep-alive)", long_think[0], "x", "~1x (vanishes)", "< 1.1x",
                         long_think[0] < 1.1))
-    return report("sim-sweep", rows, json_out=args.json)
+    return report("sim-sweep", rows, json_out=args.json, extra={"sweeps": data})
 
 
 def main(argv: list[str]) -> int:

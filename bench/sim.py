@@ -2,7 +2,8 @@
 
 Scenarios: `loops` (Table 5: W-Agent 2/4 and W-RL, Reuse On vs Reuse Off vs fresh pod per job; with
 `--venue` the three arms on that venue), `standby` (Table 6), `frontier` (App. C.1, as `bench frontier`),
-`late-binding` (Fig. 5, as `bench late-binding --sim`), `sweep` (Fig. 7) and `calibrate` (measures the
+`late-binding` (Fig. 5, as `bench late-binding --sim`), `sweep` (Fig. 7), `tenants` (the CPU Reuse Off columns
+across tenant loads) and `calibrate` (measures the
 local backend and writes the `local` venue). `--plot` writes PNGs under bench/results/.
 """
 
@@ -34,6 +35,23 @@ def loops_table(columns: list[dict[str, Any]]) -> str:
         lines.append(f"{'':<32} {'paper':>9} {p['p50_on']:>11.2f} / {p['p50_off']:<10.2f} "
                      f"{p['p90_on']:>11.2f} / {p['p90_off']:<10.2f} {p['mk_on']:>11.1f} / {p['mk_off']:<10.1f} "
                      f"{p['speedup']:>6.2f}x (band {tables.BAND[0] * p['speedup']:.2f}-{tables.BAND[1] * p['speedup']:.2f})")
+        paper_paths = c.get("paper_paths") or {}
+        for arm, mine in (("reuse-on", c["paths_on"]), (c["baseline"], c["paths_off"])):
+            theirs = paper_paths.get(arm)
+            lines.append(f"{'':<32} {'paths':>9} {arm:<10} warm/standby/recycled/new {tables.paths_text(mine):<22} "
+                         f"paper {tables.paths_text(theirs) if theirs else '-'}")
+        if c.get("tenants"):
+            lines.append(f"{'':<32} {'':>9} beside tenant load {c['tenants']:g} sessions/s (App. B.1)")
+    return "\n".join(lines)
+
+
+def tenant_table(table: list[dict[str, Any]]) -> str:
+    lines = [f"{'CPU column':<32} {'tenants/s':>9} {'start p50 On/Off (s)':>22} {'makespan On/Off (s)':>22} "
+             f"{'speedup':>18}"]
+    for c in table:
+        lines.append(f"{c['column']:<32} {c['tenants']:>9g} {c['p50_on']:>10.2f} / {c['p50_off']:<9.2f} "
+                     f"{c['mk_on']:>10.1f} / {c['mk_off']:<9.1f} {c['speedup']:>6.2f}x "
+                     f"[{c['speedup_ci'][0]:.2f}, {c['speedup_ci'][1]:.2f}]  paper {c['paper']['speedup']}x")
     return "\n".join(lines)
 
 
@@ -72,25 +90,29 @@ def run_loops(args: argparse.Namespace) -> int:
         return 0
     columns = tables.loop_columns(args.seed, args.repeats)
     rows = [Row(**r) for r in tables.loop_rows(columns=columns)]
-    save_json("sim-loops", {"columns": columns})
     if args.plot:
-        runs: dict[str, dict[str, list[float]]] = {}
-        for _, name, venue, base, tick, _ in tables.TABLE5[:3]:
-            runs[f"{venue.name} {name}"] = {
-                arm: [x for r in range(args.repeats)
-                      for x in scenarios.run_loop(name, venue, arm, args.seed * 1000 + r, tick_dispatch=tick).latencies()]
-                for arm in ("reuse-on", base)}
+        runs = {c["column"]: {"reuse-on": c["latencies_on"], c["baseline"]: c["latencies_off"]} for c in columns}
         cdf_plot(columns, runs, RESULTS / "sim-loops-cdf.png")
     if not args.json:
         print(loops_table(columns))
         print()
-    return report("sim-loops", rows, json_out=args.json)
+    return report("sim-loops", rows, json_out=args.json, extra={"columns": columns})
+
+
+def run_tenants(args: argparse.Namespace) -> int:
+    table = tables.tenant_sensitivity(args.seed, args.repeats)
+    rows = [Row(**r) for r in tables.tenant_rows(table)]
+    if not args.json:
+        print(tenant_table(table))
+        print()
+    columns = [{k: v for k, v in c.items() if not k.startswith("latencies")} for c in table]
+    return report("sim-tenants", rows, json_out=args.json,
+                  extra={"columns": columns, "default": tables.CPU_TENANTS.sessions_per_s})
 
 
 def run_standby(args: argparse.Namespace) -> int:
     table = tables.standby_table(args.seed, args.repeats)
     rows = [Row(**r) for r in tables.standby_rows(table)]
-    save_json("sim-standby", table)
     if not args.json:
         on, off, p = table["on"], table["off"], table["paper"]
         print(f"{'Table 6 (H200, 2-GPU pool)':<40} {'standby on':>22} {'standby off':>22}")
@@ -103,13 +125,12 @@ def run_standby(args: argparse.Namespace) -> int:
         print(f"{'loop makespan, median (s)':<40} {on['makespan']:>9.1f} (paper {p['mk_on']:.0f}) "
               f"{off['makespan']:>9.1f} (paper {p['mk_off']:.0f})")
         print()
-    return report("sim-standby", rows, json_out=args.json)
+    return report("sim-standby", rows, json_out=args.json, extra={"table": table})
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     seeds = range(args.seed, args.seed + args.repeats)
     data = [sweeps.sweep("w-rl", seeds=seeds), sweeps.sweep("w-agent-4", seeds=seeds)]
-    save_json("sim-sweep", {"sweeps": data})
     sweep_plot(data, RESULTS / "sim-sweep.png")
     rows = []
     for sw in data:
@@ -125,7 +146,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         rows.append(Row("F7", f"{sw['workload']}: speedup at 1 s bodies, think {sweeps.THINKS_S[-1]:g} s "
                         f"(> {scenarios.KEEP_ALIVE_S:g} s keep-alive)", long_think[0], "x", "~1x (vanishes)", "< 1.1x",
                         long_think[0] < 1.1))
-    return report("sim-sweep", rows, json_out=args.json)
+    return report("sim-sweep", rows, json_out=args.json, extra={"sweeps": data})
 
 
 def main(argv: list[str]) -> int:
@@ -155,6 +176,9 @@ def main(argv: list[str]) -> int:
     if scenario == "loops":
         args.repeats = args.repeats or 6
         rc = run_loops(args)
+    elif scenario == "tenants":
+        args.repeats = args.repeats or 6
+        rc = run_tenants(args)
     elif scenario == "standby":
         args.repeats = args.repeats or 10
         rc = run_standby(args)

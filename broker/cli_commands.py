@@ -348,7 +348,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(module.main(rest, json_out=json_out) or 0)
 
 
-SIM_SCENARIOS = ("loops", "standby", "frontier", "late-binding", "sweep", "calibrate")
+SIM_SCENARIOS = ("loops", "standby", "frontier", "late-binding", "sweep", "tenants", "calibrate")
 """`firepool sim` scenarios (bench/sim.py); the simulator stays out of the broker's imports."""
 
 

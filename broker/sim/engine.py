@@ -155,7 +155,7 @@ class Simulation:
 
     def __init__(self, *, pools: Sequence[PoolSpec], costs: Costs, seed: int, gpus: int = 0,
                  budgets: Mapping[str, float] | None = None, limits: Mapping[str, CallerLimits] | None = None,
-                 tuning: Tuning = SIM_TUNING, tick_dispatch: bool = False) -> None:
+                 tuning: Tuning = SIM_TUNING, tick_dispatch: bool = False, tick_reconcile: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = VirtualClock(EPOCH)
@@ -170,6 +170,11 @@ class Simulation:
             # wakes it, only its 3 s tick. Only the wake-ups are cut; the dispatch pass is the real one.
             self.cp.dispatcher.wake = _no_wake
             self.cp.executor.wake_dispatcher = _no_wake
+        if tick_reconcile:
+            # The pool controller as the paper describes it: it scales "on every reconcile pass (30 s by default)"
+            # (§7, App. A.5). Our controller also wakes on every demand report, pod ready and pod deletion; only
+            # those wake-ups are cut: its own schedule (the 30 s pass, keep-alive and hold expiries) stays.
+            self.cp.controller.wake = _no_wake
         self.began = 0.0
         self.labels: dict[str, dict[str, str]] = {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +46,20 @@ def loop_pool(venue: Venue, arm: Arm, *, standbys: int | None = None, min_count:
                     reuse_tag="retire" if arm == "reuse-off" else "boundary")
 
 
-async def run_caller(sim: Simulation, caller: Caller, arm: Arm, pool: str, offset: int = 0) -> None:
-    """One caller of a plan: each stage after its pause, the stage's jobs together, then the barrier."""
+async def run_caller(sim: Simulation, caller: Caller, arm: Arm, pool: str, offset: int = 0, *,
+                     labels: Mapping[str, str] | None = None, tag_prefix: str = "") -> None:
+    """One caller of a plan: each stage after its pause, the stage's jobs together, then the barrier.
+    `labels` mark its jobs (a campaign's arm and repeat); `tag_prefix` starts each of its reuse tags."""
     index = offset
     for stage in caller.stages:
         if stage.pause_s > 0:
             await sim.sleep(stage.pause_s)
         jobs = []
         for job in stage.jobs:
-            tag = reuse_tag(arm, caller.name, index) or ""
-            spec = JobSpec(pool=pool, command=("sleep", f"{job.body_s:.6f}"), lease_tag=tag,
-                           single_use=arm == "fresh-pod")
-            jobs.append(await sim.submit(caller.name, spec, kind=job.kind))
+            tag = reuse_tag(arm, caller.name, index)
+            spec = JobSpec(pool=pool, command=("sleep", f"{job.body_s:.6f}"),
+                           lease_tag=f"{tag_prefix}{tag}" if tag else "", single_use=arm == "fresh-pod")
+            jobs.append(await sim.submit(caller.name, spec, kind=job.kind, **(labels or {})))
             index += 1
         await asyncio.gather(*(sim.finish(j) for j in jobs))
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from broker.sim import openloop, scenarios
+from broker.sim import campaigns, openloop, scenarios
 from broker.sim.engine import RunResult
 from broker.sim.stats import paired_difference, percentile, pooled_percentile, speedup
 from broker.sim.venues import Venue, cpu, h200
@@ -58,18 +58,71 @@ TABLE5: tuple[tuple[str, str, Venue, Arm, bool, dict[str, float]], ...] = (
 )
 
 
-def loop_columns(seed: int = 1, repeats: int = 6, venues: Sequence[str] = ("h200", "cpu")) -> list[dict[str, Any]]:
-    """Table 5 in simulation: per column, `repeats` paired repeats of Reuse On and its baseline arm."""
+PAPER_PATHS = {"H200 W-Agent (2) vs Reuse Off": {"reuse-on": {"warm": 171, "standby": 11, "recycled": 4, "new": 4},
+                                                "reuse-off": {"warm": 33, "standby": 66, "recycled": 71, "new": 20}}}
+"""App. C.6, acquisition paths of the R3 run (warm / standby / recycled / new, 190 jobs per arm); the paper
+gives no paths for the other columns."""
+
+CPU_TENANTS = campaigns.TenantLoad(0.2)
+"""The CPU columns ran "beside steady tenant load" (App. B.1) of a size the paper does not give. We take the
+paper's own CPU traffic: App. C.1's steady agent sessions on the same 16-pod CPU pool, whose peak concurrency
+the paper puts at 5–7 jobs; the frontier's 0.2 sessions/s reaches it (broker.sim.tables.FRONTIER_RATE).
+`tenant_rows` shows the columns across a range of loads."""
+TENANT_RATES = (0.0, 0.05, 0.1, 0.2)
+"""Tenant loads (sessions/s) of the sensitivity rows. At 0.4 the shared pool jams for up to hours in some repeats
+(docs/simulator.md, "Findings"), and one column takes a quarter of an hour to simulate."""
+
+
+def loop_columns(seed: int = 1, repeats: int = 6, venues: Sequence[str] = ("h200", "cpu"),
+                 tenants: campaigns.TenantLoad | None = CPU_TENANTS) -> list[dict[str, Any]]:
+    """Table 5 in simulation: per column, `repeats` paired repeats of Reuse On and its baseline arm.
+
+    The Reuse Off columns run as the paper's campaigns (broker.sim.campaigns): both arms on one pool in a
+    Williams crossover, each arm starting from what the previous one left, under the tick-era control loops
+    (dispatch on its 3 s tick, the pool controller on its 30 s pass); CPU columns beside `tenants`. The
+    fresh-pod columns run each repeat from an empty pool with event-driven loops (see docs/simulator.md)."""
     out = []
     for column, name, venue, base, tick, paper in TABLE5:
         if venue.name not in venues:
             continue
         seeds = [seed * 1000 + r for r in range(repeats)]
-        on = [scenarios.run_loop(name, venue, "reuse-on", s, tick_dispatch=tick) for s in seeds]
-        off = [scenarios.run_loop(name, venue, base, s, tick_dispatch=tick) for s in seeds]
+        if base == "reuse-off":
+            load = tenants if venue.name == "cpu" else None
+            runs = campaigns.run_campaign(name, venue, ("reuse-on", base), seeds, tick_dispatch=tick,
+                                          tick_reconcile=tick, tenants=load)
+            on = [a.result for a in runs if a.arm == "reuse-on"]
+            off = [a.result for a in runs if a.arm == base]
+            extra: dict[str, Any] = {"tenants": load.sessions_per_s if load else 0.0, "campaign": True}
+        else:
+            on = [scenarios.run_loop(name, venue, "reuse-on", s, tick_dispatch=tick) for s in seeds]
+            off = [scenarios.run_loop(name, venue, base, s, tick_dispatch=tick) for s in seeds]
+            extra = {"tenants": 0.0, "campaign": False}
         out.append({"column": column, "workload": name, "venue": venue.name, "baseline": base,
-                    "tick_dispatch": tick, "paper": paper, **_pair(on, off)})
+                    "tick_dispatch": tick, "paper": paper, "paper_paths": PAPER_PATHS.get(column), **extra,
+                    **_pair(on, off)})
     return out
+
+
+def tenant_sensitivity(seed: int = 1, repeats: int = 6, rates: Sequence[float] = TENANT_RATES) -> list[dict[str, Any]]:
+    """The CPU Reuse Off columns across tenant loads: speedup, Off start p50 and makespans per load."""
+    out = []
+    for column, name, venue, base, tick, paper in TABLE5:
+        if venue.name != "cpu":
+            continue
+        for rate in rates:
+            load = campaigns.TenantLoad(rate) if rate > 0 else None
+            runs = campaigns.run_campaign(name, venue, ("reuse-on", base), [seed * 1000 + r for r in range(repeats)],
+                                          tick_dispatch=tick, tick_reconcile=tick, tenants=load)
+            pair = _pair([a.result for a in runs if a.arm == "reuse-on"], [a.result for a in runs if a.arm == base])
+            out.append({"column": column, "tenants": rate, "paper": paper, **pair})
+    return out
+
+
+def tenant_rows(table: Sequence[dict[str, Any]]) -> list[Row]:
+    """One row per CPU column and tenant load: the speedup against the paper's band (context, not a target)."""
+    return [row("B7", f"sim {c['column']}, tenant load {c['tenants']:g} sessions/s: loop speedup "
+                f"[{c['speedup_ci'][0]:.3g}, {c['speedup_ci'][1]:.3g}]", c["speedup"], "x", f"{c['paper']['speedup']}x",
+                band_text(c["paper"]["speedup"]), in_band(c["speedup"], c["paper"]["speedup"])) for c in table]
 
 
 def _pair(on: Sequence[RunResult], off: Sequence[RunResult]) -> dict[str, Any]:
@@ -82,7 +135,22 @@ def _pair(on: Sequence[RunResult], off: Sequence[RunResult]) -> dict[str, Any]:
             "mk_on": statistics.median(mk_on), "mk_off": statistics.median(mk_off),
             "speedup": fx.estimate, "speedup_ci": [fx.lo, fx.hi], "p50_diff": diff.estimate,
             "p50_diff_ci": [diff.lo, diff.hi], "jobs": sum(len(r.jobs) for r in [*on, *off]),
-            "makespans_on": mk_on, "makespans_off": mk_off}
+            "makespans_on": mk_on, "makespans_off": mk_off,
+            "paths_on": _paths(on), "paths_off": _paths(off), "latencies_on": [x for g in lat_on for x in g],
+            "latencies_off": [x for g in lat_off for x in g]}
+
+
+PATHS = ("warm", "standby", "recycled", "new")
+"""Acquisition paths in App. C.6's order."""
+
+
+def _paths(runs: Sequence[RunResult]) -> dict[str, int]:
+    """Jobs per acquisition path over all repeats (App. C.6: warm / standby / recycled / new)."""
+    counts = {p: 0 for p in PATHS}
+    for r in runs:
+        for j in r.jobs:
+            counts[str(j.path) or "none"] = counts.get(str(j.path) or "none", 0) + 1
+    return counts
 
 
 def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | None = None,
@@ -100,7 +168,18 @@ def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | N
                         col["p50_on"] <= col["p50_off"]))
         rows.append(row("B7", f"{label}: start p90 {col['baseline']} (On {col['p90_on']:.3g} s)", col["p90_off"], "s",
                         f"{p['p90_off']} s (On {p['p90_on']} s)", "On < baseline", col["p90_on"] < col["p90_off"]))
+        paper_paths = col.get("paper_paths")
+        if paper_paths:
+            off, ref = col["paths_off"], paper_paths["reuse-off"]
+            share = off["new"] / max(1, sum(off.values()))
+            rows.append(row("B7", f"{label}: Reuse Off jobs that waited for a new pod (paths {paths_text(off)})", share,
+                            "", f"{ref['new']}/{sum(ref.values())} (paths {paths_text(ref)})", "> 0", share > 0))
     return rows
+
+
+def paths_text(paths: dict[str, int]) -> str:
+    """warm / standby / recycled / new, App. C.6's order."""
+    return " / ".join(str(paths.get(p, 0)) for p in PATHS)
 
 
 # ------------------------------------------------------------------------------------------------ Table 6

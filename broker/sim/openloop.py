@@ -76,11 +76,20 @@ def _cell(label: str, result: RunResult, peak: int, span: float, held: float | N
     lat = result.latencies()
     hits = sum(1 for j in result.jobs if j.path in ("warm", "recycled", "standby"))
     held = result.held if held is None else held
-    return Cell(label, held / max(1e-9, peak * span), percentile(lat, 50), percentile(lat, 90),
-                hits / max(1, len(result.jobs)), result.pods_created, len(result.jobs), peak)
+    return Cell(
+        label,
+        held / max(1e-9, peak * span),
+        percentile(lat, 50),
+        percentile(lat, 90),
+        hits / max(1, len(result.jobs)),
+        result.pods_created,
+        len(result.jobs),
+        peak,
+    )
 
 
 # ---------------------------------------------------------------------------------------- frontier (App. C.1)
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -114,8 +123,15 @@ def session_plan(pattern: Pattern, rate: float, horizon_s: float, seed: int) -> 
 
 
 def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
-    return PoolSpec(name="cpu", cpus=1.0, min_count=knobs.floor, max_idle_count=knobs.idle_cap, max_count=ceiling,
-                    idle_timeout=knobs.keep_alive, step=4)
+    return PoolSpec(
+        name="cpu",
+        cpus=1.0,
+        min_count=knobs.floor,
+        max_idle_count=knobs.idle_cap,
+        max_count=ceiling,
+        idle_timeout=knobs.keep_alive,
+        step=4,
+    )
 
 
 def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, ceiling: int) -> RunResult:
@@ -131,8 +147,15 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
         for think, body in calls:
             if think:
                 await sim.sleep(think)
-            await sim.run_job(caller, JobSpec(pool=spec.name, command=("sleep", f"{body:.6f}"), lease_tag=f"s{n}",
-                                              single_use=knobs.single_use))
+            await sim.run_job(
+                caller,
+                JobSpec(
+                    pool=spec.name,
+                    command=("sleep", f"{body:.6f}"),
+                    lease_tag=f"s{n}",
+                    single_use=knobs.single_use,
+                ),
+            )
 
     async def driver(sim: Simulation) -> None:
         while sum(1 for p in sim.cp.tracker.snapshot() if p.state.value == "idle") < knobs.floor:
@@ -141,7 +164,8 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
         await asyncio.gather(*(session(sim, n, start, calls) for n, (start, calls) in enumerate(plan)))
         ended.append(sim.now())
         if knobs.keep_alive is not None:  # the pods left after the last job count until they are deleted
-            standing = max(knobs.floor, knobs.idle_cap)  # the scaler keeps these; they count to the end, as the floor
+            # The scaler keeps the floor and idle cap's pods; they count to the workload's end, as the floor's.
+            standing = max(knobs.floor, knobs.idle_cap)
             until = sim.now() + knobs.keep_alive + 2 * DRAIN_POLL_S
             while len(sim.cp.tracker.snapshot()) > standing and sim.now() < until:
                 await sim.sleep(DRAIN_POLL_S)
@@ -180,8 +204,9 @@ def max_pods(sim: Simulation) -> int:
     return most
 
 
-def frontier_cells(venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed: int, *, rate: float,
-                   horizon_s: float) -> tuple[Cell, list[Cell]]:
+def frontier_cells(
+    venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed: int, *, rate: float, horizon_s: float
+) -> tuple[Cell, list[Cell]]:
     """The always-on reference and one cell per policy, for one pattern and seed. The policies' pool has the
     venue's cap as its ceiling (the CPU pool's 16 pods, App. B.1)."""
     plan = session_plan(pattern, rate, horizon_s, seed)
@@ -205,12 +230,19 @@ def median_cells(runs: Sequence[Sequence[Cell]]) -> list[Cell]:
     for group in zip(*runs, strict=True):
         first = group[0]
         keys = set().union(*(c.extra for c in group))
-        out.append(Cell(first.label, statistics.median(c.held_ratio for c in group),
-                        statistics.median(c.p50 for c in group), statistics.median(c.p90 for c in group),
-                        statistics.median(c.hit_rate for c in group),
-                        int(statistics.median(c.pods_created for c in group)), sum(c.jobs for c in group),
-                        int(statistics.median(c.peak for c in group)),
-                        {k: statistics.median(c.extra.get(k, 0.0) for c in group) for k in sorted(keys)}))
+        out.append(
+            Cell(
+                first.label,
+                statistics.median(c.held_ratio for c in group),
+                statistics.median(c.p50 for c in group),
+                statistics.median(c.p90 for c in group),
+                statistics.median(c.hit_rate for c in group),
+                int(statistics.median(c.pods_created for c in group)),
+                sum(c.jobs for c in group),
+                int(statistics.median(c.peak for c in group)),
+                {k: statistics.median(c.extra.get(k, 0.0) for c in group) for k in sorted(keys)},
+            )
+        )
     return out
 
 
@@ -224,20 +256,33 @@ ROLLOUTS_PER_BATCH = 8
 """W-RL's rollout fan-out (§9)."""
 
 
-def rollout_plan(environments: int, batches: int, gap_s: float, seed: int) -> list[tuple[float, int, list[float]]]:
+def rollout_plan(
+    environments: int, batches: int, gap_s: float, seed: int
+) -> list[tuple[float, int, list[float]]]:
     """Rollout batches at steady arrivals: (time, environment, bodies); environments Zipf-popular."""
     rng = random.Random(f"rollouts/{environments}/{seed}")
     envs = zipf_environments(environments, batches, seed)
     times = arrivals("steady", 1.0 / gap_s, batches * gap_s, seed)[:batches]
-    return [(t, e, [rng.uniform(*RL_BODY_S) for _ in range(ROLLOUTS_PER_BATCH)]) for t, e in zip(times, envs, strict=False)]
+    return [
+        (t, e, [rng.uniform(*RL_BODY_S) for _ in range(ROLLOUTS_PER_BATCH)])
+        for t, e in zip(times, envs, strict=False)
+    ]
 
 
 def lb_pools(mode: str, environments: int) -> list[PoolSpec]:
     """`shared`: one late-binding pool; `per-env`: a pool per environment, each up to the budget;
     `split`: a pool per environment with the budget split between them."""
+
     def pool(name: str, ceiling: int) -> PoolSpec:
-        return PoolSpec(name=name, accelerator="cpu", cpus=1.0, max_idle_count=ceiling, max_count=ceiling,
-                        idle_timeout=LB_KEEP_ALIVE_S, step=ROLLOUTS_PER_BATCH)
+        return PoolSpec(
+            name=name,
+            accelerator="cpu",
+            cpus=1.0,
+            max_idle_count=ceiling,
+            max_count=ceiling,
+            idle_timeout=LB_KEEP_ALIVE_S,
+            step=ROLLOUTS_PER_BATCH,
+        )
 
     if mode == "shared":
         return [pool("shared", BUDGET)]
@@ -245,16 +290,25 @@ def lb_pools(mode: str, environments: int) -> list[PoolSpec]:
     return [pool(f"env{k}", ceiling) for k in range(environments)]
 
 
-def run_rollouts(venue: Venue, mode: str, plan: list[tuple[float, int, list[float]]], environments: int,
-                 seed: int) -> RunResult:
+def run_rollouts(
+    venue: Venue, mode: str, plan: list[tuple[float, int, list[float]]], environments: int, seed: int
+) -> RunResult:
     pools = lb_pools(mode, environments)
 
     async def batch(sim: Simulation, at: float, env: int, bodies: list[float]) -> None:
         await sim.sleep(at)
         name = "shared" if mode == "shared" else f"env{env}"
-        jobs = [await sim.submit("trainer", JobSpec(pool=name, command=("sleep", f"{b:.6f}"),
-                                                    extra={"environment": env} if mode == "shared" else {}))
-                for b in bodies]
+        jobs = [
+            await sim.submit(
+                "trainer",
+                JobSpec(
+                    pool=name,
+                    command=("sleep", f"{b:.6f}"),
+                    extra={"environment": env} if mode == "shared" else {},
+                ),
+            )
+            for b in bodies
+        ]
         await asyncio.gather(*(sim.finish(j) for j in jobs))
 
     async def driver(sim: Simulation) -> None:
@@ -265,8 +319,15 @@ def run_rollouts(venue: Venue, mode: str, plan: list[tuple[float, int, list[floa
     return Simulation(pools=pools, costs=costs_for(venue), seed=seed, budgets=budgets).run(driver)
 
 
-def late_binding_cells(venue: Venue, environments: int, seed: int, *, batches: int, gap_s: float,
-                       modes: Sequence[str] = ("shared", "per-env", "split")) -> dict[str, Cell]:
+def late_binding_cells(
+    venue: Venue,
+    environments: int,
+    seed: int,
+    *,
+    batches: int,
+    gap_s: float,
+    modes: Sequence[str] = ("shared", "per-env", "split"),
+) -> dict[str, Cell]:
     plan = rollout_plan(environments, batches, gap_s, seed)
     # The always-on reference: one pool always holding the budget; its peak concurrency sizes the baseline.
     ref = run_rollouts(venue, "shared", plan, 1, seed)

@@ -1,9 +1,11 @@
 """Open-loop scenarios: arrivals over a horizon, the held-capacity frontier (App. C.1) and late binding (Fig. 5).
 
-Held capacity is processor-seconds held by the pool's pods (busy, idle or owner-held) over the run,
-divided by what an always-on pool sized to the workload's peak concurrency holds over the same span:
-peak × span. The peak, and the start latency an always-on pool gives, come from a reference run of the
-same arrivals against a pool that is always full (floor = ceiling, no keep-alive expiry).
+Held capacity is processor-seconds held by the pool's pods divided by what an always-on pool sized to the
+workload's peak concurrency holds over the workload's span (first arrival to last completion): peak × span.
+The peak, and the start latency an always-on pool gives, come from a reference run of the same arrivals
+against a pool that is always full (floor = ceiling, no keep-alive expiry). On the frontier a pod counts
+"from binding to deletion, busy, idle or owner-held" (§9.2): a pod kept after the last job counts until
+its keep-alive retires it, which is the tail a 900 s keep-alive pays for its overshoot (App. C.1).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from dataclasses import dataclass, field
 
 from broker.jobs import JobSpec
 from broker.pools import PoolSpec
-from broker.sim.engine import JobRecord, RunResult, Simulation
+from broker.sim.engine import EPOCH, JobRecord, RunResult, Simulation
 from broker.sim.scenarios import costs_for
 from broker.sim.stats import percentile
 from broker.sim.venues import Venue
 from broker.sim.workloads import (
     AGENT_BODY_S,
     AGENT_CALLS,
+    AGENT_GAP_S,
+    AGENT_ITERATIONS,
     AGENT_THINK_S,
     RL_BODY_S,
     Pattern,
@@ -31,10 +35,13 @@ from broker.sim.workloads import (
 )
 
 CALLERS = 4
-"""The agents behind the sessions: each session belongs to one of them at random and has its own reuse tag, so
-a caller's pod survives the pause between its sessions only if the keep-alive (and owner hold) outlasts it."""
+"""The agents behind the frontier's sessions, as CPU W-Agent's 4 agents (App. B.2: "37 with 4 agents on CPU").
+Each session belongs to one of them at random and has its own reuse tag; owner holds partition idle pods by
+caller (§10), so a caller's next session finds its pod warm only while the keep-alive still holds it."""
 REFERENCE_POOL = 32
 """Pods of the always-full reference pool: above any peak these workloads reach."""
+DRAIN_POLL_S = 30.0
+"""How often, after the last job, a frontier run checks whether its pods are all gone (virtual seconds)."""
 
 
 def peak_concurrency(jobs: Sequence[JobRecord]) -> int:
@@ -65,14 +72,24 @@ class Cell:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def _cell(label: str, result: RunResult, peak: int, span: float) -> Cell:
+def _cell(label: str, result: RunResult, peak: int, span: float, held: float | None = None) -> Cell:
     lat = result.latencies()
     hits = sum(1 for j in result.jobs if j.path in ("warm", "recycled", "standby"))
-    return Cell(label, result.held / max(1e-9, peak * span), percentile(lat, 50), percentile(lat, 90),
-                hits / max(1, len(result.jobs)), result.pods_created, len(result.jobs), peak)
+    held = result.held if held is None else held
+    return Cell(
+        label,
+        held / max(1e-9, peak * span),
+        percentile(lat, 50),
+        percentile(lat, 90),
+        hits / max(1, len(result.jobs)),
+        result.pods_created,
+        len(result.jobs),
+        peak,
+    )
 
 
 # ---------------------------------------------------------------------------------------- frontier (App. C.1)
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -85,27 +102,44 @@ class Knobs:
     single_use: bool = False
 
 
-def session_plan(pattern: Pattern, rate: float, horizon_s: float, seed: int) -> list[tuple[float, list[tuple[float, float]]]]:
-    """Agent sessions arriving by `pattern`: (start, [(think before, body), ...]) with W-Agent's shapes."""
+Session = tuple[float, list[tuple[float, float]]]
+"""(start, [(pause before the call, body), ...])."""
+
+
+def session_plan(pattern: Pattern, rate: float, horizon_s: float, seed: int) -> list[Session]:
+    """Agent sessions arriving by `pattern`, each one W-Agent agent's run (§9): 3 iterations of 2–4 calls with
+    0.5–2 s think pauses between calls and 2–5 s between iterations."""
     rng = random.Random(f"sessions/{pattern}/{seed}")
     plan = []
     for t in arrivals(pattern, rate, horizon_s, seed):
-        calls = rng.randint(*AGENT_CALLS)
-        plan.append((t, [(0.0 if k == 0 else rng.uniform(*AGENT_THINK_S), rng.uniform(*AGENT_BODY_S))
-                         for k in range(calls)]))
+        calls: list[tuple[float, float]] = []
+        for _ in range(AGENT_ITERATIONS):
+            n = rng.randint(*AGENT_CALLS)
+            for k in range(n):
+                pause = 0.0 if not calls else rng.uniform(*(AGENT_GAP_S if k == 0 else AGENT_THINK_S))
+                calls.append((pause, rng.uniform(*AGENT_BODY_S)))
+        plan.append((t, calls))
     return plan
 
 
 def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
-    return PoolSpec(name="cpu", cpus=1.0, min_count=knobs.floor, max_idle_count=knobs.idle_cap, max_count=ceiling,
-                    idle_timeout=knobs.keep_alive, step=4)
+    return PoolSpec(
+        name="cpu",
+        cpus=1.0,
+        min_count=knobs.floor,
+        max_idle_count=knobs.idle_cap,
+        max_count=ceiling,
+        idle_timeout=knobs.keep_alive,
+        step=4,
+    )
 
 
-def run_sessions(venue: Venue, knobs: Knobs, plan: list[tuple[float, list[tuple[float, float]]]], seed: int,
-                 ceiling: int) -> RunResult:
+def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, ceiling: int) -> RunResult:
+    """One policy on the plan. `extra` carries `held_to_deletion` and `max_pods` (the most pods alive at once)."""
     spec = frontier_pool(knobs, ceiling)
     pick = random.Random(f"owners/{seed}")
     owners = [pick.randrange(CALLERS) for _ in plan]
+    ended: list[float] = []
 
     async def session(sim: Simulation, n: int, start: float, calls: list[tuple[float, float]]) -> None:
         await sim.sleep(start)
@@ -113,21 +147,68 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[tuple[float, list[tuple[
         for think, body in calls:
             if think:
                 await sim.sleep(think)
-            await sim.run_job(caller, JobSpec(pool=spec.name, command=("sleep", f"{body:.6f}"), lease_tag=f"s{n}",
-                                              single_use=knobs.single_use))
+            await sim.run_job(
+                caller,
+                JobSpec(
+                    pool=spec.name,
+                    command=("sleep", f"{body:.6f}"),
+                    lease_tag=f"s{n}",
+                    single_use=knobs.single_use,
+                ),
+            )
 
     async def driver(sim: Simulation) -> None:
         while sum(1 for p in sim.cp.tracker.snapshot() if p.state.value == "idle") < knobs.floor:
             await sim.sleep(1.0)  # the floor is ready before the first arrival
         sim.mark()
         await asyncio.gather(*(session(sim, n, start, calls) for n, (start, calls) in enumerate(plan)))
+        ended.append(sim.now())
+        if knobs.keep_alive is not None:  # the pods left after the last job count until they are deleted
+            # The scaler keeps the floor and idle cap's pods; they count to the workload's end, as the floor's.
+            standing = max(knobs.floor, knobs.idle_cap)
+            until = sim.now() + knobs.keep_alive + 2 * DRAIN_POLL_S
+            while len(sim.cp.tracker.snapshot()) > standing and sim.now() < until:
+                await sim.sleep(DRAIN_POLL_S)
 
-    return Simulation(pools=[spec], costs=costs_for(venue), seed=seed).run(driver)
+    sim = Simulation(pools=[spec], costs=costs_for(venue), seed=seed)
+    result = sim.run(driver)
+    result.extra["held_to_deletion"] = held_to_deletion(sim, ended[0])
+    result.extra["max_pods"] = max_pods(sim)
+    return result
 
 
-def frontier_cells(venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed: int, *, rate: float,
-                   horizon_s: float) -> tuple[Cell, list[Cell]]:
-    """The always-on reference and one cell per policy, for one pattern and seed."""
+def held_to_deletion(sim: Simulation, workload_end: float) -> float:
+    """Processor-seconds of every pod from its binding (or the workload's start) to its deletion (§9.2). A pod
+    never deleted (the floor's, or the idle cap's standing pods) counts to the workload's end, as the always-on
+    pool's pods do."""
+    since, until = sim.began + EPOCH, workload_end + EPOCH
+    total = 0.0
+    for life in sim.backend.lives.values():
+        stop = life.deleted_at if life.deleted_at is not None else until
+        total += max(0.0, stop - max(life.created_at, since)) * life.processors
+    return total
+
+
+def max_pods(sim: Simulation) -> int:
+    """The most pods alive at once (created, not yet deleted): App. C.1's "11–16 against 5–7"."""
+    edges: list[tuple[float, int]] = []
+    for life in sim.backend.lives.values():
+        if not life.standby:
+            edges.append((life.created_at, 1))
+            if life.deleted_at is not None:
+                edges.append((life.deleted_at, -1))
+    level = most = 0
+    for _, step in sorted(edges):
+        level += step
+        most = max(most, level)
+    return most
+
+
+def frontier_cells(
+    venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed: int, *, rate: float, horizon_s: float
+) -> tuple[Cell, list[Cell]]:
+    """The always-on reference and one cell per policy, for one pattern and seed. The policies' pool has the
+    venue's cap as its ceiling (the CPU pool's 16 pods, App. B.1)."""
     plan = session_plan(pattern, rate, horizon_s, seed)
     ref_knobs = Knobs("always-on", floor=REFERENCE_POOL, idle_cap=REFERENCE_POOL, keep_alive=None)
     ref = run_sessions(venue, ref_knobs, plan, seed, REFERENCE_POOL)
@@ -136,8 +217,10 @@ def frontier_cells(venue: Venue, pattern: Pattern, knobs: Sequence[Knobs], seed:
     reference.held_ratio = 1.0  # by definition: a pool of `peak` pods over the span
     cells = []
     for k in knobs:
-        r = run_sessions(venue, k, plan, seed, REFERENCE_POOL)
-        cells.append(_cell(k.label, r, peak, r.ended - r.began))
+        r = run_sessions(venue, k, plan, seed, venue.cap)
+        cell = _cell(k.label, r, peak, r.ended - r.began, r.extra["held_to_deletion"])
+        cell.extra["max_pods"] = float(r.extra["max_pods"])
+        cells.append(cell)
     return reference, cells
 
 
@@ -146,11 +229,20 @@ def median_cells(runs: Sequence[Sequence[Cell]]) -> list[Cell]:
     out = []
     for group in zip(*runs, strict=True):
         first = group[0]
-        out.append(Cell(first.label, statistics.median(c.held_ratio for c in group),
-                        statistics.median(c.p50 for c in group), statistics.median(c.p90 for c in group),
-                        statistics.median(c.hit_rate for c in group),
-                        int(statistics.median(c.pods_created for c in group)), sum(c.jobs for c in group),
-                        int(statistics.median(c.peak for c in group))))
+        keys = set().union(*(c.extra for c in group))
+        out.append(
+            Cell(
+                first.label,
+                statistics.median(c.held_ratio for c in group),
+                statistics.median(c.p50 for c in group),
+                statistics.median(c.p90 for c in group),
+                statistics.median(c.hit_rate for c in group),
+                int(statistics.median(c.pods_created for c in group)),
+                sum(c.jobs for c in group),
+                int(statistics.median(c.peak for c in group)),
+                {k: statistics.median(c.extra.get(k, 0.0) for c in group) for k in sorted(keys)},
+            )
+        )
     return out
 
 
@@ -164,20 +256,33 @@ ROLLOUTS_PER_BATCH = 8
 """W-RL's rollout fan-out (§9)."""
 
 
-def rollout_plan(environments: int, batches: int, gap_s: float, seed: int) -> list[tuple[float, int, list[float]]]:
+def rollout_plan(
+    environments: int, batches: int, gap_s: float, seed: int
+) -> list[tuple[float, int, list[float]]]:
     """Rollout batches at steady arrivals: (time, environment, bodies); environments Zipf-popular."""
     rng = random.Random(f"rollouts/{environments}/{seed}")
     envs = zipf_environments(environments, batches, seed)
     times = arrivals("steady", 1.0 / gap_s, batches * gap_s, seed)[:batches]
-    return [(t, e, [rng.uniform(*RL_BODY_S) for _ in range(ROLLOUTS_PER_BATCH)]) for t, e in zip(times, envs, strict=False)]
+    return [
+        (t, e, [rng.uniform(*RL_BODY_S) for _ in range(ROLLOUTS_PER_BATCH)])
+        for t, e in zip(times, envs, strict=False)
+    ]
 
 
 def lb_pools(mode: str, environments: int) -> list[PoolSpec]:
     """`shared`: one late-binding pool; `per-env`: a pool per environment, each up to the budget;
     `split`: a pool per environment with the budget split between them."""
+
     def pool(name: str, ceiling: int) -> PoolSpec:
-        return PoolSpec(name=name, accelerator="cpu", cpus=1.0, max_idle_count=ceiling, max_count=ceiling,
-                        idle_timeout=LB_KEEP_ALIVE_S, step=ROLLOUTS_PER_BATCH)
+        return PoolSpec(
+            name=name,
+            accelerator="cpu",
+            cpus=1.0,
+            max_idle_count=ceiling,
+            max_count=ceiling,
+            idle_timeout=LB_KEEP_ALIVE_S,
+            step=ROLLOUTS_PER_BATCH,
+        )
 
     if mode == "shared":
         return [pool("shared", BUDGET)]
@@ -185,16 +290,25 @@ def lb_pools(mode: str, environments: int) -> list[PoolSpec]:
     return [pool(f"env{k}", ceiling) for k in range(environments)]
 
 
-def run_rollouts(venue: Venue, mode: str, plan: list[tuple[float, int, list[float]]], environments: int,
-                 seed: int) -> RunResult:
+def run_rollouts(
+    venue: Venue, mode: str, plan: list[tuple[float, int, list[float]]], environments: int, seed: int
+) -> RunResult:
     pools = lb_pools(mode, environments)
 
     async def batch(sim: Simulation, at: float, env: int, bodies: list[float]) -> None:
         await sim.sleep(at)
         name = "shared" if mode == "shared" else f"env{env}"
-        jobs = [await sim.submit("trainer", JobSpec(pool=name, command=("sleep", f"{b:.6f}"),
-                                                    extra={"environment": env} if mode == "shared" else {}))
-                for b in bodies]
+        jobs = [
+            await sim.submit(
+                "trainer",
+                JobSpec(
+                    pool=name,
+                    command=("sleep", f"{b:.6f}"),
+                    extra={"environment": env} if mode == "shared" else {},
+                ),
+            )
+            for b in bodies
+        ]
         await asyncio.gather(*(sim.finish(j) for j in jobs))
 
     async def driver(sim: Simulation) -> None:
@@ -205,8 +319,15 @@ def run_rollouts(venue: Venue, mode: str, plan: list[tuple[float, int, list[floa
     return Simulation(pools=pools, costs=costs_for(venue), seed=seed, budgets=budgets).run(driver)
 
 
-def late_binding_cells(venue: Venue, environments: int, seed: int, *, batches: int, gap_s: float,
-                       modes: Sequence[str] = ("shared", "per-env", "split")) -> dict[str, Cell]:
+def late_binding_cells(
+    venue: Venue,
+    environments: int,
+    seed: int,
+    *,
+    batches: int,
+    gap_s: float,
+    modes: Sequence[str] = ("shared", "per-env", "split"),
+) -> dict[str, Cell]:
     plan = rollout_plan(environments, batches, gap_s, seed)
     # The always-on reference: one pool always holding the budget; its peak concurrency sizes the baseline.
     ref = run_rollouts(venue, "shared", plan, 1, seed)

@@ -16,7 +16,7 @@ from broker.sim import campaigns, openloop, scenarios
 from broker.sim.engine import RunResult
 from broker.sim.stats import paired_difference, percentile, pooled_percentile, speedup
 from broker.sim.venues import Venue, cpu, h200
-from broker.sim.workloads import PATTERNS, Arm
+from broker.sim.workloads import Arm
 
 BAND = (0.76, 1.31)
 """App. B.4: the simulator's prediction interval for makespan and throughput, ×0.76–1.31."""
@@ -221,98 +221,6 @@ def standby_rows(table: dict[str, Any]) -> list[Row]:
             table["ratio"], "x", f"{p['ratio']}x (337 s vs 1,023 s)", band_text(p["ratio"]),
             in_band(table["ratio"], p["ratio"])),
     ]
-
-
-# ------------------------------------------------------------------------------------------------ App. C.1
-
-KEEP_ALIVES = (15.0, 60.0, 120.0, 300.0, 900.0)
-PAPER_C1: dict[str, dict[str, tuple[float, float | None]]] = {
-    # pattern -> column -> (held ÷ always-on, Δp50 s); App. C.1's table (Δp50 not recorded at 300 s)
-    "steady": {"15": (0.435, 0.38), "60": (0.571, 0.08), "120": (0.679, 0.01), "300": (0.916, None),
-               "900": (1.543, -0.02), "fresh": (1.347, 22.8)},
-    "bursty": {"15": (0.371, 0.64), "60": (0.476, 0.27), "120": (0.615, 0.13), "300": (0.849, None),
-               "900": (1.484, 0.09), "fresh": (0.646, 23.0)},
-    "diurnal": {"15": (0.486, 0.37), "60": (0.606, 0.01), "120": (0.659, 0.03), "300": (0.860, None),
-                "900": (1.124, -0.01), "fresh": (1.543, 22.9)},
-}
-GRID = (openloop.Knobs("floor 1, idle cap 2, 60 s", floor=1, idle_cap=2, keep_alive=60.0),
-        openloop.Knobs("floor 2, idle cap 2, 60 s", floor=2, idle_cap=2, keep_alive=60.0),
-        openloop.Knobs("floor 4, idle cap 2, 60 s", floor=4, idle_cap=2, keep_alive=60.0),
-        openloop.Knobs("floor 0, idle cap 2, 60 s", floor=0, idle_cap=2, keep_alive=60.0))
-FRONTIER_RATE = 0.2
-"""Agent sessions per second (mean); peaks of 5–13 concurrent jobs, as App. C.1's 5–7 (steady) and bursts."""
-FRONTIER_HORIZON_S = 900.0
-
-
-def _knobs(pattern: str) -> list[openloop.Knobs]:
-    ks = [openloop.Knobs(f"{t:g}", keep_alive=t) for t in KEEP_ALIVES] + [openloop.Knobs("fresh", single_use=True)]
-    return ks + list(GRID) if pattern == "bursty" else ks
-
-
-def _frontier_task(args: tuple[str, int, float, float]) -> tuple[str, int, Any]:
-    pattern, seed, rate, horizon = args
-    ref, cells = openloop.frontier_cells(cpu, pattern, _knobs(pattern), seed, rate=rate, horizon_s=horizon)  # type: ignore[arg-type]
-    return pattern, seed, (ref, cells)
-
-
-def frontier_table(seeds: Sequence[int] = (1, 2, 3), *, rate: float = FRONTIER_RATE,
-                   horizon_s: float = FRONTIER_HORIZON_S, workers: int = 1) -> dict[str, Any]:
-    """App. C.1's grid, CPU venue: per pattern and policy the median over seeds of held ÷ always-on and Δp50."""
-    tasks = [(p, s, rate, horizon_s) for p in PATTERNS for s in seeds]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(_frontier_task, tasks))
-    else:
-        done = [_frontier_task(t) for t in tasks]
-    table: dict[str, Any] = {}
-    for pattern in PATTERNS:
-        runs = [cells for p, _, (ref, cells) in done if p == pattern]
-        refs = [ref for p, _, (ref, cells) in done if p == pattern]
-        med = openloop.median_cells(runs)
-        ref_p50 = statistics.median(r.p50 for r in refs)
-        table[pattern] = {
-            "peak": statistics.median(r.peak for r in refs), "ref_p50": ref_p50,
-            "ref_p90": statistics.median(r.p90 for r in refs),
-            "cells": {c.label: {"held": c.held_ratio, "dp50": c.p50 - ref_p50, "p50": c.p50, "p90": c.p90,
-                                "hit": c.hit_rate, "pods": c.pods_created} for c in med}}
-    return {"patterns": table, "seeds": list(seeds), "rate": rate, "horizon_s": horizon_s, "paper": PAPER_C1}
-
-
-def frontier_rows(table: dict[str, Any]) -> list[Row]:
-    t = table["patterns"]
-    rows: list[Row] = []
-    for pattern in PATTERNS:
-        cells, paper = t[pattern]["cells"], PAPER_C1[pattern]
-        held = [cells[f"{k:g}"]["held"] for k in KEEP_ALIVES]
-        rising = all(b >= a * 0.98 for a, b in zip(held, held[1:], strict=False))
-        rows.append(row("B9", f"{pattern}: held grows with keep-alive 15->900 s (x at 900 / x at 15 s)",
-                        held[-1] / held[0], "x", f"{paper['15'][0]} -> {paper['900'][0]}", "rises at every step",
-                        rising))
-        rows.append(row("B9", f"{pattern}: 900 s keep-alive holds more than the always-on pool", held[-1], "x",
-                        f"{paper['900'][0]}x", "> 1x", held[-1] > 1.0))
-        for tau in ("60", "120"):
-            rows.append(row("B9", f"{pattern}: held at {tau} s keep-alive", cells[tau]["held"], "x",
-                            f"{paper[tau][0]}x ({paper[tau][1]:+.2f} s)", band_text(paper[tau][0]),
-                            in_band(cells[tau]["held"], paper[tau][0])))
-        fresh = cells["fresh"]
-        rows.append(row("B9", f"{pattern}: fresh pod per job pays a pod start (dp50)", fresh["dp50"], "s",
-                        f"+{paper['fresh'][1]} s", "> 10 s", fresh["dp50"] > 10.0))
-        rows.append(row("B9", f"{pattern}: fresh pod per job is not the cost floor (held / held at 15 s)",
-                        fresh["held"] / cells["15"]["held"], "x",
-                        f"{paper['fresh'][0] / paper['15'][0]:.2f}x ({paper['fresh'][0]} / {paper['15'][0]})",
-                        "> 1x", fresh["held"] > cells["15"]["held"]))
-    b60 = {p: t[p]["cells"]["60"]["held"] for p in PATTERNS}
-    rows.append(row("B9", "bursty holds least at 60 s keep-alive", b60["bursty"], "x", "0.476 < 0.571, 0.606",
-                    "bursty < steady, diurnal", b60["bursty"] < min(b60["steady"], b60["diurnal"])))
-    bc = t["bursty"]["cells"]
-    f1 = bc["floor 1, idle cap 2, 60 s"]["held"]
-    rows.append(row("B9", "bursty: floor 1, idle cap 2, 60 s keep-alive held", f1, "x",
-                    "0.52x (measured, local cluster; bare 60 s 0.24x, 900 s 1.15x)",
-                    "between bare 60 s and 900 s", bc["60"]["held"] * 0.98 <= f1 < bc["900"]["held"]))
-    f4 = bc["floor 4, idle cap 2, 60 s"]
-    rows.append(row("B9", f"bursty: floor 4, idle cap 2, 60 s: p90 start (held {f4['held']:.2f}x)", f4["p90"], "s",
-                    "3.39 s at 0.78x", f"< bare 60 s p90 ({bc['60']['p90']:.3g} s)", f4["p90"] < bc["60"]["p90"]))
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------ Fig. 5

@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from broker.sim import sweeps, tables
 
 KEYS = {"id", "metric", "ours", "unit", "paper", "target", "met"}
 
 
-def _frontier(held: dict[str, float], fresh_dp50: float = 22.0) -> dict[str, Any]:
-    cells = {k: {"held": v, "dp50": 0.1, "p50": 0.5, "p90": 2.0, "hit": 0.9, "pods": 3} for k, v in held.items()}
-    cells["fresh"]["dp50"] = fresh_dp50
-    for g in tables.GRID:
-        cells[g.label] = {"held": 0.7, "dp50": 0.0, "p50": 0.5, "p90": 1.0, "hit": 0.9, "pods": 3}
-    return {"patterns": {p: {"peak": 6, "ref_p50": 0.45, "ref_p90": 0.5, "cells": cells}
-                         for p in ("steady", "bursty", "diurnal")}}
-
-
 def test_the_paper_band_is_x0_76_to_1_31() -> None:
     assert tables.in_band(13.0 * 0.77, 13.0) and not tables.in_band(13.0 * 0.75, 13.0)
     assert tables.in_band(13.0 * 1.3, 13.0) and not tables.in_band(13.0 * 1.32, 13.0)
-
-
-def test_frontier_rows_mark_a_broken_ordering_as_a_miss() -> None:
-    good = _frontier({"15": 0.4, "60": 0.6, "120": 0.7, "300": 0.9, "900": 1.5, "fresh": 1.3})
-    rows = tables.frontier_rows(good)
-    assert all(set(r) == KEYS and r["id"] == "B9" for r in rows)
-    rising = [r for r in rows if "grows with keep-alive" in r["metric"]]
-    assert rising and all(r["met"] is True for r in rising)
-    bad = _frontier({"15": 0.9, "60": 0.6, "120": 0.7, "300": 0.9, "900": 0.8, "fresh": 0.5}, fresh_dp50=1.0)
-    rows = tables.frontier_rows(bad)
-    assert any(r["met"] is False for r in rows if "grows with keep-alive" in r["metric"])
-    assert all(r["met"] is False for r in rows if "holds more than the always-on" in r["metric"])
-    assert all(r["met"] is False for r in rows if "pays a pod start" in r["metric"])
 
 
 def test_late_binding_rows_check_the_order_at_the_largest_e() -> None:

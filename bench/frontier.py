@@ -17,12 +17,12 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from bench.common import RESULTS, Row, report
 from bench.simplots import frontier_plot, save_json
 from broker.sim import openloop
+from broker.sim.tables import fan_out
 from broker.sim.venues import cpu
 from broker.sim.workloads import PATTERNS
 
@@ -93,11 +93,7 @@ def frontier_table(
 ) -> dict[str, Any]:
     """App. C.1's grid, CPU venue: per pattern and policy the median over seeds of held ÷ always-on and Δp50."""
     tasks = [(p, s, rate, horizon_s) for p in PATTERNS for s in seeds]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(_task, tasks))
-    else:
-        done = [_task(t) for t in tasks]
+    done = fan_out(_task, tasks, workers)
     table: dict[str, Any] = {}
     for pattern in PATTERNS:
         runs = [cells for p, _, (ref, cells) in done if p == pattern]

@@ -8,9 +8,9 @@ Each function runs its scenarios and returns row dicts ({"id", "metric", "ours",
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.sim import campaigns, openloop, scenarios
 from broker.sim.engine import RunResult
@@ -22,11 +22,21 @@ BAND = (0.76, 1.31)
 """App. B.4: the simulator's prediction interval for makespan and throughput, ×0.76–1.31."""
 
 Row = dict[str, Any]
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def row(id_: str, metric: str, ours: float | None, unit: str, paper: str, target: str = "",
         met: bool | None = None) -> Row:
     return {"id": id_, "metric": metric, "ours": ours, "unit": unit, "paper": paper, "target": target, "met": met}
+
+
+def fan_out(task: Callable[[T], U], args: Sequence[T], workers: int = 1) -> list[U]:
+    """`task` over `args` in order, in `workers` processes when more than one (runs are independent)."""
+    if workers <= 1:
+        return [task(a) for a in args]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(task, args))
 
 
 def in_band(ours: float, paper: float) -> bool:
@@ -241,11 +251,7 @@ def late_binding_table(seeds: Sequence[int] = (1, 2, 3), environments: Sequence[
                        batches: int = LB_BATCHES, gap_s: float = LB_GAP_S, workers: int = 1) -> dict[str, Any]:
     """Fig. 5 (RL rollouts): per E and pool layout, median over seeds of held ÷ always-on, hit rate, p90 start."""
     tasks = [(e, s, batches, gap_s) for e in environments for s in seeds]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(_lb_task, tasks))
-    else:
-        done = [_lb_task(t) for t in tasks]
+    done = fan_out(_lb_task, tasks, workers)
     series: dict[str, dict[str, list[float]]] = {}
     for mode in ("shared", "per-env", "split"):
         s: dict[str, list[float]] = {"E": [], "held": [], "hit": [], "p90": []}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from broker.jobs import JobSpec
 from broker.sim import campaigns, tables
+from broker.sim.backend import VenueCosts
 from broker.sim.engine import Simulation
 from broker.sim.scenarios import costs_for, loop_pool
 from broker.sim.venues import cpu, h200
@@ -90,3 +93,27 @@ def test_loop_columns_carry_acquisition_paths_and_the_papers_r3_paths() -> None:
     assert sum(off["paths_off"].values()) == jobs and set(off["paths_off"]) >= set(tables.PATHS)
     rows = tables.loop_rows(columns=cols)
     assert any("waited for a new pod" in r["metric"] for r in rows)
+
+
+def test_a_retiring_pod_keeps_its_place_under_the_cap_until_its_termination_ends() -> None:
+    """§9.1: under the cap a job "waits for the previous pod's deletion and a new pod"; the third job's wait
+    grows by the termination the costs give, since its pod may be created only once the retiring one is gone."""
+    spec = dataclasses.replace(
+        loop_pool(h200, "reuse-off", standbys=0), max_count=1, max_idle_count=1, step=1
+    )
+
+    def third_wait(costs: VenueCosts) -> float:
+        async def driver(sim: Simulation) -> None:
+            sim.mark()
+            for tag in ("a", "b", "c"):  # b runs once on a's pod, which then retires
+                await sim.run_job("agent", JobSpec(pool=spec.name, command=("sleep", "1"), lease_tag=tag))
+
+        result = Simulation(pools=[spec], costs=costs, seed=1, gpus=8).run(driver)
+        assert [str(j.path) for j in result.jobs] == ["new", "recycled", "new"]
+        wait = result.jobs[2].start_latency
+        assert wait is not None
+        return wait
+
+    with_termination = third_wait(costs_for(h200))  # 30 s (broker.sim.scenarios.H200_TERMINATION_S)
+    without = third_wait(VenueCosts(h200, termination_s=0.0))
+    assert with_termination - without > 25.0

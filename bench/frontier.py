@@ -5,9 +5,10 @@ CPU venue (the production 22 s pod start, the 16-pod cap): W-Agent agent session
 diurnal; each pool policy (keep-alive 15–900 s with no floor or idle cap, a fresh pod per job, and a floor ×
 idle-cap grid at 60 s on the bursty pattern) runs the same arrivals. Held capacity counts each pod from binding
 to deletion (§9.2) ÷ an always-on pool sized to the peak concurrency over the workload's span; Δp50 is against
-that always-on pool. Median of 3 seeds, as the paper's table. The paper does not publish the workload behind
-its table; ours is documented in docs/simulator.md. Each row checks one ordering, crossover or figure the
-paper states (App. C.1's table and text, §9.2) and prints the paper's cell beside ours.
+that always-on pool. Hand-offs are drawn with the paper's spread (§9.2), so the share of jobs that wait for a pod
+moves the median. Median of 3 seeds, as the paper's table. The paper does not publish the workload behind its
+table; ours is documented in docs/simulator.md. Each row checks one ordering, crossover or figure the paper
+states (App. C.1's table and text, §9.2) and prints the paper's cell beside ours.
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
             while len(sim.cp.tracker.snapshot()) > standing and sim.now() < until:
                 await sim.sleep(DRAIN_POLL_S)
 
-    sim = Simulation(pools=[spec], costs=SpreadCosts(venue, termination_s=costs_for(venue).termination_s), seed=seed)
+    costs = SpreadCosts(venue, termination_s=costs_for(venue).termination_s)
+    sim = Simulation(pools=[spec], costs=costs, seed=seed)
     result = sim.run(driver)
     result.extra["held_to_deletion"] = held_to_deletion(sim, ended[0])
     result.extra["max_pods"] = max_pods(sim)

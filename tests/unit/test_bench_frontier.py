@@ -116,3 +116,15 @@ def test_jobs_that_pay_a_pod_start_move_the_median_start_above_the_always_on_poo
         cpu, "steady", [openloop.Knobs("15", keep_alive=15.0)], seed=1, rate=0.08, horizon_s=300.0
     )
     assert cell.hit_rate < 1.0 and cell.p50 > ref.p50
+
+
+def test_an_idle_cap_does_not_keep_a_used_pod_past_its_owner_hold() -> None:
+    # §7 / App. A.5: the idle cap retains unheld never-used idle pods; a used pod retires when its hold expires.
+    plan = [(0.0, [(0.0, 1.0), (1.0, 1.0)])]
+    bare = openloop.run_sessions(cpu, openloop.Knobs("60", keep_alive=60.0), plan, seed=1, ceiling=cpu.cap)
+    capped = openloop.run_sessions(
+        cpu, openloop.Knobs("cap 2", idle_cap=2, keep_alive=60.0), plan, seed=1, ceiling=cpu.cap
+    )
+    assert capped.pods_created == bare.pods_created == 1
+    assert capped.extra["held_to_deletion"] == bare.extra["held_to_deletion"]
+    assert capped.extra["unused_idle"] == bare.extra["unused_idle"] == 0.0

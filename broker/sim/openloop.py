@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.jobs import JobSpec
+from broker.pods import PodState
 from broker.pools import PoolSpec
+from broker.sim.backend import VenueCosts
 from broker.sim.engine import EPOCH, JobRecord, RunResult, Simulation
 from broker.sim.scenarios import costs_for
 from broker.sim.stats import percentile
@@ -42,6 +44,8 @@ REFERENCE_POOL = 32
 """Pods of the always-full reference pool: above any peak these workloads reach."""
 DRAIN_POLL_S = 30.0
 """How often, after the last job, a frontier run checks whether its pods are all gone (virtual seconds)."""
+PROBE_S = 5.0
+"""How often a frontier run counts its never-used idle pods (virtual seconds): what an idle cap can retain."""
 
 
 def peak_concurrency(jobs: Sequence[JobRecord]) -> int:
@@ -122,6 +126,17 @@ def session_plan(pattern: Pattern, rate: float, horizon_s: float, seed: int) -> 
     return plan
 
 
+class SpreadCosts(VenueCosts):
+    """The venue's costs with each hand-off drawn from its distribution (§9.2's p99), not fixed at its median.
+
+    With a fixed warm start, the median of a mostly-warm run is that constant, so Δp50 against the always-on
+    pool is 0 whatever share of jobs pays a pod start; a spread hand-off lets that share move the median, as it
+    does in the paper's Δp50 column (App. C.1)."""
+
+    def handoff(self, rng: random.Random) -> float:
+        return float(self.venue.accept_s + self.venue.dispatch_s + self.venue.sample_handoff(rng))
+
+
 def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
     return PoolSpec(
         name="cpu",
@@ -135,11 +150,13 @@ def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
 
 
 def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, ceiling: int) -> RunResult:
-    """One policy on the plan. `extra` carries `held_to_deletion` and `max_pods` (the most pods alive at once)."""
+    """One policy on the plan. `extra` carries `held_to_deletion`, `max_pods` (the most pods alive at once) and
+    `unused_idle` (never-used idle pods, the mean over the workload's span)."""
     spec = frontier_pool(knobs, ceiling)
     pick = random.Random(f"owners/{seed}")
     owners = [pick.randrange(CALLERS) for _ in plan]
     ended: list[float] = []
+    unused: list[int] = []
 
     async def session(sim: Simulation, n: int, start: float, calls: list[tuple[float, float]]) -> None:
         await sim.sleep(start)
@@ -157,23 +174,36 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
                 ),
             )
 
+    async def probe(sim: Simulation) -> None:
+        while True:  # the idle cap retains only never-used, unheld idle pods (§7, App. A.5)
+            unused.append(
+                sum(1 for p in sim.cp.tracker.snapshot() if p.state is PodState.IDLE and not p.used)
+            )
+            await sim.sleep(PROBE_S)
+
     async def driver(sim: Simulation) -> None:
         while sum(1 for p in sim.cp.tracker.snapshot() if p.state.value == "idle") < knobs.floor:
             await sim.sleep(1.0)  # the floor is ready before the first arrival
         sim.mark()
+        probing = asyncio.ensure_future(probe(sim))
         await asyncio.gather(*(session(sim, n, start, calls) for n, (start, calls) in enumerate(plan)))
+        probing.cancel()
         ended.append(sim.now())
         if knobs.keep_alive is not None:  # the pods left after the last job count until they are deleted
-            # The scaler keeps the floor and idle cap's pods; they count to the workload's end, as the floor's.
-            standing = max(knobs.floor, knobs.idle_cap)
+            # Wait for the floor alone: the idle cap keeps only never-used pods, and a used pod retires when its
+            # owner hold expires (§5), so its tail counts to its deletion. A pod still standing when the window
+            # ends (the floor's, or one the idle cap keeps) counts to the workload's end, as the floor's.
+            standing = knobs.floor
             until = sim.now() + knobs.keep_alive + 2 * DRAIN_POLL_S
             while len(sim.cp.tracker.snapshot()) > standing and sim.now() < until:
                 await sim.sleep(DRAIN_POLL_S)
 
-    sim = Simulation(pools=[spec], costs=costs_for(venue), seed=seed)
+    costs = SpreadCosts(venue, termination_s=costs_for(venue).termination_s)
+    sim = Simulation(pools=[spec], costs=costs, seed=seed)
     result = sim.run(driver)
     result.extra["held_to_deletion"] = held_to_deletion(sim, ended[0])
     result.extra["max_pods"] = max_pods(sim)
+    result.extra["unused_idle"] = statistics.fmean(unused) if unused else 0.0
     return result
 
 
@@ -220,6 +250,7 @@ def frontier_cells(
         r = run_sessions(venue, k, plan, seed, venue.cap)
         cell = _cell(k.label, r, peak, r.ended - r.began, r.extra["held_to_deletion"])
         cell.extra["max_pods"] = float(r.extra["max_pods"])
+        cell.extra["unused_idle"] = float(r.extra["unused_idle"])
         cells.append(cell)
     return reference, cells
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import tempfile
@@ -179,6 +180,8 @@ async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> t
                       catalog=_catalog(pods), tuning=Tuning())
     tag = "lifecycle" if finish else "dispatch"
     await cp.start()
+    gc.collect()
+    gc.freeze()  # as `firepool serve` does once its control plane started (broker/server.py)
     try:
         deadline = time.monotonic() + 120
         while sum(p.state is PodState.IDLE for p in cp.tracker.snapshot()) < pods:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -224,6 +225,10 @@ def serve(settings: ServeSettings) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
         await cp.start()
+        # Everything alive now (modules, catalog, recovered state) lives as long as the process: moved out of
+        # the collector's reach, a full collection no longer walks it (B4: ~0.1-0.3 ms of CPU per dispatched job).
+        gc.collect()  # garbage from startup is freed, not frozen
+        gc.freeze()
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
                  cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)

@@ -88,7 +88,9 @@ class JobBook:
         if lock is None:
             lock = self._locks[job_id] = asyncio.Lock()
         async with lock:
-            current = await self.get(job_id)
+            current = self.live.get(job_id) or self.finished.get(job_id)  # no coroutine for the usual case
+            if current is None:
+                current = await self.io(self.store.get, job_id)
             if current is None:
                 return None
             try:

@@ -80,9 +80,10 @@ def job_row(job: Job, now: float) -> dict[str, Any]:
         "error_message": job.error_message,
         "cancel_requested": bool(job.cancel_requested),
         "spec": _spec_json(job),
-        "pods_bound": _dumps(list(job.pods)),
-        "acquisition": _dumps([a.to_json() for a in job.acquisition]),
-        "dropped_env": _dumps([dict(d) for d in job.dropped_env]),
+        # Most of these are empty on most writes: "[]" without a trip through the encoder.
+        "pods_bound": _dumps(list(job.pods)) if job.pods else "[]",
+        "acquisition": _dumps([a.to_json() for a in job.acquisition]) if job.acquisition else "[]",
+        "dropped_env": _dumps([dict(d) for d in job.dropped_env]) if job.dropped_env else "[]",
         "created_at": now,
         "updated_at": now,
     }

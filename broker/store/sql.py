@@ -44,6 +44,8 @@ _RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL: serialization failure, dead
 _RETRY_MYSQL_CODES = {1205, 1213}  # MySQL: lock wait timeout, deadlock
 _IN_CHUNK = 500
 """Ids per locking read: long IN lists stay well under every server's parameter limits."""
+_ROWS_KEPT = 8192
+"""Rows remembered for sending only changed columns; past it the memory starts over (a write then sends its whole row)."""
 
 
 @contextlib.contextmanager
@@ -74,6 +76,9 @@ def _transient(exc: sa.exc.DBAPIError) -> bool:
     return isinstance(code, int) and code in _RETRY_MYSQL_CODES
 
 
+_NEVER_UPDATED = ("id", "created_at")
+
+
 class SqlJobStore:
     """Jobs and attempts in SQL; every job-row write is conditional on the row version."""
 
@@ -90,6 +95,10 @@ class SqlJobStore:
                       .where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
                       .order_by(jobs.c.id).with_for_update())
         self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
+        self._written: dict[str, dict[str, Any]] = {}
+        """job id -> the row this store last committed for it. A write whose row still holds that version
+        (checked under the row lock) sends only the columns that differ from it: a dispatch changes about ten
+        of the row's thirty-odd columns, and every column sent costs bind processing here and in the database."""
 
     @classmethod
     def open(cls, url: str, *, migrate: bool = True, clock: Clock | None = None) -> SqlJobStore:
@@ -128,7 +137,6 @@ class SqlJobStore:
         with _translated("insert"):
             try:
                 self._run(write, writes=True)
-                return job
             except sa.exc.IntegrityError as exc:
                 # Either (caller, idempotency_key) or the id already exists; the failed transaction is
                 # gone, so look in a fresh one. A concurrent insert of the same key has committed by
@@ -139,6 +147,8 @@ class SqlJobStore:
                 if self.get(job.id) is not None:
                     raise ValueError(f"duplicate job id {job.id}") from exc
                 raise
+        self._remember({job.id: row})
+        return job
 
     def _existing(self, job: Job) -> Job | None:
         key = job.spec.idempotency_key
@@ -209,8 +219,10 @@ class SqlJobStore:
         now = self._clock.now()
         ids = sorted({job.id for job, _ in writes})
         won = [False] * len(writes)
+        committed: dict[str, dict[str, Any]] = {}
 
         def write(conn: sa.Connection) -> list[bool]:
+            committed.clear()  # a retried transaction starts over
             version: dict[str, int] = {}
             for i in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[i:i + _IN_CHUNK]
@@ -226,11 +238,13 @@ class SqlJobStore:
                 final[job.id] = job
                 upserts.update((a["id"], a) for a in rows.attempt_rows(job))  # a later write of the job wins
             if final:
-                self._write_rows(conn, [final[i] for i in sorted(final)], locked, now)
+                committed.update(self._write_rows(conn, [final[i] for i in sorted(final)], locked, now))
             if upserts:
                 conn.execute(self._upsert_attempts, list(upserts.values()))
             if inserts:
-                conn.execute(jobs.insert(), [rows.job_row(job, now) for job in inserts])
+                new_rows = [rows.job_row(job, now) for job in inserts]
+                conn.execute(jobs.insert(), new_rows)
+                committed.update((row["id"], row) for row in new_rows)
                 new_attempts = [a for job in inserts for a in rows.attempt_rows(job)]
                 if new_attempts:
                     conn.execute(attempts.insert(), new_attempts)
@@ -240,26 +254,42 @@ class SqlJobStore:
             raise ValueError("a job with an idempotency key goes through insert(), which finds its first copy")
         with _translated("commit"):
             try:
-                return self._run(write, writes=True)
+                result = self._run(write, writes=True)
             except sa.exc.IntegrityError as exc:
                 if not inserts:
                     raise
                 raise ValueError("duplicate job id in a batch of inserts") from exc
+        self._remember(committed)  # only once COMMIT returned: a row that may not have landed is not remembered
+        return result
 
-    def _write_rows(self, conn: sa.Connection, winners: list[Job], locked: dict[str, int], now: float) -> None:
-        params = []
-        for job in winners:
-            row = rows.job_row(job, now)
-            if self._upsert_jobs is None:
-                del row["id"], row["created_at"]
-                row["w_id"], row["w_version"] = job.id, locked[job.id]
-            params.append(row)
+    def _remember(self, written: dict[str, dict[str, Any]]) -> None:
+        if len(self._written) + len(written) > _ROWS_KEPT:
+            self._written.clear()
+        for job_id, row in written.items():
+            known = self._written.get(job_id)
+            if known is None or known["version"] < row["version"]:  # another thread may have remembered a later one
+                self._written[job_id] = row
+
+    def _write_rows(self, conn: sa.Connection, winners: list[Job], locked: dict[str, int],
+                    now: float) -> dict[str, dict[str, Any]]:
+        """Write the winners' rows (guarded by the versions read under the lock); returns them by job id."""
+        full = {job.id: rows.job_row(job, now) for job in winners}
         if self._upsert_jobs is not None:  # MySQL: rows locked above and known to exist, so this only updates
-            conn.execute(self._upsert_jobs, params)
-            return
-        updated = conn.execute(self._update, params).rowcount
-        if updated != len(params):  # cannot happen under the row locks; never commit a half-applied batch
-            raise sa.exc.InvalidRequestError(f"group commit updated {updated} of {len(params)} locked rows")
+            conn.execute(self._upsert_jobs, list(full.values()))  # (its whole row: an upsert names every NOT NULL column)
+            return full
+        by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for job_id, row in full.items():
+            before = self._written.get(job_id)
+            if before is not None and before["version"] == locked[job_id]:  # the database holds exactly `before`
+                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED and before[k] != v}
+            else:
+                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED}
+            sent["w_id"], sent["w_version"] = job_id, locked[job_id]
+            by_columns.setdefault(tuple(sent), []).append(sent)  # one executemany needs one column list
+        updated = sum(conn.execute(self._update, params).rowcount for params in by_columns.values())
+        if updated != len(full):  # cannot happen under the row locks; never commit a half-applied batch
+            raise sa.exc.InvalidRequestError(f"group commit updated {updated} of {len(full)} locked rows")
+        return full
 
     def _run(self, work: Callable[[sa.Connection], T], *, writes: bool) -> T:
         """Run `work` in one transaction, retrying transient failures that struck before COMMIT."""

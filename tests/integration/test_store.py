@@ -6,6 +6,7 @@ Every test runs once per backend against a real database; see store_databases.py
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -125,6 +126,41 @@ def test_group_commit_is_one_transaction(store: SqlJobStore) -> None:
     won = store.commit([(transition(a, JobState.QUEUED, at=1.0), 0), (transition(b, JobState.QUEUED, at=1.0), 0)])
     assert won == [True, True]
     assert len(transactions) == 1
+
+
+def test_a_write_sends_only_the_columns_that_changed_and_the_row_reads_back_whole(store: SqlJobStore) -> None:
+    job = store.insert(make_job("j-1", state=JobState.QUEUED, version=1))
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda conn, cursor, statement, *rest: statements.append(statement))
+    running = transition(job, JobState.RUNNING, at=2.0, pods=("p-1",))
+    assert store.commit([(running, job.version)]) == [True]
+    assert store.get(job.id) == running
+    updates = [s for s in statements if s.lstrip().upper().startswith("UPDATE JOBS")]
+    if store.engine.dialect.name not in ("mysql", "mariadb"):  # MySQL upserts whole rows
+        assert len(updates) == 1
+        assert re.search(r"\bpods_bound\b", updates[0]) and not re.search(r"\bspec\b", updates[0])
+    requeued = transition(running, JobState.QUEUED, at=3.0, pods=())  # back to an empty value: still sent
+    assert store.commit([(requeued, running.version)]) == [True]
+    assert store.get(job.id) == requeued
+
+
+def test_a_row_another_broker_moved_is_written_whole(store: SqlJobStore, session_url: str) -> None:
+    job = store.insert(make_job("j-1", state=JobState.QUEUED, version=1))
+    running = transition(job, JobState.RUNNING, at=2.0, pods=("p-1",))
+    assert store.commit([(running, job.version)]) == [True]
+    other = SqlJobStore.open(session_url)
+    try:  # the other broker's row differs from what this store last wrote in the columns the next write repeats
+        rival = transition(running, JobState.QUEUED, at=3.0, pods=())
+        assert other.commit([(rival, running.version)]) == [True]
+    finally:
+        other.close()
+    fresh = store.get(job.id)
+    assert fresh == rival
+    again = transition(fresh, JobState.RUNNING, at=4.0, pods=("p-1",))
+    assert store.commit([(running, running.version)]) == [False]  # the stale write still loses its version check
+    assert store.commit([(again, fresh.version)]) == [True]
+    assert store.get(job.id) == again
 
 
 def test_a_lost_race_in_the_job_books_group_commit_affects_only_that_job(store: SqlJobStore,

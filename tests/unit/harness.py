@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
@@ -36,6 +37,11 @@ class Harness:
         self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=self.logs,
                                catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0),
                                capacity=capacity, packages=packages, quarantine=self.quarantine)
+
+    def restarted(self, pools: list[PoolSpec], **settings: Any) -> Harness:
+        """A broker made anew over what survives a restart: this one's backend, store, clock and quarantine."""
+        return Harness(pools, backend=self.backend, store=self.store, clock=self.clock, quarantine=self.quarantine,
+                       **settings)
 
     async def start(self) -> Harness:
         await self.cp.start()

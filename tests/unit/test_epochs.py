@@ -51,8 +51,7 @@ def test_the_incarnation_counter_only_grows_and_survives_a_torn_file(tmp_path: P
 
 async def _restart(h: Harness, max_count: int = 1) -> Harness:
     await h.stop()
-    again = Harness([cpu_pool(max_count=max_count, step=max_count)], backend=h.backend, store=h.store, clock=h.clock,
-                    quarantine=h.quarantine)
+    again = h.restarted([cpu_pool(max_count=max_count, step=max_count)])
     return await again.start()
 
 

@@ -117,13 +117,7 @@ async def test_a_reboot_during_a_broker_outage_voids_the_held_pod_at_recovery() 
     pod = await _held_gpu_pod(h)
     await h.stop()
     h.backend.reboot(NODE, "boot-1")
-    again = Harness(
-        [gpu_pool(max_count=2, step=1)],
-        backend=h.backend,
-        store=h.store,
-        clock=h.clock,
-        quarantine=h.quarantine,
-    )
+    again = h.restarted([gpu_pool(max_count=2, step=1)])
     await again.start()
     try:
         report = again.cp.recovery

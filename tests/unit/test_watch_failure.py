@@ -27,13 +27,7 @@ async def _restart_with_a_raising_watch(max_retries: int) -> tuple[Harness, str,
         return await real(attempt_id, timeout_s)
 
     agent.wait = wait  # type: ignore[method-assign]
-    again = Harness(
-        [cpu_pool(max_count=1, step=1)],
-        backend=h.backend,
-        store=h.store,
-        clock=h.clock,
-        quarantine=h.quarantine,
-    )
+    again = h.restarted([cpu_pool(max_count=1, step=1)])
     await again.start()
     assert again.cp.recovery is not None and again.cp.recovery.reattached == [job.id]
     return again, job.id, calls

@@ -40,6 +40,15 @@ def loops_table(columns: list[dict[str, Any]]) -> str:
             theirs = paper_paths.get(arm)
             lines.append(f"{'':<32} {'paths':>9} {arm:<10} warm/standby/recycled/new {tables.paths_text(mine):<22} "
                          f"paper {tables.paths_text(theirs) if theirs else '-'}")
+        if c["venue"] != "cpu":  # a CPU column's pool holds its tenants' pods too
+            held = tables.PAPER_HELD.get(c["column"])
+            creating = c["creating_share_off"]
+            ours = f"{c['held_per_job_on']:.1f} / {c['held_per_job_off']:.1f}"
+            if creating is not None:
+                ours += f" ({creating:.0%} creating pods)"
+            theirs = (f"{held['per_job_on']} / {held['per_job_off']} ({held['creating_off']:.0%} creating pods)"
+                      if held else "-")
+            lines.append(f"{'':<32} {'held':>9} GPU-s per job On / {c['baseline']} {ours:<28} paper {theirs}")
         if c.get("tenants"):
             lines.append(f"{'':<32} {'':>9} beside tenant load {c['tenants']:g} sessions/s (App. B.1)")
     return "\n".join(lines)

@@ -4,8 +4,10 @@
 hand-off and first instruction take the time a venue model gives, on the virtual clock. A pod holds
 its device from the create call until its termination ends, as a Kubernetes pod holds its GPU until
 the kubelet has torn it down. Every pod's life is recorded, so a run can report the capacity it held:
-processor-seconds (GPUs, or cores for a CPU pool) from create to the end of termination, busy, idle or
-owner-held alike; a standby shares its active pod's card and adds no processors (paper §6, App. C.1).
+processor-seconds from create to the end of termination, busy, idle or owner-held alike. A GPU pod's
+are counted per card: a card is held while any pod of its active–standby group lives on it, once
+however many share it (paper §6: "the group counts as one physical GPU"), so a promoted standby holds its
+card after the pod it replaced is gone. A CPU pod holds its cores.
 """
 
 from __future__ import annotations
@@ -55,9 +57,15 @@ class PodLife:
     ready_at: float | None = None
     deleted_at: float | None = None
     standby: bool = False
+    devices: tuple[str, ...] = ()
+    """The cards the pod is bound to (a standby: its active pod's); empty for a CPU pod."""
 
-    def held(self, until: float, since: float | None = None) -> float:
-        end = self.deleted_at if self.deleted_at is not None else until
+    def end(self, until: float) -> float:
+        return self.deleted_at if self.deleted_at is not None else until
+
+    def held(self, until: float, since: float | None = None, *, starting: bool = False) -> float:
+        """Processor-seconds from create to the end of termination (`starting`: to the end of its start)."""
+        end = self.end(until) if not starting or self.ready_at is None else min(self.ready_at, self.end(until))
         start = self.created_at if since is None else max(self.created_at, since)
         return max(0.0, min(end, until) - start) * self.processors
 
@@ -110,7 +118,8 @@ class SimBackend(FakeBackend):
         delay = self.costs.pod_start(self.rng, self.starting)
         pool = request.pool
         processors = 0.0 if request.gpus else float(pool.gpus if pool.gpus else pool.cpus)
-        life = PodLife(request.name, pool.name, processors, self.clock.now(), standby=bool(request.gpus))
+        life = PodLife(request.name, pool.name, processors, self.clock.now(), standby=bool(request.gpus),
+                       devices=request.gpus)
         self.lives[request.name] = life
         self.start_delay = delay  # read by the fake's create before its first await: this create's own
         try:
@@ -122,6 +131,7 @@ class SimBackend(FakeBackend):
             self.starting -= 1
         self.agents[request.name] = SimAgent(request.name, self.clock, self.costs, self.rng, standby=bool(request.gpus))
         life.ready_at = self.clock.now()
+        life.devices = info.gpus
         return info
 
     async def delete(self, name: str) -> None:
@@ -135,11 +145,49 @@ class SimBackend(FakeBackend):
             life.deleted_at = self.clock.now()
 
     def held_processor_seconds(self, until: float, since: float | None = None) -> float:
-        """Processor-seconds held by every pod between `since` and `until`."""
-        return sum(life.held(until, since) for life in self.lives.values())
+        """Processor-seconds held between `since` and `until`: each card once while any pod lives on it,
+        each CPU pod's cores."""
+        cpu = sum(life.held(until, since) for life in self.lives.values() if not self._on_cards(life))
+        return cpu + sum(_covered(spans, since, until) for spans in self._cards(until, ready=False).values())
+
+    def creating_processor_seconds(self, until: float, since: float | None = None) -> float:
+        """The part of `held_processor_seconds` before anything was ready: a card while none of its pods had
+        started (a standby starting beside a ready pod adds none), a CPU pod until it started."""
+        cpu = sum(life.held(until, since, starting=True) for life in self.lives.values() if not self._on_cards(life))
+        held = self._cards(until, ready=False)
+        ready = self._cards(until, ready=True)
+        return cpu + sum(_covered(spans, since, until) - _covered(ready.get(card, []), since, until)
+                         for card, spans in held.items())
+
+    @staticmethod
+    def _on_cards(life: PodLife) -> bool:
+        # An active pod's cards are known once it is ready; one deleted while starting counts its processors.
+        return bool(life.devices)
+
+    def _cards(self, until: float, *, ready: bool) -> dict[str, list[tuple[float, float]]]:
+        """card -> the spans its pods held it (from create, or from ready with `ready`) to their termination's end."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for life in self.lives.values():
+            start = life.ready_at if ready else life.created_at
+            if start is None:
+                continue
+            for card in life.devices:
+                out.setdefault(card, []).append((start, life.end(until)))
+        return out
 
     def pods_created(self, pool: str | None = None) -> int:
         return sum(1 for life in self.lives.values() if not life.standby and (pool is None or life.pool == pool))
+
+
+def _covered(spans: list[tuple[float, float]], since: float | None, until: float) -> float:
+    """Length of the union of `spans` inside [since, until]."""
+    total, reach = 0.0, since if since is not None else float("-inf")
+    for start, end in sorted(spans):
+        start, end = max(start, reach), min(end, until)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 class VenueCosts:

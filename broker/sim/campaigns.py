@@ -115,6 +115,7 @@ def run_campaign(
     for arm, r, began, ended, created in marks:
         jobs = [j for j in whole.jobs if j.labels.get("arm") == arm and j.labels.get("repeat") == str(r)]
         held = sim.backend.held_processor_seconds(ended + EPOCH, began + EPOCH)
+        creating = sim.backend.creating_processor_seconds(ended + EPOCH, began + EPOCH)
         made = sum(
             1
             for life in sim.backend.lives.values()
@@ -131,7 +132,7 @@ def run_campaign(
                     held=held,
                     pods_created=made,
                     peak_starting=whole.peak_starting,
-                    extra={"pods_before": created},
+                    extra={"pods_before": created, "creating": creating},
                 ),
             )
         )

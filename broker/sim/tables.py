@@ -146,8 +146,25 @@ def _pair(on: Sequence[RunResult], off: Sequence[RunResult]) -> dict[str, Any]:
             "speedup": fx.estimate, "speedup_ci": [fx.lo, fx.hi], "p50_diff": diff.estimate,
             "p50_diff_ci": [diff.lo, diff.hi], "jobs": sum(len(r.jobs) for r in [*on, *off]),
             "makespans_on": mk_on, "makespans_off": mk_off,
-            "paths_on": _paths(on), "paths_off": _paths(off), "latencies_on": [x for g in lat_on for x in g],
+            "paths_on": _paths(on), "paths_off": _paths(off), **_held(on, "on"), **_held(off, "off"),
+            "latencies_on": [x for g in lat_on for x in g],
             "latencies_off": [x for g in lat_off for x in g]}
+
+
+PAPER_HELD = {"H200 W-Agent (2) vs Reuse Off": {"per_job_on": 12.3, "per_job_off": 10.7, "creating_off": 0.35}}
+"""App. C.2, "H200 GPU time" of the R3 run (per-minute pool gauges): GPU-s held per job, Reuse On and Reuse Off,
+and the share of Reuse Off's spent creating pods."""
+
+
+def _held(runs: Sequence[RunResult], side: str) -> dict[str, float | None]:
+    """Processor-seconds held per job over an arm's repeats (first submission to last completion), and the share
+    of it spent creating pods (App. C.2; only a campaign's runs record it). The whole pool's: a CPU column's
+    tenants' pods are in it too."""
+    jobs = sum(len(r.jobs) for r in runs)
+    held = sum(r.held for r in runs)
+    made = [r.extra["creating"] for r in runs if "creating" in r.extra]
+    return {f"held_per_job_{side}": held / jobs if jobs else None,
+            f"creating_share_{side}": sum(made) / held if held and len(made) == len(runs) else None}
 
 
 PATHS = ("warm", "standby", "recycled", "new")
@@ -184,6 +201,12 @@ def loop_rows(seed: int = 1, repeats: int = 6, columns: list[dict[str, Any]] | N
             share = off["new"] / max(1, sum(off.values()))
             rows.append(row("B7", f"{label}: Reuse Off jobs that waited for a new pod (paths {paths_text(off)})", share,
                             "", f"{ref['new']}/{sum(ref.values())} (paths {paths_text(ref)})", "> 0", share > 0))
+        held = PAPER_HELD.get(col["column"])
+        if held:
+            rows.append(row("B7", f"{label}: GPU-s held per Reuse Off job (On {col['held_per_job_on']:.3g}; "
+                            f"{col['creating_share_off']:.0%} creating pods)", col["held_per_job_off"], "GPU-s",
+                            f"{held['per_job_off']} (On {held['per_job_on']}; {held['creating_off']:.0%} creating)",
+                            "context (App. C.2)"))
     return rows
 
 

@@ -95,6 +95,17 @@ def test_loop_columns_carry_acquisition_paths_and_the_papers_r3_paths() -> None:
     assert any("waited for a new pod" in r["metric"] for r in rows)
 
 
+def test_the_reuse_off_column_prints_held_gpu_time_beside_app_c2() -> None:
+    cols = tables.loop_columns(seed=1, repeats=2, venues=("h200",))
+    off = next(c for c in cols if c["baseline"] == "reuse-off")
+    # Two cards at most, for at most each arm's makespan: per job no more than 2 x makespan / jobs.
+    jobs = sum(workload("w-agent-2", s).jobs for s in (1000, 1001))
+    assert 0 < off["held_per_job_off"] <= 2 * sum(off["makespans_off"]) / jobs
+    assert 0 < off["creating_share_off"] < 1  # Reuse Off makes pods (App. C.2: 35% of its GPU time)
+    row = next(r for r in tables.loop_rows(columns=cols) if "GPU-s held" in r["metric"])
+    assert row["ours"] == off["held_per_job_off"] and row["paper"].startswith("10.7")
+
+
 def test_a_retiring_pod_keeps_its_place_under_the_cap_until_its_termination_ends() -> None:
     """§9.1: under the cap a job "waits for the previous pod's deletion and a new pod"; the third job's wait
     grows by the termination the costs give, since its pod may be created only once the retiring one is gone."""

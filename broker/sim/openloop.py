@@ -1,7 +1,7 @@
 """Open-loop scenarios: arrivals over a horizon, the held-capacity frontier (App. C.1) and late binding (Fig. 5).
 
 Held capacity is processor-seconds held by the pool's pods divided by what an always-on pool sized to the
-workload's peak concurrency holds over the workload's span (first arrival to last completion): peak × span.
+workload's peak concurrency holds over the workload's span (the arrival window's start to the last job's end): peak × span.
 The peak, and the start latency an always-on pool gives, come from a reference run of the same arrivals
 against a pool that is always full (floor = ceiling, no keep-alive expiry). On the frontier a pod counts
 "from binding to deletion, busy, idle or owner-held" (§9.2): a pod kept after the last job counts until
@@ -150,13 +150,16 @@ def frontier_pool(knobs: Knobs, ceiling: int) -> PoolSpec:
 
 
 def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, ceiling: int) -> RunResult:
-    """One policy on the plan. `extra` carries `held_to_deletion`, `max_pods` (the most pods alive at once) and
-    `unused_idle` (never-used idle pods, the mean over the workload's span)."""
+    """One policy on the plan. `extra` carries `held_to_deletion`, its `held_starting` (pods from create to
+    ready) and `held_tail` (after the last job) parts, `max_pods` (the most pods alive at once), `unused_idle`
+    (never-used idle pods, the mean over the workload's span) and `empty` (the share of probes that found no pod
+    but retiring ones: the only time a floor of 1 adds a pod, App. A.5's floorDeficit)."""
     spec = frontier_pool(knobs, ceiling)
     pick = random.Random(f"owners/{seed}")
     owners = [pick.randrange(CALLERS) for _ in plan]
     ended: list[float] = []
     unused: list[int] = []
+    empty: list[bool] = []
 
     async def session(sim: Simulation, n: int, start: float, calls: list[tuple[float, float]]) -> None:
         await sim.sleep(start)
@@ -176,9 +179,9 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
 
     async def probe(sim: Simulation) -> None:
         while True:  # the idle cap retains only never-used, unheld idle pods (§7, App. A.5)
-            unused.append(
-                sum(1 for p in sim.cp.tracker.snapshot() if p.state is PodState.IDLE and not p.used)
-            )
+            pods = sim.cp.tracker.snapshot()
+            unused.append(sum(1 for p in pods if p.state is PodState.IDLE and not p.used))
+            empty.append(all(p.state is PodState.RETIRING for p in pods))
             await sim.sleep(PROBE_S)
 
     async def driver(sim: Simulation) -> None:
@@ -202,6 +205,8 @@ def run_sessions(venue: Venue, knobs: Knobs, plan: list[Session], seed: int, cei
     sim = Simulation(pools=[spec], costs=costs, seed=seed)
     result = sim.run(driver)
     result.extra["held_to_deletion"] = held_to_deletion(sim, ended[0])
+    result.extra.update(held_parts(sim, ended[0]))
+    result.extra["empty"] = statistics.fmean(empty) if empty else 0.0
     result.extra["max_pods"] = max_pods(sim)
     result.extra["unused_idle"] = statistics.fmean(unused) if unused else 0.0
     return result
@@ -217,6 +222,20 @@ def held_to_deletion(sim: Simulation, workload_end: float) -> float:
         stop = life.deleted_at if life.deleted_at is not None else until
         total += max(0.0, stop - max(life.created_at, since)) * life.processors
     return total
+
+
+def held_parts(sim: Simulation, workload_end: float) -> dict[str, float]:
+    """Two parts of `held_to_deletion`, processor-seconds: `held_starting`, pods from create to ready (a pod
+    start; §9.2 counts from binding, which the scheduler does at the start of it), and `held_tail`, pods kept
+    after the workload's last job until their deletion."""
+    since, until = sim.began + EPOCH, workload_end + EPOCH
+    starting = tail = 0.0
+    for life in sim.backend.lives.values():
+        stop = life.deleted_at if life.deleted_at is not None else until
+        ready = life.ready_at if life.ready_at is not None else stop
+        starting += max(0.0, min(ready, stop) - max(life.created_at, since)) * life.processors
+        tail += max(0.0, stop - max(until, life.created_at)) * life.processors
+    return {"held_starting": starting, "held_tail": tail}
 
 
 def max_pods(sim: Simulation) -> int:
@@ -248,9 +267,16 @@ def frontier_cells(
     cells = []
     for k in knobs:
         r = run_sessions(venue, k, plan, seed, venue.cap)
+        norm = max(1e-9, peak * (r.ended - r.began))
         cell = _cell(k.label, r, peak, r.ended - r.began, r.extra["held_to_deletion"])
-        cell.extra["max_pods"] = float(r.extra["max_pods"])
-        cell.extra["unused_idle"] = float(r.extra["unused_idle"])
+        for key in ("max_pods", "unused_idle", "empty"):
+            cell.extra[key] = float(r.extra[key])
+        cell.extra["new_pod_jobs"] = float(sum(1 for j in r.jobs if j.path == "new"))
+        # held ÷ always-on, in parts: pods starting, jobs running (claim -> finish), pods kept after the last job
+        cell.extra["starting"] = r.extra["held_starting"] / norm
+        busy = sum(j.finished - j.claimed for j in r.jobs if j.claimed is not None and j.finished is not None)
+        cell.extra["busy"] = busy / norm
+        cell.extra["tail"] = r.extra["held_tail"] / norm
         cells.append(cell)
     return reference, cells
 

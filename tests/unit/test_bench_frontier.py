@@ -20,7 +20,7 @@ def _table(held: dict[str, float], **bursty: dict[str, float]) -> dict[str, Any]
                 "p90": 2.0,
                 "hit": 0.9,
                 "pods": 3,
-                "max_pods": 9.0,
+                "max_pods": 12.0,
             }
             for k, v in held.items()
         }
@@ -57,7 +57,8 @@ def test_the_paper_shaped_table_meets_the_ordering_rows() -> None:
     rows = frontier.frontier_rows(
         _table({"15": 0.4, "60": 0.6, "120": 0.7, "300": 0.9, "900": 1.5, "fresh": 1.3})
     )
-    assert all(r.id == "B9" for r in rows) and len(rows) == 27
+    assert all(r.id == "B9" for r in rows) and len(rows) == 29
+    assert _met(rows, "overshoots the peak") == [True] * 3  # 12 pods against 6: x2.0, inside 11/7-16/5
     assert _met(rows, "rises with keep-alive") == [True] * 3
     assert _met(rows, "holds more than the always-on") == [True] * 3
     assert _met(rows, "bursty holds least") == [True]
@@ -81,6 +82,22 @@ def test_a_floor_that_buys_no_tail_is_a_miss() -> None:
     assert _met(good, "floor 4, idle cap 2") == [True]
     bad = frontier.frontier_rows(_table(held, **{"floor_4,_idle_cap_2,_60_s": {"p90": 5.0}}))
     assert _met(bad, "floor 4, idle cap 2") == [False]
+
+
+def test_a_scaler_that_makes_no_more_pods_than_the_peak_misses_the_papers_overshoot() -> None:
+    # App. C.1: "11-16 against 5-7" pods at once; a pool that never outgrows the peak concurrency is a miss.
+    held = {"15": 0.4, "60": 0.6, "120": 0.7, "300": 0.9, "900": 1.5, "fresh": 1.3}
+    rows = frontier.frontier_rows(_table(held, **{"900": {"max_pods": 6.0}}))
+    assert _met(rows, "overshoots the peak") == [True, False, True]
+
+
+def test_held_capacity_splits_into_the_pod_start_and_the_tail_after_the_last_job() -> None:
+    plan = [(0.0, [(0.0, 1.0), (1.0, 1.0)])]
+    run = openloop.run_sessions(cpu, openloop.Knobs("60", keep_alive=60.0), plan, seed=1, ceiling=cpu.cap)
+    assert 10.0 < run.extra["held_starting"] < 60.0  # one pod start (22 s median), held from its create
+    tail = run.extra["held_to_deletion"] - run.held  # what the pod held after the last job
+    assert abs(run.extra["held_tail"] - tail) < 1e-6
+    assert 0.0 < run.extra["empty"] < 0.5  # no pod when the first job queues; its pod at every later probe
 
 
 def test_a_pod_kept_after_the_last_job_is_held_until_its_deletion() -> None:

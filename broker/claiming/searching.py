@@ -22,6 +22,7 @@ from broker.claiming.tracking import (
     REASON_STANDBY,
     REASON_TAG_HINT,
     REASON_TAKEOVER,
+    ASSIGNED,
     RESETTING,
     Bucket,
     Claim,
@@ -129,12 +130,16 @@ class Search(TrackerState):
         return None
 
     def _gate_wait_rank(self, pod: Pod) -> int:
-        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there."""
+        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there, or
+        one was claimed there and has not started yet (it takes the gate at launch)."""
         rank = 0
         for g in pod.gpus:
             holder = self.pods.get(self._gate.get(g, ""))
             if holder is not None and holder is not pod:
                 rank = max(rank, 1 if holder.state is RESETTING else 2)
+            claimed = self.pods.get(self._claimed.get(g, ""))
+            if claimed is not None and claimed is not pod and claimed.state is ASSIGNED:
+                rank = 2
         return rank
 
     def _pick_reserved(self, want: Claim) -> list[Pick] | Shortfall:

@@ -177,9 +177,12 @@ class Tracker(QuotaClaims):
             if isinstance(picked, Shortfall):
                 return picked
             job_id = want.job_id
+            claimed = self._claimed
             for pod, path, reason in picked:
                 if pod.state is IDLE:
                     self._unindex_idle(pod)
+                for g in pod.gpus:
+                    claimed[g] = pod.name
                 pod.move(ASSIGNED)
                 pod.job = job_id
                 pod.path = path

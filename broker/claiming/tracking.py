@@ -169,6 +169,9 @@ class TrackerState:
         """caller -> [gpus, pods] held by its assigned and running jobs."""
         self._gate: dict[str, str] = {}
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
+        self._claimed: dict[str, str] = {}
+        """GPU key -> the pod last claimed on it; while that pod is still ASSIGNED its job will take the gate,
+        so a standby claimed in the same dispatch round prefers another card (broker.claiming.searching)."""
         self._unverified: set[str] = set()
         """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
         self._gangs: dict[str, list[Reservation]] = {}

@@ -222,6 +222,22 @@ def test_a_standby_on_a_free_or_resetting_card_is_taken_before_one_behind_a_runn
     assert handover.pods[0].gpus == ending.gpus  # not the standby behind alice's running job
 
 
+def test_a_standby_is_not_taken_on_a_card_whose_claimed_job_has_not_started_yet() -> None:
+    """Two claims in one dispatch round: the first job takes card g0 at launch, so the second caller's standby
+    comes from g1 instead of queueing at g0's gate behind it while g1 sits unused."""
+    tracker = Tracker({"gpu": gpu_pool(standbys_per_active=1)})
+    for name, card in (("a0", "g0"), ("s0", "g0"), ("s1", "g1")):  # g1's active pod has retired
+        pod = Pod(name, "gpu", (card,), state=PodState.IDLE, origin=Origin.STANDBY if name[0] == "s" else Origin.WARM)
+        pod.standby = name[0] == "s"
+        tracker.add(pod)
+    tracker.verify_cards(["g0", "g1"])
+    first = tracker.claim(Claim("j0", "alice", "gpu", tag="t"), 0.0)
+    assert isinstance(first, Lease) and first.pods[0].name == "a0"  # claimed, not launched: g0's gate is open
+    second = tracker.claim(Claim("j1", "bob", "gpu", tag="t"), 0.0)
+    assert isinstance(second, Lease) and second.pods[0].name == "s1"
+    assert tracker.start("j0") and tracker.start("j1")  # both run at once, one card each
+
+
 async def test_after_a_restart_standbys_are_promoted_only_once_a_sweep_verified_their_card() -> None:
     h = await harness(max_count=1)
     await h.run_job("alice", pool="gpu", lease_tag="a")

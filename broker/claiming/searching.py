@@ -13,6 +13,8 @@ Runs under the tracker lock (broker.claiming.tracker): no I/O, no logging, small
 from __future__ import annotations
 
 from broker.claiming.tracking import (
+    ASSIGNED,
+    IDLE,
     REASON_IMAGE_NEW,
     REASON_IMAGE_STARTING,
     REASON_NO_IDLE,
@@ -22,8 +24,8 @@ from broker.claiming.tracking import (
     REASON_STANDBY,
     REASON_TAG_HINT,
     REASON_TAKEOVER,
-    ASSIGNED,
     RESETTING,
+    RUNNING,
     Bucket,
     Claim,
     Pick,
@@ -104,9 +106,10 @@ class Search(TrackerState):
                 if usable(pod) and take(pod, Path.RECYCLED, reason):
                     return picked
         if bucket.standby:
-            # A standby may wait at the gate for its card's job: that wait is the handover. Cards that are
-            # free come first, then cards whose job is already resetting, then cards still running one.
-            for pod in sorted(bucket.standby.values(), key=self._gate_wait_rank):
+            # A standby may wait at the gate for its card's job: that wait is the handover. Cards nobody
+            # else needs come first (the caller's own card it is leaving, an empty one), then cards another
+            # caller is between steps on, then cards still running or about to run a job.
+            for pod in sorted(bucket.standby.values(), key=lambda p: self._card_rank(p, want.caller)):
                 if pod.name in taken or not cards.isdisjoint(pod.gpus) \
                         or (self._unverified and not self._unverified.isdisjoint(pod.gpus)):
                     continue
@@ -129,17 +132,25 @@ class Search(TrackerState):
             return Shortfall(REASON_SESSION_RESETTING, want.pods)
         return None
 
-    def _gate_wait_rank(self, pod: Pod) -> int:
-        """0: the card is free; 1: its job ended and the reset is under way; 2: a job still runs there, or
-        one was claimed there and has not started yet (it takes the gate at launch)."""
+    def _card_rank(self, pod: Pod, caller: str) -> int:
+        """How soon a standby on this card can run, and whether taking it crowds another caller's card.
+
+        0: nobody else needs the card (no other pod on it, or the caller's own, or one that retires);
+        1: another caller's pod is resetting or held there between its steps: its next step wants the card;
+        2: a job runs there, or one was claimed there and takes the gate at launch.
+        The card's users are the gate's holder and the pod last claimed on it (recovery adopts a running
+        pod through the gate alone)."""
         rank = 0
         for g in pod.gpus:
-            holder = self.pods.get(self._gate.get(g, ""))
-            if holder is not None and holder is not pod:
-                rank = max(rank, 1 if holder.state is RESETTING else 2)
-            claimed = self.pods.get(self._claimed.get(g, ""))
-            if claimed is not None and claimed is not pod and claimed.state is ASSIGNED:
-                rank = 2
+            for name in (self._gate.get(g), self._claimed.get(g)):
+                other = self.pods.get(name) if name else None
+                if other is None or other is pod:
+                    continue
+                if other.state is ASSIGNED or other.state is RUNNING:
+                    return 2
+                if (other.state is IDLE or other.state is RESETTING) and not other.retire \
+                        and other.caller != caller:
+                    rank = 1
         return rank
 
     def _pick_reserved(self, want: Claim) -> list[Pick] | Shortfall:

@@ -170,8 +170,8 @@ class TrackerState:
         self._gate: dict[str, str] = {}
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
         self._claimed: dict[str, str] = {}
-        """GPU key -> the pod last claimed on it; while that pod is still ASSIGNED its job will take the gate,
-        so a standby claimed in the same dispatch round prefers another card (broker.claiming.searching)."""
+        """GPU key -> the pod last claimed on it: the card's latest user, whom a standby's claim avoids crowding
+        (broker.claiming.searching); an ASSIGNED pod's job takes the gate only at launch."""
         self._unverified: set[str] = set()
         """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
         self._gangs: dict[str, list[Reservation]] = {}

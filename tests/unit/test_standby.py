@@ -238,6 +238,26 @@ def test_a_standby_is_not_taken_on_a_card_whose_claimed_job_has_not_started_yet(
     assert tracker.start("j0") and tracker.start("j1")  # both run at once, one card each
 
 
+def test_a_caller_crossing_its_session_boundary_takes_the_standby_on_its_own_card_not_anothers() -> None:
+    """Bob is between steps on g1 (his pod held for him), alice's job ended on g0 and her next job has a new
+    tag: her standby comes from g0, the card she leaves, so bob's next step does not queue behind her."""
+    tracker = Tracker({"gpu": gpu_pool(standbys_per_active=1, reuse_tag="retire")})
+    for name, card in (("a1", "g1"), ("a0", "g0"), ("s1", "g1"), ("s0", "g0")):  # newest fresh pod first
+        pod = Pod(name, "gpu", (card,), state=PodState.IDLE, origin=Origin.STANDBY if name[0] == "s" else Origin.WARM)
+        pod.standby = name[0] == "s"
+        tracker.add(pod)
+    tracker.verify_cards(["g0", "g1"])
+    for job, caller, want in (("j0", "alice", "a0"), ("j1", "bob", "a1")):
+        lease = tracker.claim(Claim(job, caller, "gpu", tag="t1"), 0.0)
+        assert isinstance(lease, Lease) and lease.pods[0].name == want and tracker.start(job)
+        tracker.release(job, (caller, "default", "t1"), 1.0, hold_seconds=60.0)
+    once = tracker.claim(Claim("j2", "alice", "gpu", tag="t2"), 2.0)  # runs once on her old pod, which retires
+    assert isinstance(once, Lease) and once.pods[0].name == "a0" and tracker.start("j2")
+    tracker.release("j2", ("alice", "default", "t2"), 3.0, hold_seconds=60.0)
+    handover = tracker.claim(Claim("j3", "alice", "gpu", tag="t3"), 4.0)
+    assert isinstance(handover, Lease) and handover.pods[0].name == "s0"
+
+
 async def test_after_a_restart_standbys_are_promoted_only_once_a_sweep_verified_their_card() -> None:
     h = await harness(max_count=1)
     await h.run_job("alice", pool="gpu", lease_tag="a")

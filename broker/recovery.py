@@ -30,6 +30,7 @@ from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
 from broker.ports.agent import AttemptStatus, ResetRequest
 from broker.ports.backend import Backend, PodInfo
+from broker.running.outcome import outcome_of
 
 if TYPE_CHECKING:
     from broker.control import ControlPlane
@@ -164,8 +165,7 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
             report.reattached.append(job.id)
         else:
             cp.executor.launched[job.id] = attempt.id
-            cp.tasks.spawn(f"finish {attempt.id}",
-                           cp.executor.finish(job.id, attempt.id, pods, statuses, may_retry=False))
+            cp.tasks.spawn(f"finish {attempt.id}", _finish(cp, job, attempt.id, pods, statuses))
             report.finalised.append(job.id)
 
     phase("running")
@@ -214,6 +214,47 @@ async def _watch(cp: ControlPlane, job: Job, aid: str, pods: list[Pod]) -> None:
         log.exception("watching re-attached %s failed inside the broker; ending its attempt", aid)
         lease = Lease(job.id, job.caller, tuple(pods), sum(len(p.gpus) for p in pods))  # as adopt_running built it
         await cp.executor.abort(job, lease, exc)
+
+
+async def _finish(cp: ControlPlane, job: Job, aid: str, pods: list[Pod], statuses: list[AttemptStatus | None]) -> None:
+    """Finalise an attempt that ended while the broker was down, without a retry. A finish that raises (a bug on
+    the log copy, health or reset path, not an agent error) must not leave the job RUNNING with its pods assigned:
+    the outcome is committed by itself, as the outcome path commits it (broker.running.outcome: the ranks'
+    statuses decide), and pods the failed finish did not return retire, since no reset proved them clean."""
+    try:
+        await cp.executor.finish(job.id, aid, pods, statuses, may_retry=False)
+        return
+    except Exception as exc:
+        log.exception("finalising %s after the restart failed inside the broker; committing its outcome alone", aid)
+        failure = exc
+    cp.executor.launched.pop(job.id, None)
+    now = cp.clock.now()
+    broken: list[AttemptStatus | None] = [
+        AttemptStatus(aid, running=False, error_class=ErrorClass.LAUNCH_ERROR,
+                      message=f"the broker failed while finishing this attempt after a restart: {failure!r}")] * len(pods)
+    for ended in (statuses, broken):  # the ranks' own verdict; if even that raises, a typed error
+        if await _commit(cp, job.id, aid, ended, now):
+            break
+    for pod in cp.tracker.begin_reset(job.id, (job.caller, job.spec.queue, job.spec.lease_tag)):
+        cp.tracker.finish_reset(pod.name, False, now, 0.0)  # -> RETIRING: never proven clean
+        cp.controller.delete_retiring(pod.name)
+
+
+async def _commit(cp: ControlPlane, job_id: str, aid: str, ended: list[AttemptStatus | None], now: float) -> bool:
+    """Commit the attempt's outcome from `ended` without a retry; False when that raised inside the broker."""
+
+    def outcome(current: Job) -> Job:
+        return outcome_of(current, aid, ended, now=now, never_ran=False, may_retry=False, preempted=None,
+                          handed_off_at=None, health=None)
+
+    try:
+        await cp.book.write(job_id, outcome)
+    except FirepoolError as exc:  # the store is down: the row stays RUNNING and the next recovery finalises it
+        log.error("recording the outcome of %s failed: %s", aid, exc)
+    except Exception:
+        log.exception("committing the outcome of %s failed inside the broker", aid)
+        return False
+    return True
 
 
 async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:

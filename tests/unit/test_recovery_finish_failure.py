@@ -55,12 +55,16 @@ async def test_a_raising_finish_after_a_restart_commits_the_ranks_outcome_and_re
         assert pod in again.backend.deleted  # no reset proved it clean
         assert job_id not in again.cp.executor.launched
         assert all(p.state in (PodState.IDLE, PodState.STARTING) for p in again.cp.tracker.snapshot())
-        assert (await again.run_job("alice", command=("exit", "0"))).state is JobState.SUCCEEDED  # the pool serves
+        assert (
+            await again.run_job("alice", command=("exit", "0"))
+        ).state is JobState.SUCCEEDED  # the pool serves
     finally:
         await again.stop()
 
 
-async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real, calls = broker.recovery.outcome_of, [0]
 
     def outcome_of(*args: Any, **kwargs: Any) -> Any:

@@ -45,6 +45,7 @@ from broker.jobs import (
 )
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
+from broker.warmth.placing import never_fits
 from broker.warmth.pooling import PoolController
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ class Dispatcher:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
                 pool = self.tracker.pool(spec.pool)
                 if pool is not None and (confine := confined(spec.topology, pool, spec.pods)):
+                    if (why := never_fits(self.controller.set_ceilings, pool, spec.pods, confine)) is not None:
+                        self._unschedulable(job, why)
+                        continue
                     where[job.id] = confine
                 if spec.own_pods:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
@@ -168,6 +172,34 @@ class Dispatcher:
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
         self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where)
         return claimed
+
+    def _unschedulable(self, job: Job, why: str) -> None:
+        """A confined gang that no node (domain) of its pool can ever hold, as the backend's nodes now tell: it
+        fails, typed, instead of waiting for ever (admission refuses it at submit when the nodes were known)."""
+        del self.queued[job.id]
+        self.waiting_reason.pop(job.id, None)
+        self.tasks.spawn(f"unschedulable {job.id}", self._fail_unschedulable(job.id, why))
+
+    async def _fail_unschedulable(self, job_id: str, why: str) -> None:
+        now = self.clock.now()
+
+        def fail(current: Job) -> Job:
+            if current.state is not JobState.QUEUED:
+                raise Abort
+            return transition(current, JobState.FAILED, now, error_class=ErrorClass.UNSCHEDULABLE, error_message=why)
+
+        try:
+            failed = await self.book.write(job_id, fail)
+        except FirepoolError as exc:
+            log.warning("failing unschedulable %s failed, it stays queued: %s", job_id, exc)
+            failed = None
+        if failed is not None and failed.state is JobState.FAILED:
+            log.info("%s failed: %s", job_id, why)
+            self.drop(job_id)
+            return
+        current = self.book.live.get(job_id)
+        if current is not None and current.state is JobState.QUEUED:
+            self.queued[job_id] = current  # the next pass judges it again
 
     def _alert(self, res: Reservation, held: int, why: str) -> None:
         """A reservation that cannot fill in time: a capacity event (R2), not a quiet wait."""

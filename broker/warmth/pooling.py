@@ -24,7 +24,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
-from broker.fleet.nodes import Fleet
+from broker.fleet.nodes import Fleet, Node
 from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo
@@ -77,6 +77,12 @@ class PoolController(Creating):
         whole set is made for each on one node (or domain), reserved for it (broker.claiming.setsearch)."""
         self.confined: dict[str, str] = {}
         """job id -> `node` | `domain` of the waiting confined jobs (single-use sets are placed so too)."""
+        self.set_ceilings: dict[str, dict[str, int]] = {}
+        """pool -> {`node`, `domain`} -> the most pods one node (domain) of it can ever hold, from the backend's
+        nodes (placing.set_ceilings; replaced whole, never below an earlier pass's under the same catalog): a
+        confined gang larger never runs."""
+        self._measured: list[Node] | None = None
+        """The node list `set_ceilings` was measured on."""
         self.gangs: dict[str, list[tuple[str, int]]] = {}
         """pool -> waiting gangs (job id, pods) in dispatch order: demand pods are made for them, side by side."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
@@ -130,12 +136,18 @@ class PoolController(Creating):
     def update_pools(self, pools: Mapping[str, PoolSpec]) -> None:
         """A reloaded catalog: changed templates make older pods stale, and they drain from the next pass."""
         self.pools = dict(pools)
+        self._measured = self.backend.nodes()
+        self.set_ceilings = placing.set_ceilings(self._measured, self.pools)  # a new catalog: measured afresh
         self.wake()
 
     def reconcile_once(self) -> dict[str, Plan]:
         """Observe, plan and act for every pool; returns the plans (for tests and /v1/pools)."""
         now = self.clock.now()
-        self.tracker.set_domains({node.id: node.domain_key for node in self.backend.nodes()})
+        nodes = self.backend.nodes()
+        self.tracker.set_domains({node.id: node.domain_key for node in nodes})
+        if nodes != self._measured:  # comparing costs a tenth of measuring them again (128 nodes)
+            self._measured = nodes
+            self.set_ceilings = placing.set_ceilings(nodes, self.pools, self.set_ceilings)
         snapshot = self.tracker.snapshot()
         self._sync_ledgers(snapshot)
         by_pool: dict[str, list[Pod]] = {name: [] for name in self.pools}

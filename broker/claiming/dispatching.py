@@ -113,6 +113,8 @@ class Dispatcher:
         gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
         sets: dict[str, tuple[str, int]] = {}
         """Gangs confined to one node or domain: the controller makes each a whole set there (job -> pool, pods)."""
+        owners: dict[str, tuple[tuple[str, str, str], bool]] = {}
+        """job -> (session, recycle) of each of those sets: its caller's held pods beside which the rest is made."""
         where: dict[str, str] = {}
         """job -> `node` | `domain` for every confined gang above and confined single-use set."""
         claimed = 0
@@ -149,6 +151,7 @@ class Dispatcher:
                 elif job.id in where:
                     if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
                         sets[job.id] = (spec.pool, spec.pods)
+                        owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), spec.recycle)  # its held pods
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -170,7 +173,7 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where, owners)
         return claimed
 
     def _unschedulable(self, job: Job, why: str) -> None:

@@ -11,12 +11,12 @@ the pods already made for it, or not now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 from broker.fleet.nodes import Fleet, Node
 from broker.fleet.placement import Ask, Topology, apply, place
-from broker.pods import Pod, PodState
+from broker.pods import Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 
 
@@ -93,6 +93,31 @@ def where_set(fleet: Fleet, spec: PoolSpec, pods: int, topology: str, near: Iter
             return []  # made apart (a backend that chose otherwise): nothing joins both
     placed = place(mine, Ask(pods, spec.gpus, cast(Topology, topology)))
     return placed.nodes() if placed is not None else []
+
+
+def held_beside(fleet: Fleet, pods: Iterable[Pod], owner: tuple[SessionKey, bool], topology: str,
+                near: Sequence[str], now: float) -> list[Pod]:
+    """The idle pods held for a waiting confined gang's caller that its claim takes before never-used ones
+    (broker.claiming.setsearch: its session's, and with `recycle` its caller's other sessions'), within one group
+    (node, or domain): the group of the pods already made for the set (`near`), else the one holding most of
+    them. The set made for the gang is only the rest, made beside them."""
+    key, recycle = owner
+    held = [p for p in pods if p.state is PodState.IDLE and p.key is not None and p.key[0] == key[0]
+            and (recycle or p.key == key) and p.hold_until > now and not p.standby and not p.image
+            and p.reserved_for is None]
+    if not held:
+        return []
+
+    def group(node: str) -> str:
+        load = fleet.loads.get(node)
+        return load.node.domain_key if topology == "domain" and load is not None else node
+
+    by_group: dict[str, list[Pod]] = {}
+    for pod in held:
+        by_group.setdefault(group(pod.node), []).append(pod)
+    if near:
+        return by_group.get(group(near[0]), [])
+    return max(by_group.values(), key=len)
 
 
 def set_ceilings(nodes: Iterable[Node], pools: Mapping[str, PoolSpec],

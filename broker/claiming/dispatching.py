@@ -130,6 +130,12 @@ class Dispatcher:
                                            preemptible=bool(spec.extra.get("preemptible")),
                                            topology=spec.topology), now)
             if isinstance(got, Shortfall):
+                pool = self.tracker.pool(spec.pool)
+                confine = confined(spec.topology, pool, spec.pods) if pool is not None else ""
+                why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine) if confine and pool else None
+                if why is not None:
+                    self._unschedulable(job, why)  # before it could make anyone yield or hold room for it
+                    continue
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
@@ -137,11 +143,7 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
-                pool = self.tracker.pool(spec.pool)
-                if pool is not None and (confine := confined(spec.topology, pool, spec.pods)):
-                    if (why := never_fits(self.controller.set_ceilings, pool, spec.pods, confine)) is not None:
-                        self._unschedulable(job, why)
-                        continue
+                if confine:
                     where[job.id] = confine
                 if spec.own_pods:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end

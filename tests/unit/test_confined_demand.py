@@ -32,7 +32,8 @@ async def test_a_confined_gangs_set_is_made_beside_its_callers_held_pods() -> No
         before = set(h.backend.created)
         gang = await h.finish(await h.submit("alice", pods=3, topology="node", lease_tag="g"), timeout=10.0)
         assert gang.state is JobState.SUCCEEDED
-        assert sorted(h.paths(gang)) == ["new", "recycled", "recycled"]  # two warm pods, one made for the rest
+        # Two warm pods, and one made for the rest.
+        assert sorted(h.paths(gang)) == ["new", "recycled", "recycled"]
         assert len(set(h.backend.created) - before) == 1 and h.cp.controller.holds_broken == {}
     finally:
         await h.stop()
@@ -46,8 +47,10 @@ async def test_held_pods_that_complete_a_waiting_set_keep_their_hold_at_the_ceil
         assert h.cp.dispatcher.waiting_reason[gang.id].startswith(REASON_NO_SET)
         carol = await h.submit("carol", command=("sleep", "1"))
         await h.run_for(5.0)
-        assert h.cp.controller.holds_broken == {}  # alice's gang will take them: they are not broken for carol
-        assert sum(1 for p in h.cp.tracker.snapshot() if p.caller == "alice" and p.state is PodState.IDLE) == 2
+        # Alice's gang will take them: they are not broken for carol.
+        assert h.cp.controller.holds_broken == {}
+        idle = [p for p in h.cp.tracker.snapshot() if p.state is PodState.IDLE]
+        assert [p.caller for p in idle] == ["alice", "alice"]
         assert (h.store.get(carol.id) or carol).state is JobState.QUEUED  # she waits for room like the gang
         assert h.cp.controller.last_plan["cpu"].create == 0
     finally:
@@ -61,7 +64,8 @@ async def test_held_pods_a_gang_may_not_take_spare_nothing() -> None:
         spec = {"pods": 3, "topology": "node", "lease_tag": "g", "recycle": False}
         gang = await h.finish(await h.submit("alice", **spec), timeout=10.0)
         assert gang.state is JobState.SUCCEEDED and h.paths(gang) == ["new", "new", "new"]
-        assert h.cp.controller.holds_broken == {"cpu": 2}  # its whole set is blocked at the ceiling: both give way
+        # Its whole set is blocked at the ceiling: both give way.
+        assert h.cp.controller.holds_broken == {"cpu": 2}
     finally:
         await h.stop()
 
@@ -75,14 +79,20 @@ def _held(name: str, node: str, key: tuple[str, str, str], hold_until: float = 1
 def test_held_beside_takes_the_group_with_most_or_the_one_its_set_was_made_in() -> None:
     fleet = Fleet([Node(n, (f"{n}-g0",), domain=d) for n, d in (("n0", "r1"), ("n1", "r1"), ("n2", "r2"))])
     me, other = ("alice", "q", "s"), ("alice", "q", "t")
-    pods = [_held("a", "n0", me), _held("b", "n1", other), _held("c", "n1", other), _held("d", "n2", other, 1.0),
-            _held("e", "n2", ("bob", "q", "s"))]
+    pods = [
+        _held("a", "n0", me),
+        _held("b", "n1", other),
+        _held("c", "n1", other),
+        _held("d", "n2", other, 1.0),
+        _held("e", "n2", ("bob", "q", "s")),
+    ]
     names = lambda held: sorted(p.name for p in held)  # noqa: E731
     assert names(held_beside(fleet, pods, (me, True), "node", [], now=10.0)) == ["b", "c"]
     assert names(held_beside(fleet, pods, (me, True), "domain", [], now=10.0)) == ["a", "b", "c"]
     assert names(held_beside(fleet, pods, (me, False), "node", [], now=10.0)) == ["a"]  # its session's only
-    assert names(held_beside(fleet, pods, (me, True), "node", ["n0"], now=10.0)) == ["a"]  # beside its made pods
-    assert held_beside(fleet, pods, (me, True), "node", ["n2"], now=10.0) == []  # d's hold expired; e is bob's
+    # Beside the pods made for its set; on n2, d's hold expired and e is bob's.
+    assert names(held_beside(fleet, pods, (me, True), "node", ["n0"], now=10.0)) == ["a"]
+    assert held_beside(fleet, pods, (me, True), "node", ["n2"], now=10.0) == []
 
 
 async def test_on_gpu_nodes_the_rest_is_made_on_the_held_pods_node_or_the_set_whole_elsewhere() -> None:
@@ -98,13 +108,16 @@ async def test_on_gpu_nodes_the_rest_is_made_on_the_held_pods_node_or_the_set_wh
             await h.finish(await h.submit("alice", pool="gpu", lease_tag=tag, recycle=False))
         node = {p.name: p.node for p in h.cp.tracker.snapshot()}
         [held_on] = {n for n in node.values()}  # best-fit put both on one node
-        gang = await h.finish(await h.submit("alice", pool="gpu", pods=4, topology="node", lease_tag="g"), 10.0)
+        gang = await h.finish(
+            await h.submit("alice", pool="gpu", pods=4, topology="node", lease_tag="g"), 10.0
+        )
         assert sorted(h.paths(gang)) == ["new", "new", "recycled", "recycled"]
         assert {p.node for p in h.cp.tracker.snapshot() if p.name in gang.pods} == {held_on}
         # Now node `held_on` holds four idle pods of alice; a 3-pod gang of another session that may not recycle
         # takes none of them: its whole set is made on the other node.
-        other = await h.finish(await h.submit("alice", pool="gpu", pods=3, topology="node", lease_tag="h",
-                                              recycle=False), 10.0)
+        other = await h.finish(
+            await h.submit("alice", pool="gpu", pods=3, topology="node", lease_tag="h", recycle=False), 10.0
+        )
         assert h.paths(other) == ["new", "new", "new"]
         assert {p.node for p in h.cp.tracker.snapshot() if p.name in other.pods} != {held_on}
     finally:

@@ -21,8 +21,10 @@ from tests.unit.harness import Harness, cpu_pool, gpu_pool
 def _nodes() -> list[Node]:
     """Two racks: rack-1 holds a 4- and an 8-GPU node, rack-2 one 4-GPU node labelled small."""
     shape = {"n0": (4, "rack-1", {}), "n1": (8, "rack-1", {}), "n2": (4, "rack-2", {"shape": "small"})}
-    return [Node(n, tuple(f"{n}-g{i}" for i in range(size)), model="h100", domain=d, labels=labels)
-            for n, (size, d, labels) in shape.items()]
+    return [
+        Node(n, tuple(f"{n}-g{i}" for i in range(size)), model="h100", domain=d, labels=labels)
+        for n, (size, d, labels) in shape.items()
+    ]
 
 
 def test_the_ceiling_of_a_pool_is_its_largest_node_and_domain_in_pods() -> None:
@@ -83,7 +85,8 @@ async def test_a_confined_gang_no_node_holds_is_refused_at_submit_over_rest() ->
             r = await post(5, "node")
             assert r.status_code == 400, r.text
             error = r.json()["error"]
-            assert error["class"] == "Unschedulable" and "largest node of pool 'gpu' holds 4" in error["message"]
+            assert error["class"] == "Unschedulable"
+            assert "largest node of pool 'gpu' holds 4" in error["message"]
             assert error["details"] == {"pool": "gpu", "pods": 5, "topology": "node", "largest": 4}
             assert (await post(5, "domain")).status_code == 400  # one node per domain here
             assert h.store.list_jobs() == []

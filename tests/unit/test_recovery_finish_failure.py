@@ -83,3 +83,43 @@ async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
         assert "KeyError" in (job.error_message or "")
     finally:
         await again.stop()
+
+
+async def test_a_raising_watch_whose_abort_raises_too_still_ends_the_job_and_retires_its_pod() -> None:
+    """A re-attached attempt: its watcher raises, and so does the abort's finish. The attempt still ends (a typed
+    error, no retry) and its pod, with the ranks that may still run on it, is deleted."""
+    h = await Harness([cpu_pool(max_count=1, step=1)]).start()
+    job = await h.submit(command=("sleep", "100"), max_retries=1)
+    await h.until(lambda: h.store.get(job.id).state is JobState.RUNNING)  # type: ignore[union-attr]
+    await h.run_for(0.5)
+    await h.stop()
+    pod = h.store.get(job.id).pods[0]  # type: ignore[union-attr]
+    agent = h.backend.agents[pod]
+
+    async def wait(attempt_id: str, timeout_s: float) -> Any:
+        raise KeyError("a bug in the watch")
+
+    agent.wait = wait  # type: ignore[method-assign]
+    again = h.restarted([cpu_pool(max_count=1, step=1)])
+    real, calls = again.cp.executor.finish, [0]
+
+    async def finish(*args: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("a bug in the finish")
+        await real(*args, **kwargs)
+
+    again.cp.executor.finish = finish  # type: ignore[method-assign]
+    await again.start()
+    try:
+        assert again.cp.recovery is not None and again.cp.recovery.reattached == [job.id]
+        row = h.store.get(job.id)
+        assert row is not None
+        done = await again.finish(row, timeout=10.0)  # the attempt sleeps 100 s: only the failure ends it
+        assert done.state is JobState.FAILED and done.error_class == ErrorClass.LAUNCH_ERROR, done
+        assert "ValueError" in (done.error_message or "") and done.retries == 0
+        await again.run_for(1.0)
+        assert pod in again.backend.deleted
+        assert (await again.run_job("alice", command=("exit", "0"))).state is JobState.SUCCEEDED
+    finally:
+        await again.stop()

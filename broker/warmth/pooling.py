@@ -318,7 +318,8 @@ class PoolController(Creating):
             else:
                 nodes = self.where(spec, n)
             if held and owner:  # they complete the set (its claim takes them) and keep their hold at the ceiling
-                spared[owner[0][0]] = spared.get(owner[0][0], 0) + len(held)
+                (caller, _, _), _ = owner
+                spared[caller] = spared.get(caller, 0) + len(held)
                 n -= len(held)
                 if n <= 0:
                     continue

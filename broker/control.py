@@ -162,7 +162,8 @@ class ControlPlane:
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
         job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree,
-                    runs_images=bool(getattr(self.backend, "runs_images", False)))
+                    runs_images=bool(getattr(self.backend, "runs_images", False)),
+                    set_ceilings=self.controller.set_ceilings)
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id

@@ -13,12 +13,14 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from broker.claiming.tracking import confined
 from broker.errors import InvalidRequest, UnknownPool, Unschedulable
 from broker.fleet.quotas import QuotaTree
 from broker.images import admit_image
 from broker.jobs import Job, JobSpec, JobState, new_job_id, transition
 from broker.pools import PoolSpec
 from broker.running.topology import TOPOLOGY_NAMES, TOPOLOGY_PREFIXES
+from broker.warmth.placing import never_fits
 from firepool_agent import limits
 
 _DROPPED_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -86,10 +88,12 @@ def check_spec(spec: JobSpec) -> None:
 
 
 def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float, quotas: QuotaTree | None = None,
-          runs_images: bool = False) -> Job:
+          runs_images: bool = False, set_ceilings: Mapping[str, Mapping[str, int]] | None = None) -> Job:
     """Check `spec` against the catalog (and the team quotas) and return the job as it will be inserted (QUEUED).
 
-    `runs_images`: the backend can run a job's custom image (broker.images); else naming one is refused."""
+    `runs_images`: the backend can run a job's custom image (broker.images); else naming one is refused.
+    `set_ceilings`: the most pods one node (domain) of each pool can hold, where the backend's nodes tell
+    (broker.warmth.placing): a gang confined to one node (domain) that none can hold is refused."""
     check_spec(spec)
     pool = pools.get(spec.pool)
     if pool is None:
@@ -101,6 +105,11 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float,
     if spec.pods > pool.max_count:
         raise Unschedulable(f"{spec.pods} pods can never fit pool {pool.name!r} (ceiling {pool.max_count})",
                             {"pool": pool.name, "pods": spec.pods, "max_count": pool.max_count})
+    if set_ceilings and (where := confined(spec.topology, pool, spec.pods)):
+        why = never_fits(set_ceilings, pool, spec.pods, where)
+        if why is not None:
+            raise Unschedulable(why, {"pool": pool.name, "pods": spec.pods, "topology": where,
+                                      "largest": set_ceilings[pool.name][where]})
     if quotas is not None and pool.gpus:
         why = quotas.never_fits(caller, spec.pods * pool.gpus, bool(spec.extra.get("preemptible")))
         if why is not None:

@@ -45,6 +45,7 @@ from broker.jobs import (
 )
 from broker.stats import Stats
 from broker.tasks import Supervisor, Wakeable
+from broker.warmth.placing import never_fits
 from broker.warmth.pooling import PoolController
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class Dispatcher:
         gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
         sets: dict[str, tuple[str, int]] = {}
         """Gangs confined to one node or domain: the controller makes each a whole set there (job -> pool, pods)."""
+        owners: dict[str, tuple[tuple[str, str, str], bool]] = {}
+        """job -> (session, recycle) of each of those sets: its caller's held pods beside which the rest is made."""
         where: dict[str, str] = {}
         """job -> `node` | `domain` for every confined gang above and confined single-use set."""
         claimed = 0
@@ -127,6 +130,12 @@ class Dispatcher:
                                            preemptible=bool(spec.extra.get("preemptible")),
                                            topology=spec.topology), now)
             if isinstance(got, Shortfall):
+                pool = self.tracker.pool(spec.pool)
+                confine = confined(spec.topology, pool, spec.pods) if pool is not None else ""
+                why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine) if confine and pool else None
+                if why is not None:
+                    self._unschedulable(job, why)  # before it could make anyone yield or hold room for it
+                    continue
                 self.waiting_reason[job.id] = got.reason
                 if got.reason == REASON_SESSION_RESETTING:
                     continue  # its own pod is back in milliseconds: no demand for another
@@ -134,8 +143,7 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
-                pool = self.tracker.pool(spec.pool)
-                if pool is not None and (confine := confined(spec.topology, pool, spec.pods)):
+                if confine:
                     where[job.id] = confine
                 if spec.own_pods:
                     if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
@@ -145,6 +153,7 @@ class Dispatcher:
                 elif job.id in where:
                     if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
                         sets[job.id] = (spec.pool, spec.pods)
+                        owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), spec.recycle)  # its held pods
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -166,8 +175,36 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where, owners)
         return claimed
+
+    def _unschedulable(self, job: Job, why: str) -> None:
+        """A confined gang that no node (domain) of its pool can ever hold, as the backend's nodes now tell: it
+        fails, typed, instead of waiting for ever (admission refuses it at submit when the nodes were known)."""
+        del self.queued[job.id]
+        self.waiting_reason.pop(job.id, None)
+        self.tasks.spawn(f"unschedulable {job.id}", self._fail_unschedulable(job.id, why))
+
+    async def _fail_unschedulable(self, job_id: str, why: str) -> None:
+        now = self.clock.now()
+
+        def fail(current: Job) -> Job:
+            if current.state is not JobState.QUEUED:
+                raise Abort
+            return transition(current, JobState.FAILED, now, error_class=ErrorClass.UNSCHEDULABLE, error_message=why)
+
+        try:
+            failed = await self.book.write(job_id, fail)
+        except FirepoolError as exc:
+            log.warning("failing unschedulable %s failed, it stays queued: %s", job_id, exc)
+            failed = None
+        if failed is not None and failed.state is JobState.FAILED:
+            log.info("%s failed: %s", job_id, why)
+            self.drop(job_id)
+            return
+        current = self.book.live.get(job_id)
+        if current is not None and current.state is JobState.QUEUED:
+            self.queued[job_id] = current  # the next pass judges it again
 
     def _alert(self, res: Reservation, held: int, why: str) -> None:
         """A reservation that cannot fill in time: a capacity event (R2), not a quiet wait."""

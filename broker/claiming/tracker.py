@@ -5,7 +5,9 @@ the lease in one step under the lock, so no two claimers take one pod and no cal
 Nothing under the lock does I/O, logs or allocates more than a tuple: it is held for microseconds.
 The search order is broker.claiming.searching's (a gang kept on one node: setsearch); a waiting gang's reserved
 pods are gangclaims'; team quotas quotaclaims'; the indexes and what a claim asks for and gets are
-tracking's (with why `recycle` exists). This module owns the lock and every pod state change.
+tracking's (with why `recycle` exists); what happens to a lease's pods after the claim (start, reset,
+release, loss, session end) is releasing's. This module takes the pods in and out of the tracker and
+makes the claim; the one lock is tracking's, and every pod state change is made under it.
 
 Session continuity. The pod a session's first job runs on is that session's pod from then on, whatever
 path it came by. A `recycled` pod (the caller's idle pod of another session) crosses the boundary at the
@@ -20,9 +22,9 @@ session boundary runs that one job and retires). Pods never cross callers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from broker.claiming.quotaclaims import QuotaClaims
+from broker.claiming.releasing import Releasing
 from broker.claiming.tracking import (
     ASSIGNED,
     IDLE,
@@ -48,7 +50,7 @@ from broker.claiming.tracking import (
     confined,
 )
 from broker.fleet.quotas import Kind
-from broker.pods import Origin, Path, Pod, PodState, SessionKey
+from broker.pods import Path, Pod, PodState
 from broker.pools import PoolSpec
 
 __all__ = [
@@ -59,7 +61,7 @@ __all__ = [
 ]
 
 
-class Tracker(QuotaClaims):
+class Tracker(Releasing):
     """Pods by name, pool, caller, session and job; one lock over all of it."""
 
     # ---------------------------------------------------------------- membership
@@ -208,122 +210,6 @@ class Tracker(QuotaClaims):
                 usage[1] += n
             return lease
 
-    def unclaim(self, job_id: str, now: float) -> None:
-        """ASSIGNED -> IDLE: the binding did not commit, so no user code ran; the pods are untouched."""
-        with self._lock:
-            lease = self._leases.pop(job_id, None)
-            if lease is None:
-                return
-            for pod in lease.pods:
-                pod.move(IDLE)
-                pod.job = None
-                pod.retire = False
-                self._index_idle(pod)
-            self._unuse(lease)
-
-    def start(self, job_id: str) -> bool:
-        """ASSIGNED -> RUNNING, taking each pod's GPUs through the per-GPU gate.
-
-        False (and nothing changes) when another pod still runs on one of the GPUs: at most one pod
-        per physical GPU runs a job at a time; the caller retries when that pod's reset is verified.
-        """
-        with self._lock:
-            lease = self._leases.get(job_id)
-            pods = lease.pods if lease else ()
-            gate = self._gate
-            for pod in pods:
-                if gate and not self._gate_open(pod):
-                    return False
-            for pod in pods:
-                pod.move(RUNNING)
-                pod.used = True
-                if pod.standby:
-                    self._buckets[pod.pool].physical += 1  # promoted: it now holds the card's count
-                pod.standby = False  # promoted: the card's previous job is verified gone
-                for g in pod.gpus:
-                    gate[g] = pod.name
-            return True
-
-    def begin_reset(self, job_id: str, key: SessionKey) -> tuple[Pod, ...]:
-        """RUNNING (or ASSIGNED) -> RESETTING for every pod of the job; `key` becomes the owner."""
-        with self._lock:
-            lease = self._leases.pop(job_id, None)
-            return self._begin_reset(lease, key) if lease is not None else ()
-
-    def finish_reset(self, name: str, clean: bool, now: float, hold_seconds: float) -> bool:
-        """RESETTING -> IDLE held for its owner when clean and reusable; else -> RETIRING.
-
-        Returns True when the pod went back to the pool. The pod leaves the per-GPU gate here,
-        after the agent verified that the previous job's processes are gone.
-        """
-        with self._lock:
-            pod = self.pods.get(name)
-            if pod is None or pod.state is not RESETTING:
-                return False
-            return self._finish_reset(pod, clean, now, hold_seconds)
-
-    def release(self, job_id: str, key: SessionKey, now: float, hold_seconds: float) -> None:
-        """begin_reset + a clean finish_reset in one step, for resets known to be clean (fakes, benchmarks)."""
-        with self._lock:
-            lease = self._leases.pop(job_id, None)
-            if lease is not None:
-                for pod in self._begin_reset(lease, key, returning=False):
-                    self._finish_reset(pod, True, now, hold_seconds)
-
-    def _begin_reset(self, lease: Lease, key: SessionKey, returning: bool = True) -> tuple[Pod, ...]:
-        for pod in lease.pods:
-            if pod.state is ASSIGNED:  # the launch never went out; the pod may still be dirty
-                pod.move(RUNNING)
-            pod.move(RESETTING)
-            pod.caller = key[0]
-            pod.key = key
-            pod.job = None
-            if returning and not pod.retire and pod.origin is not Origin.SINGLE_USE and not pod.image:
-                self._returning[pod.name] = key
-                self._returning_keys[key] = self._returning_keys.get(key, 0) + 1
-        self._unuse(lease)
-        return lease.pods
-
-    def _finish_reset(self, pod: Pod, clean: bool, now: float, hold_seconds: float) -> bool:
-        if self._returning:
-            self._returned(pod)
-        if pod.gpus and clean:
-            # Only a verified reset opens the gate; an unclean pod keeps it until it is deleted.
-            self._leave_gate(pod)
-        if not clean or pod.retire or pod.origin is Origin.SINGLE_USE or (self._gangs and self._makes_room(pod)):
-            pod.move(RETIRING)
-            return False
-        pod.move(IDLE)
-        pod.idle_since = now
-        pod.hold_until = now + hold_seconds
-        self._index_idle(pod)
-        return True
-
-    def lost(self, name: str) -> Pod | None:
-        """A pod vanished or its agent stays unreachable: RETIRING from any live state."""
-        with self._lock:
-            pod = self.pods.get(name)
-            if pod is None or pod.state in (RETIRING, PodState.GONE):
-                return None
-            if pod.state is IDLE:
-                self._unindex_idle(pod)
-            if pod.state is ASSIGNED:
-                pod.move(RUNNING)
-            if pod.state is RUNNING:
-                pod.move(RESETTING)
-            self._returned(pod)
-            pod.move(RETIRING)  # the gate stays closed until remove(): its processes may still run
-            return pod
-
-    def retire_at_release(self, name: str) -> bool:
-        """Mark a busy pod to retire when its job ends (drain, preemption); False when it is not busy."""
-        with self._lock:
-            pod = self.pods.get(name)
-            if pod is None or pod.state not in (ASSIGNED, RUNNING, RESETTING):
-                return False
-            pod.retire = True
-            return True
-
     def reserve(self, pod: Pod, job_id: str) -> None:
         """Mark a STARTING pod as created for one single-use job."""
         with self._lock:
@@ -351,28 +237,6 @@ class Tracker(QuotaClaims):
             usage = self._usage.setdefault(caller, [0, 0])
             usage[0] += lease.gpus
             usage[1] += len(pods)
-
-    def end_session(self, key: SessionKey, jobs: Collection[str] = ()) -> tuple[list[str], list[str]]:
-        """A caller ended a session: its idle pods go RETIRING now, its busy ones retire at release.
-
-        A pod matches when it was last used by the session (`key`) or runs one of its `jobs` now.
-        Returns (retired now, retiring at release). Pods of other callers never match the key.
-        """
-        now_retired: list[str] = []
-        at_release: list[str] = []
-        with self._lock:
-            for pod in self.pods.values():
-                if pod.key != key and (pod.job is None or pod.job not in jobs):
-                    continue
-                if pod.state is IDLE:
-                    self._unindex_idle(pod)
-                    pod.move(RETIRING)
-                    self._leave_gate(pod)
-                    now_retired.append(pod.name)
-                elif pod.state in (ASSIGNED, RUNNING, RESETTING):
-                    pod.retire = True
-                    at_release.append(pod.name)
-        return now_retired, at_release
 
     # ---------------------------------------------------------------- views
 

@@ -11,12 +11,12 @@ the pods already made for it, or not now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 from broker.fleet.nodes import Fleet, Node
 from broker.fleet.placement import Ask, Topology, apply, place
-from broker.pods import Pod, PodState
+from broker.pods import Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 
 
@@ -93,3 +93,63 @@ def where_set(fleet: Fleet, spec: PoolSpec, pods: int, topology: str, near: Iter
             return []  # made apart (a backend that chose otherwise): nothing joins both
     placed = place(mine, Ask(pods, spec.gpus, cast(Topology, topology)))
     return placed.nodes() if placed is not None else []
+
+
+def held_beside(fleet: Fleet, pods: Iterable[Pod], owner: tuple[SessionKey, bool], topology: str,
+                near: Sequence[str], now: float) -> list[Pod]:
+    """The idle pods held for a waiting confined gang's caller that its claim takes before never-used ones
+    (broker.claiming.setsearch: its session's, and with `recycle` its caller's other sessions'), within one group
+    (node, or domain): the group of the pods already made for the set (`near`), else the one holding most of
+    them. The set made for the gang is only the rest, made beside them."""
+    key, recycle = owner
+    held = [p for p in pods if p.state is PodState.IDLE and p.key is not None and p.key[0] == key[0]
+            and (recycle or p.key == key) and p.hold_until > now and not p.standby and not p.image
+            and p.reserved_for is None]
+    if not held:
+        return []
+
+    def group(node: str) -> str:
+        load = fleet.loads.get(node)
+        return load.node.domain_key if topology == "domain" and load is not None else node
+
+    by_group: dict[str, list[Pod]] = {}
+    for pod in held:
+        by_group.setdefault(group(pod.node), []).append(pod)
+    if near:
+        return by_group.get(group(near[0]), [])
+    return max(by_group.values(), key=len)
+
+
+def set_ceilings(nodes: Iterable[Node], pools: Mapping[str, PoolSpec],
+                 seen: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, int]]:
+    """pool -> {`node`: n, `domain`: m}: the most pods of the pool one node, or one topology domain, can ever hold
+    (every GPU of the pool's nodes counted, busy or free; never two pods on one card). A pool whose nodes say
+    nothing (a CPU pool, no nodes reported, none match its `node_selector`) is left out: its limit is unknown.
+    `seen`: the ceilings measured before under the same catalog; a ceiling never drops below them, so a large node
+    that is briefly out (NotReady, cordoned for maintenance) fails no gang that only it can hold."""
+    fleet = Fleet(nodes)
+    out: dict[str, dict[str, int]] = {}
+    for name, spec in pools.items():
+        mine = pool_fleet(fleet, spec) if spec.gpus > 0 else Fleet(())
+        before = (seen or {}).get(name, {})
+        if not len(mine):
+            if before:
+                out[name] = dict(before)
+            continue
+        per_domain: dict[str, int] = {}
+        for load in mine.loads.values():
+            per_domain[load.node.domain_key] = per_domain.get(load.node.domain_key, 0) + load.node.size // spec.gpus
+        out[name] = {"node": max(max(load.node.size for load in mine.loads.values()) // spec.gpus,
+                                 before.get("node", 0)),
+                     "domain": max(max(per_domain.values()), before.get("domain", 0))}
+    return out
+
+
+def never_fits(ceilings: Mapping[str, Mapping[str, int]], spec: PoolSpec, pods: int, topology: str) -> str | None:
+    """Why a set of `pods` confined to one `topology` (node | domain) can never be placed in the pool, or None
+    when it could be (or the pool's limit is unknown: then it waits)."""
+    most = ceilings.get(spec.name, {}).get(topology)
+    if most is None or pods <= most:
+        return None
+    return (f"{pods} pods of {spec.gpus} GPUs must share one {topology} (topology: {topology}), but the largest "
+            f"{topology} of pool {spec.name!r} holds {most} such pods")

@@ -24,8 +24,8 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
-from broker.fleet.nodes import Fleet
-from broker.pods import Origin, Pod, PodState
+from broker.fleet.nodes import Fleet, Node
+from broker.pods import Origin, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo
 from broker.stats import Stats
@@ -77,6 +77,14 @@ class PoolController(Creating):
         whole set is made for each on one node (or domain), reserved for it (broker.claiming.setsearch)."""
         self.confined: dict[str, str] = {}
         """job id -> `node` | `domain` of the waiting confined jobs (single-use sets are placed so too)."""
+        self.set_owners: dict[str, tuple[SessionKey, bool]] = {}
+        """job id -> (session, recycle) of each gang in `sets`: whose held pods its claim may take."""
+        self.set_ceilings: dict[str, dict[str, int]] = {}
+        """pool -> {`node`, `domain`} -> the most pods one node (domain) of it can ever hold, from the backend's
+        nodes (placing.set_ceilings; replaced whole, never below an earlier pass's under the same catalog): a
+        confined gang larger never runs."""
+        self._measured: list[Node] | None = None
+        """The node list `set_ceilings` was measured on."""
         self.gangs: dict[str, list[tuple[str, int]]] = {}
         """pool -> waiting gangs (job id, pods) in dispatch order: demand pods are made for them, side by side."""
         self.waiting: Callable[[str], bool] = lambda job_id: False
@@ -108,10 +116,12 @@ class PoolController(Creating):
                       images: Mapping[str, tuple[str, bool]] | None = None,
                       gangs: Mapping[str, list[tuple[str, int]]] | None = None,
                       sets: Mapping[str, tuple[str, int]] | None = None,
-                      confined: Mapping[str, str] | None = None) -> None:
+                      confined: Mapping[str, str] | None = None,
+                      set_owners: Mapping[str, tuple[SessionKey, bool]] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
         on their caller's quota), unplaced single-use jobs, gangs that wait for a whole set on one node or
-        domain, and which waiting jobs are confined so (job -> `node` | `domain`)."""
+        domain (and whose session each is, and whether it may recycle), and which waiting jobs are confined so
+        (job -> `node` | `domain`)."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
         quota = {pool: dict(callers) for pool, callers in (over_quota or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
@@ -119,6 +129,7 @@ class PoolController(Creating):
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         self.sets = dict(sets or {})
+        self.set_owners = dict(set_owners or {})
         self.confined = dict(confined or {})
         self.images = dict(images or {})
         self.gangs = {pool: list(waiting) for pool, waiting in (gangs or {}).items()}
@@ -130,12 +141,18 @@ class PoolController(Creating):
     def update_pools(self, pools: Mapping[str, PoolSpec]) -> None:
         """A reloaded catalog: changed templates make older pods stale, and they drain from the next pass."""
         self.pools = dict(pools)
+        self._measured = self.backend.nodes()
+        self.set_ceilings = placing.set_ceilings(self._measured, self.pools)  # a new catalog: measured afresh
         self.wake()
 
     def reconcile_once(self) -> dict[str, Plan]:
         """Observe, plan and act for every pool; returns the plans (for tests and /v1/pools)."""
         now = self.clock.now()
-        self.tracker.set_domains({node.id: node.domain_key for node in self.backend.nodes()})
+        nodes = self.backend.nodes()
+        self.tracker.set_domains({node.id: node.domain_key for node in nodes})
+        if nodes != self._measured:  # comparing costs a tenth of measuring them again (128 nodes)
+            self._measured = nodes
+            self.set_ceilings = placing.set_ceilings(nodes, self.pools, self.set_ceilings)
         snapshot = self.tracker.snapshot()
         self._sync_ledgers(snapshot)
         by_pool: dict[str, list[Pod]] = {name: [] for name in self.pools}
@@ -171,7 +188,8 @@ class PoolController(Creating):
                     "the pool's node set"
                 p = Plan(create=created, reason=f"{p.reason}; {why} allowed {created}")
             self._note_throttle(spec, p, created, demand)
-            made, blocked_singles = self._make_sets(spec, pods, singles, spec.max_count - counts.physical - created)
+            made, blocked_singles, spared = self._make_sets(spec, pods, singles,
+                                                            spec.max_count - counts.physical - created)
             created += made
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
@@ -179,6 +197,8 @@ class PoolController(Creating):
                        - counts.retiring - len(orphaned))
             quota = self.over_quota.get(name, {})
             spare = {owner: n - quota.get(owner, 0) for owner, n in queued_by.items()}
+            for owner, n in spared.items():  # held pods that complete a waiting confined gang's set are its
+                spare[owner] = spare.get(owner, 0) + n
             broken = holds_to_break(pods, blocked, spare, now, self.hold_tenure,
                                     warm_demand=demand - sum(quota.values())) if not created else []
             broken = [b for b in broken if b.name not in retire]
@@ -271,20 +291,38 @@ class PoolController(Creating):
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
 
-    def _make_sets(self, spec: PoolSpec, pods: list[Pod], singles: list[tuple[str, int]], room: int) -> tuple[int, int]:
+    def _make_sets(self, spec: PoolSpec, pods: list[Pod], singles: list[tuple[str, int]],
+                   room: int) -> tuple[int, int, dict[str, int]]:
         """Pods made for one job, in dispatch order: single-use and custom-image sets, then gangs confined to a
         node or domain. Each job's whole set or nothing: pods made for one job serve no other, so a part of a
-        set would hold room another job could run in (two half-made sets deadlock). (pods made, pods blocked)"""
+        set would hold room another job could run in (two half-made sets deadlock). A confined gang's set counts
+        the idle pods held for its caller that its claim takes (placing.held_beside): only the rest is made,
+        beside them, and they keep their hold at the ceiling; a whole set elsewhere when there is no room beside
+        them. (pods made, pods blocked, caller -> held pods counted into sets)"""
         created = blocked = 0
+        spared: dict[str, int] = {}
         todo = [(job_id, n, False) for job_id, n in singles]
         todo += [(job_id, n, True) for job_id, n in wanted_sets(self.sets, spec.name, pods)]
         for job_id, n, gang in todo:
             fits = self.headroom(spec)
             where = self.confined.get(job_id, "")
-            if where:
-                nodes = placing.where_set(self.fleet(), spec, n, where, made_on(pods, job_id))
+            near = made_on(pods, job_id)
+            owner = self.set_owners.get(job_id) if gang else None
+            held = placing.held_beside(self.fleet(), pods, owner, where, near, self.clock.now())[:n] if owner else []
+            if held and where:
+                nodes = placing.where_set(self.fleet(), spec, n - len(held), where, near + [p.node for p in held])
+                if n > len(held) and not nodes:  # no room beside them: a whole set elsewhere
+                    held, nodes = [], placing.where_set(self.fleet(), spec, n, where, near)
+            elif where:
+                nodes = placing.where_set(self.fleet(), spec, n, where, near)
             else:
                 nodes = self.where(spec, n)
+            if held and owner:  # they complete the set (its claim takes them) and keep their hold at the ceiling
+                (caller, _, _), _ = owner
+                spared[caller] = spared.get(caller, 0) + len(held)
+                n -= len(held)
+                if n <= 0:
+                    continue
             if room < n or (fits is not None and fits < n) or len(nodes) < n:
                 blocked += n
                 continue
@@ -296,7 +334,7 @@ class PoolController(Creating):
             for node in nodes:  # headroom checked above
                 self._create(spec, origin, reserved_for=job_id, node=node, image=image, gang=(job_id, size) if gang
                              else ("", 1))
-        return created, blocked
+        return created, blocked, spared
 
     def where(self, spec: PoolSpec, pods: int) -> list[str]:
         """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""

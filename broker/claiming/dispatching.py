@@ -119,6 +119,9 @@ class Dispatcher:
         """job -> `node` | `domain` for every confined gang above and confined single-use set."""
         claimed = 0
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
+        # A queued job's session keeps its idle pod for it: no newer session of the caller recycles it first.
+        self.tracker.queued_sessions = frozenset((j.caller, j.spec.queue, j.spec.lease_tag)
+                                                 for j in self.queued.values() if not j.spec.own_pods)
         if self.preempter is not None:
             self.preempter.prune(self.book.live)
         for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique

@@ -5,7 +5,10 @@ queue (warm) -> a never-used idle pod (warm when it was ready before the job cam
 waited for it) -> the caller's idle pod of another session (recycled; only when the claim may recycle)
 -> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> at the pool's
 ceiling, the caller's least recently used session's pod (recycled, a takeover) -> nothing: the
-shortfall is demand for the pool controller, and the caller waits for a new pod.
+shortfall is demand for the pool controller, and the caller waits for a new pod. Neither a recycle nor
+a takeover takes the pod of a session whose own next job is queued (`queued_sessions`, set by the
+dispatcher each pass): that job runs on it warm in the same pass, where taking it would cost the session
+a pod start (and, with `reuse_tag: retire`, the pod itself).
 
 Runs under the tracker lock (broker.claiming.tracker): no I/O, no logging, small allocations only.
 """
@@ -99,11 +102,12 @@ class Search(TrackerState):
         for pod in reversed(bucket.fresh.values()):
             if usable(pod) and fresh(pod):
                 return picked
+        waiting = self.queued_sessions  # a session whose job is queued comes back now: its pod is not given up
         if mine and want.recycle:
             # Least recently released first: the session least likely to come back gives its pod up.
             reason = bucket.recycled_reason()
             for pod in list(mine.values()):
-                if usable(pod) and take(pod, Path.RECYCLED, reason):
+                if usable(pod) and pod.key not in waiting and take(pod, Path.RECYCLED, reason):
                     return picked
         if bucket.standby:
             # A standby may wait at the gate for its card's job: that wait is the handover. Cards nobody
@@ -120,7 +124,7 @@ class Search(TrackerState):
             # its pod over (the agent empties the workspace at the session change).
             reason = bucket.recycled_reason() if bucket.retire else REASON_TAKEOVER
             for pod in list(mine.values()):
-                if usable(pod) and take(pod, Path.RECYCLED, reason):
+                if usable(pod) and pod.key not in waiting and take(pod, Path.RECYCLED, reason):
                     return picked
         return Shortfall("no idle pod", n - len(picked))
 

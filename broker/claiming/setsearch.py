@@ -113,7 +113,8 @@ class SetSearch(Search):
         if mine and want.recycle:
             reason = bucket.recycled_reason()
             for pod in mine.values():  # least recently released first, as in the unconfined search
-                if pod.key != key and not (hint and pod.key is not None and pod.key[1] == want.queue):
+                if pod.key != key and pod.key not in self.queued_sessions \
+                        and not (hint and pod.key is not None and pod.key[1] == want.queue):
                     yield pod, Path.RECYCLED, reason
 
     def _fresh_in(self, bucket: Bucket, want: Claim, g: str, group: Callable[[str], str]) -> Iterator[Pick]:

@@ -178,6 +178,9 @@ class TrackerState:
         """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
         self._domains: dict[str, str] = {}
         """node id -> topology domain (broker.claiming.setsearch); replaced whole, never changed in place."""
+        self.queued_sessions: frozenset[SessionKey] = frozenset()
+        """Sessions with a job in the queue (the dispatcher sets it each pass): their idle pods are theirs to take
+        warm, so no other session of the caller recycles or takes them over."""
 
     def _gate_open(self, pod: Pod) -> bool:
         """No other pod runs a job on any of this pod's GPUs."""

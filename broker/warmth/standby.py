@@ -68,15 +68,16 @@ def plan_standbys(spec: PoolSpec, pods: Iterable[Pod], now: float) -> StandbyPla
 
     A card whose active pod is gone or retiring keeps its idle standbys for the pool's keep-alive:
     the next job that finds no idle pod claims one (the handover) without waiting for a new pod.
-    A card held only by single-use pods gets no standbys: no job of theirs can take one, and a standby
-    left behind when the pod is deleted would hold the card for a keep-alive that single-use jobs wait out.
+    A card held only by single-use or custom-image pods gets no standbys: no job of theirs can take one, and a
+    standby left behind when the pod is deleted would hold the card for a keep-alive that such jobs wait out
+    (at the ceiling, the standbys of a card with no active pod give way to them: broker.warmth.holds).
     """
     want = spec.standbys_per_active if spec.gpus > 0 else 0
     create: list[GroupKey] = []
     retire: list[str] = []
     for group in groups(pods).values():
         idle = sorted((p for p in group.standbys if p.state is PodState.IDLE), key=lambda p: p.idle_since)
-        if want > 0 and any(p.origin is not Origin.SINGLE_USE for p in group.actives):
+        if want > 0 and any(p.origin is not Origin.SINGLE_USE and not p.image for p in group.actives):
             create.extend([group.key] * max(0, want - len(group.standbys)))
             excess = len(group.standbys) - want
             if excess > 0:

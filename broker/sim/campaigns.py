@@ -61,13 +61,6 @@ class ArmRun:
         return Counter(str(j.path) for j in self.result.jobs)
 
 
-def campaign_pool(venue: Venue, arms: Sequence[Arm]) -> PoolSpec:
-    """The venue's benchmark pool with the tag as a retiring boundary; no standbys when an arm is single-use
-    (a standby staged beside a single-use pod outlives it, broker.sim.scenarios.run_plan)."""
-    single = "fresh-pod" in arms
-    return loop_pool(venue, "reuse-off", standbys=0 if single else None)
-
-
 def run_campaign(
     name: str,
     venue: Venue,
@@ -80,7 +73,7 @@ def run_campaign(
     seed: int | None = None,
 ) -> list[ArmRun]:
     """Every repeat (one plan per seed) under every arm in Williams order, on one pool in one simulation."""
-    spec = campaign_pool(venue, arms)
+    spec = loop_pool(venue, "reuse-off")  # the tag a retiring boundary; every arm of the campaign shares it
     marks: list[tuple[Arm, int, float, float, int]] = []
     first_seed = seeds[0] if seed is None else seed
 

@@ -67,11 +67,8 @@ async def run_caller(sim: Simulation, caller: Caller, arm: Arm, pool: str, offse
 def run_plan(plan: Plan, venue: Venue, arm: Arm, seed: int, *, pool: PoolSpec | None = None,
              prewarm: bool | None = None, tick_dispatch: bool = False) -> RunResult:
     """One repeat of a plan under one arm, from an empty pool (`prewarm`: from a pool filled to its cap
-    with idle, unheld pods and their standbys, as a repeat that follows another arm's may find it).
-
-    The fresh-pod arm's pool stages no standbys: a standby staged beside a single-use pod outlives it
-    and, counted as its card's group, holds a place under the cap that no single-use job can use."""
-    spec = pool or loop_pool(venue, arm, standbys=0 if arm == "fresh-pod" else None)
+    with idle, unheld pods and their standbys, as a repeat that follows another arm's may find it)."""
+    spec = pool or loop_pool(venue, arm)
     warm = bool(prewarm)
 
     async def driver(sim: Simulation) -> None:

@@ -3,8 +3,9 @@
 A real `firepool serve` on the local backend (bubblewrap pods, SQLite job store) with a pool of P pods
 kept ready (min_count = P), measured at P = 4 and P = 16. 20 client threads, each with its own HTTP
 session and caller-default (no) tag, each submit `true` and wait for it to finish, back to back, until
-2,000 jobs have run. Figures: jobs/s (jobs / wall time), submit -> finish p50/p99 as the client sees it,
-and the broker process's CPU seconds per job: utime + stime of its /proc/<pid>/stat, read before the
+2,000 jobs have run. A job is one request, POST /v1/jobs?wait_s=60 (as the SDK's `run`; a job still running
+after it is waited for with GET); `--two-requests` submits, then waits with GET /v1/jobs/{id}?wait_s=.
+Figures: jobs/s (jobs / wall time), submit -> finish p50/p99 as the client sees it, and the broker process's CPU seconds per job: utime + stime of its /proc/<pid>/stat, read before the
 first submit and after the last job finished (the pods' agents are other processes and not counted).
 """
 
@@ -46,7 +47,7 @@ def _pools(pods: int) -> str:
             f"idle_timeout: 600, step: {pods}}}\n")
 
 
-def run(pods: int, jobs: int, threads: int) -> Run:
+def run(pods: int, jobs: int, threads: int, one_request: bool = True) -> Run:
     with BenchBroker(pools=_pools(pods)) as broker:
         with broker.client() as c:
             deadline = time.monotonic() + 120
@@ -63,6 +64,7 @@ def run(pods: int, jobs: int, threads: int) -> Run:
         lock = threading.Lock()
         share = [jobs // threads + (1 if i < jobs % threads else 0) for i in range(threads)]
         start = threading.Barrier(threads + 1)
+        submit_wait = {"wait_s": 60} if one_request else None  # as the SDK's run(); else submit, then GET ?wait_s=
 
         def client(n: int) -> None:
             mine: list[float] = []
@@ -71,7 +73,7 @@ def run(pods: int, jobs: int, threads: int) -> Run:
                 start.wait()
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    job = session.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}).json()
+                    job = session.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}, params=submit_wait).json()
                     while job["state"] not in TERMINAL:
                         job = session.get(f"/v1/jobs/{job['id']}", params={"wait_s": 60}).json()
                     mine.append(time.perf_counter() - t0)
@@ -98,11 +100,13 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=20)
     parser.add_argument("--pods", type=int, action="append", help="pool sizes (default: 4 and 16)")
+    parser.add_argument("--two-requests", action="store_true",
+                        help="each job as POST then GET ?wait_s= (the clients before POST took wait_s)")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     raw = {}
     for pods in args.pods or [4, 16]:
-        r = run(pods, args.jobs, args.threads)
+        r = run(pods, args.jobs, args.threads, one_request=not args.two_requests)
         rate = r.jobs / r.wall_s
         cpu_ms = r.cpu_s / max(r.jobs, 1) * 1000
         p50, p99 = percentile(r.latencies, 50) * 1000, percentile(r.latencies, 99) * 1000

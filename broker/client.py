@@ -91,6 +91,11 @@ def _raise_for(response: httpx.Response) -> None:
     raise err
 
 
+RUN_WAIT = {"wait_s": 60.0}
+"""`run` submits and waits in one request; a job still running after it is waited for with GET, as `wait` does.
+A broker that predates `wait_s` on POST ignores it and answers at once: `run` then waits with GET."""
+
+
 def _job_body(command: Sequence[str], pool: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     """The submit request; it always carries an idempotency key, so a retried submit cannot duplicate."""
     body: dict[str, Any] = {"pool": pool, "command": list(command)}
@@ -174,8 +179,10 @@ class Client:
                 return job
 
     def run(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
-        """submit + wait."""
-        return self.wait(self.submit(command, pool, **fields).id)
+        """submit + wait: one request for a job that ends within a minute (POST /v1/jobs?wait_s=)."""
+        body = _job_body(command, pool, fields)
+        job = JobInfo.from_json(self._call("POST", "/v1/jobs", json=body, params=RUN_WAIT).json())
+        return job if job.terminal else self.wait(job.id)
 
     def cancel(self, job_id: str) -> JobInfo:
         return JobInfo.from_json(self._call("POST", f"/v1/jobs/{job_id}/cancel").json())
@@ -305,7 +312,9 @@ class AsyncClient:
                 return job
 
     async def run(self, command: Sequence[str], pool: str = "cpu", **fields: Any) -> JobInfo:
-        return await self.wait((await self.submit(command, pool, **fields)).id)
+        body = _job_body(command, pool, fields)
+        job = JobInfo.from_json((await self._call("POST", "/v1/jobs", json=body, params=RUN_WAIT)).json())
+        return job if job.terminal else await self.wait(job.id)
 
     async def cancel(self, job_id: str) -> JobInfo:
         return JobInfo.from_json((await self._call("POST", f"/v1/jobs/{job_id}/cancel")).json())

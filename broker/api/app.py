@@ -59,6 +59,9 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
                           {"field": first["field"] or "body", "errors": details})
 
 
+WAIT_ON_SUBMIT = ("Answer once the job is terminal or this many seconds passed (as GET /v1/jobs/{id}?wait_s=): "
+                  "submit and wait in one request. The job is stored before the wait begins.")
+
 MAX_EVENT_ID = 2**31 - 1
 """Largest event id `since` may name (the events table's 32-bit id); any bigger one means the same."""
 
@@ -142,8 +145,11 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         return {"caller": who}
 
     @app.post("/v1/jobs", status_code=201, responses={201: {"model": JobView}, 200: {"model": JobView}, **ERRORS})
-    async def submit(body: JobRequest, who: Caller) -> JSONResponse:
+    async def submit(body: JobRequest, who: Caller,
+                     wait_s: Annotated[float, Query(ge=0, le=300, description=WAIT_ON_SUBMIT)] = 0.0) -> JSONResponse:
         job, created = await cp.submit(who, body.to_spec())
+        if wait_s > 0 and not job.terminal:
+            job = await cp.wait(who, job.id, wait_s)
         return JSONResponse(job_view(job, cp.waiting_reason(job.id)), status_code=201 if created else 200)
 
     @app.get("/v1/jobs", responses=ERRORS)

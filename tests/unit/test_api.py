@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -117,6 +119,33 @@ async def test_submitted_job_view_has_the_contract_fields(api) -> None:
     assert launched.env["FIREPOOL_CALLER"] == "alice" and "LD_PRELOAD" not in launched.env
 
 
+async def test_submit_with_wait_s_answers_once_the_job_finished(api) -> None:
+    request = asyncio.create_task(api.post("/v1/jobs", json={"pool": "cpu", "command": ["sleep", "1"]},
+                                           params={"wait_s": 30}, headers=auth()))
+    await api.h.until(request.done, timeout=10)
+    r = request.result()
+    assert r.status_code == 201
+    assert r.json()["state"] == "SUCCEEDED" and r.json()["exit_code"] == 0
+
+
+async def test_submit_with_wait_s_answers_as_the_job_stands_when_the_wait_ends(api) -> None:
+    request = asyncio.create_task(api.post("/v1/jobs", json={"pool": "cpu", "command": ["hang"]},
+                                           params={"wait_s": 2}, headers=auth()))
+    await api.h.until(request.done, timeout=10)
+    assert api.h.clock.now() >= 2
+    r = request.result()
+    assert r.status_code == 201 and r.json()["state"] == "RUNNING"
+
+
+@pytest.mark.parametrize("wait_s", ["-1", "301", "soon"])
+async def test_submit_with_a_bad_wait_s_is_422_and_stores_nothing(api, wait_s) -> None:
+    r = await api.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}, params={"wait_s": wait_s},
+                       headers=auth())
+    err = assert_error(r, 422, "InvalidRequest")
+    assert err["details"]["field"] == "query.wait_s"
+    assert api.h.store.list_jobs() == []
+
+
 async def test_idempotent_submit_returns_200_with_the_same_job(api) -> None:
     body = {"pool": "cpu", "command": ["true"], "idempotency_key": "once"}
     first = await api.post("/v1/jobs", json=body, headers=auth())
@@ -156,3 +185,5 @@ async def test_cancel_via_api(api) -> None:
 async def test_openapi_is_served(api) -> None:
     spec = (await api.get("/openapi.json")).json()
     assert "/v1/jobs" in spec["paths"] and "/v1/jobs/{job_id}/logs" in spec["paths"]
+    submit_params = {p["name"]: p for p in spec["paths"]["/v1/jobs"]["post"]["parameters"]}
+    assert submit_params["wait_s"]["in"] == "query" and submit_params["wait_s"]["schema"]["maximum"] == 300

@@ -163,9 +163,10 @@ class PoolSpec:
     def keep_alive(self) -> float:
         return math.inf if self.idle_timeout is None else self.idle_timeout
 
-    @property
+    @functools.cached_property
     def template_hash(self) -> str:
-        """Changes when anything that shapes a pod changes; older pods are stale."""
+        """Changes when anything that shapes a pod changes; older pods are stale. Computed once per spec
+        (the spec is frozen; a catalog change makes a new one): every reconcile pass reads it per pod."""
         shape = {"gpus": self.gpus, "accelerator": self.accelerator, "cpus": self.cpus,
                  "template": self.template, "keep": self.keep_paths, "wipe": self.wipe_paths}
         if self.shared_paths:  # only when set: adding the knob leaves existing pods current

@@ -27,8 +27,14 @@ _LIMITS = {
 }
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""One encoder: `json.dumps` with options builds a new one per call, and a write encodes three documents."""
+_TIMINGS = frozenset(TIMING_FIELDS)
+_NO_TIMINGS: dict[str, Any] = dict.fromkeys(TIMING_FIELDS)
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def _check_lengths(row: Mapping[str, Any], what: str) -> None:
@@ -39,47 +45,47 @@ def _check_lengths(row: Mapping[str, Any], what: str) -> None:
                                  {"field": name, "max_length": limit})
 
 
-_SPEC_JSON: dict[str, tuple[JobSpec, str]] = {}
-_SPEC_JSON_KEPT = 8192
+_FIXED: dict[str, tuple[JobSpec, str, dict[str, Any]]] = {}
+_FIXED_KEPT = 8192
 
 
-def _spec_json(job: Job) -> str:
-    """The spec's JSON document, encoded once per spec: every write of a job rewrites its row, and a job's
-    versions share one frozen `JobSpec` object, so encoding it again (asdict deep-copies) is waste."""
-    hit = _SPEC_JSON.get(job.id)
-    if hit is not None and hit[0] is job.spec:
-        return hit[1]
-    encoded = _dumps(job.spec.to_json())
-    if len(_SPEC_JSON) >= _SPEC_JSON_KEPT:
-        _SPEC_JSON.clear()
-    _SPEC_JSON[job.id] = (job.spec, encoded)
-    return encoded
+def _fixed_columns(job: Job) -> dict[str, Any]:
+    """The columns that come from the job's id, caller and spec, encoded and length-checked once per spec:
+    every write of a job rewrites its row, and a job's versions share one frozen `JobSpec` object, so
+    encoding it again (asdict deep-copies) and checking the same names again is waste."""
+    hit = _FIXED.get(job.id)
+    if hit is not None and hit[0] is job.spec and hit[1] == job.caller:
+        return hit[2]
+    spec = job.spec
+    fixed = {
+        "id": job.id, "caller": job.caller, "pool": spec.pool, "priority": spec.priority, "queue": spec.queue,
+        "lease_tag": spec.lease_tag, "idempotency_key": spec.idempotency_key, "pods": spec.pods,
+        "max_retries": spec.max_retries, "spec": _dumps(spec.to_json()),
+    }
+    _check_lengths(fixed, "job")
+    if len(_FIXED) >= _FIXED_KEPT:
+        _FIXED.clear()
+    _FIXED[job.id] = (spec, job.caller, fixed)
+    return fixed
 
 
 def job_row(job: Job, now: float) -> dict[str, Any]:
     """Every column of `job`'s row; `created_at` is set by the caller's statement only on insert."""
-    unknown = set(job.timings) - set(TIMING_FIELDS)
-    if unknown:
+    if not _TIMINGS.issuperset(job.timings):
+        unknown = set(job.timings) - _TIMINGS
         raise ValueError(f"job {job.id}: unknown timing fields {sorted(unknown)}")
-    spec = job.spec
+    error_class = job.error_class
+    if error_class is not None and len(error_class) > schema.ERROR_CLASS_LENGTH:
+        _check_lengths({"error_class": error_class}, "job")
     row: dict[str, Any] = {
-        "id": job.id,
-        "caller": job.caller,
-        "pool": spec.pool,
+        **_fixed_columns(job),
         "state": str(job.state),
         "version": job.version,
-        "priority": spec.priority,
-        "queue": spec.queue,
-        "lease_tag": spec.lease_tag,
-        "idempotency_key": spec.idempotency_key,
-        "pods": spec.pods,
         "retries": job.retries,
-        "max_retries": spec.max_retries,
         "exit_code": job.exit_code,
-        "error_class": job.error_class,
+        "error_class": error_class,
         "error_message": job.error_message,
         "cancel_requested": bool(job.cancel_requested),
-        "spec": _spec_json(job),
         # Most of these are empty on most writes: "[]" without a trip through the encoder.
         "pods_bound": _dumps(list(job.pods)) if job.pods else "[]",
         "acquisition": _dumps([a.to_json() for a in job.acquisition]) if job.acquisition else "[]",
@@ -87,9 +93,8 @@ def job_row(job: Job, now: float) -> dict[str, Any]:
         "created_at": now,
         "updated_at": now,
     }
-    for name in TIMING_FIELDS:
-        row[name] = job.timings.get(name)
-    _check_lengths(row, "job")
+    row.update(_NO_TIMINGS)  # every timing column, then the job's (all of them named in TIMING_FIELDS)
+    row.update(job.timings)
     return row
 
 
@@ -106,7 +111,8 @@ def attempt_rows(job: Job) -> list[dict[str, Any]]:
             "finished_at": a.finished_at, "exit_code": a.exit_code, "error_class": a.error_class,
             "message": a.message, "timings": _dumps(dict(a.timings)) if a.timings else None,
         }
-        _check_lengths({"error_class": a.error_class}, "attempt")
+        if a.error_class is not None and len(a.error_class) > schema.ERROR_CLASS_LENGTH:
+            _check_lengths({"error_class": a.error_class}, "attempt")
         rows.append(row)
     return rows
 

@@ -37,6 +37,31 @@ def _dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def _verbatim(value: str) -> bool:
+    """JSON writes `value` as itself between quotes (ensure_ascii off): no quote, no backslash, and no control
+    character (isprintable is stricter than JSON needs: a string it refuses goes through the encoder)."""
+    return value.isprintable() and '"' not in value and "\\" not in value
+
+
+def _names(values: tuple[str, ...]) -> str:
+    """`_dumps(list(values))` for a tuple of strings, without the encoder's fixed cost (~2 µs a call, three calls a
+    write) when no name needs escaping, as pod names never do."""
+    if all(map(_verbatim, values)):
+        return '["' + '","'.join(values) + '"]' if values else "[]"
+    return _dumps(list(values))
+
+
+def _acquisition(acquisition: tuple[Acquisition, ...]) -> str:
+    """`_dumps([a.to_json() for a in acquisition])`, written directly when no value needs escaping."""
+    parts = []
+    for a in acquisition:
+        if not (_verbatim(a.pod) and _verbatim(a.path) and (a.reason is None or _verbatim(a.reason))):
+            return _dumps([a.to_json() for a in acquisition])
+        reason = "null" if a.reason is None else f'"{a.reason}"'
+        parts.append(f'{{"pod":"{a.pod}","path":"{a.path}","reason":{reason}}}')
+    return "[" + ",".join(parts) + "]"
+
+
 def _check_lengths(row: Mapping[str, Any], what: str) -> None:
     for name, limit in _LIMITS.items():
         value = row.get(name)
@@ -87,8 +112,8 @@ def job_row(job: Job, now: float) -> dict[str, Any]:
         "error_message": job.error_message,
         "cancel_requested": bool(job.cancel_requested),
         # Most of these are empty on most writes: "[]" without a trip through the encoder.
-        "pods_bound": _dumps(list(job.pods)) if job.pods else "[]",
-        "acquisition": _dumps([a.to_json() for a in job.acquisition]) if job.acquisition else "[]",
+        "pods_bound": _names(job.pods),
+        "acquisition": _acquisition(job.acquisition),
         "dropped_env": _dumps([dict(d) for d in job.dropped_env]) if job.dropped_env else "[]",
         "created_at": now,
         "updated_at": now,
@@ -106,7 +131,7 @@ def attempt_rows(job: Job) -> list[dict[str, Any]]:
         if len(a.id) > schema.ATTEMPT_ID_LENGTH:
             raise InvalidRequest(f"attempt id is longer than {schema.ATTEMPT_ID_LENGTH} characters")
         row = {
-            "id": a.id, "job_id": a.job_id, "n": a.n, "pods": _dumps(list(a.pods)), "state": str(a.state),
+            "id": a.id, "job_id": a.job_id, "n": a.n, "pods": _names(a.pods), "state": str(a.state),
             "launched_at": a.launched_at, "first_instruction_at": a.first_instruction_at,
             "finished_at": a.finished_at, "exit_code": a.exit_code, "error_class": a.error_class,
             "message": a.message, "timings": _dumps(dict(a.timings)) if a.timings else None,

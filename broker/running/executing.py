@@ -124,7 +124,11 @@ class Executor:
         requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
                     for rank, pod in enumerate(lease.pods)]
         self.launched[job.id] = attempt.id  # before the launch returns: cancel and signal reach it meanwhile
-        results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
+        if len(requests) == 1:  # awaited inline: gather would wrap the one call in a task of its own
+            results = [await self._launch(lease.pods[0], requests[0])]
+        else:
+            results = list(await asyncio.gather(*(self._launch(pod, req)
+                                                  for pod, req in zip(lease.pods, requests, strict=True))))
         first = results[0]
         if any(r is None or (not r.running and r.error_class) for r in results):
             # A rank could not start: the attempt fails as a whole; stop the ranks that did start.

@@ -89,9 +89,30 @@ class PreparedIn:
         assert isinstance(compiled, SQLCompiler)
         self._compiled = compiled
         self._name = name
+        self._expanded: dict[int, tuple[str, tuple[str, ...]]] = {}
+        """Padded list length -> the expanded statement and its parameter names in order."""
 
     def rows(self, conn: sa.Connection, values: Sequence[Any]) -> list[Any]:
-        """The statement's rows for these values of the `IN` list."""
-        state = self._compiled.construct_expanded_state({self._name: list(values)})
-        params = state.positional_parameters if self._compiled.positional else state.parameters
-        return list(conn.exec_driver_sql(state.statement, params))
+        """The statement's rows for these values of the `IN` list (which must not be empty).
+
+        The list is padded to a power of two by repeating its last value (`x IN (a, b, b)` selects what
+        `x IN (a, b)` does), so a handful of expanded statements serve every length; each is expanded by
+        SQLAlchemy once and then only given the values."""
+        size = 1 << (len(values) - 1).bit_length()
+        padded = [*values, *[values[-1]] * (size - len(values))]
+        expanded = self._expanded.get(size)
+        if expanded is None:
+            markers = [f"\x00{i}" for i in range(size)]
+            state = self._compiled.construct_expanded_state({self._name: markers})
+            names: tuple[str, ...] = () if self._compiled.positional else tuple(state.parameters)
+            sent = (
+                list(state.positional_parameters)
+                if self._compiled.positional
+                else list(state.parameters.values())
+            )
+            if sent != markers:  # the list must be the statement's only parameters, in order
+                raise ValueError(f"unexpected parameters in the expanded statement: {sent[:3]}...")
+            expanded = self._expanded[size] = (state.statement, names)
+        statement, order = expanded
+        params: Any = tuple(padded) if self._compiled.positional else dict(zip(order, padded, strict=True))
+        return list(conn.exec_driver_sql(statement, params))

@@ -70,6 +70,9 @@ def _check_lengths(row: Mapping[str, Any], what: str) -> None:
                                  {"field": name, "max_length": limit})
 
 
+FIXED_COLUMNS = ("id", "caller", "pool", "priority", "queue", "lease_tag", "idempotency_key", "pods", "max_retries",
+                 "spec")
+"""The columns that come from a job's id, caller and spec alone."""
 _FIXED: dict[str, tuple[JobSpec, str, dict[str, Any]]] = {}
 _FIXED_KEPT = 8192
 
@@ -87,6 +90,7 @@ def _fixed_columns(job: Job) -> dict[str, Any]:
         "lease_tag": spec.lease_tag, "idempotency_key": spec.idempotency_key, "pods": spec.pods,
         "max_retries": spec.max_retries, "spec": _dumps(spec.to_json()),
     }
+    assert tuple(fixed) == FIXED_COLUMNS
     _check_lengths(fixed, "job")
     if len(_FIXED) >= _FIXED_KEPT:
         _FIXED.clear()

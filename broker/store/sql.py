@@ -80,6 +80,9 @@ def _transient(exc: sa.exc.DBAPIError) -> bool:
 
 
 _NEVER_UPDATED = ("id", "created_at")
+_UPDATABLE = tuple(c.name for c in jobs.columns if c.name not in _NEVER_UPDATED)
+_VOLATILE = tuple(name for name in _UPDATABLE if name not in rows.FIXED_COLUMNS)
+"""The columns a write can change while the job's id, caller and spec stay (rows.FIXED_COLUMNS come from those)."""
 
 
 class SqlJobStore:
@@ -289,9 +292,11 @@ class SqlJobStore:
         for job_id, row in full.items():
             before = self._written.get(job_id)
             if before is not None and before["version"] == locked[job_id]:  # the database holds exactly `before`
-                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED and before[k] != v}
+                # The same spec text object means the same rows._fixed_columns entry: those columns are unchanged.
+                keys = _VOLATILE if before["spec"] is row["spec"] else _UPDATABLE
+                sent = {k: row[k] for k in keys if before[k] != row[k]}
             else:
-                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED}
+                sent = {k: row[k] for k in _UPDATABLE}
             sent["w_id"], sent["w_version"] = job_id, locked[job_id]
             by_columns.setdefault(tuple(sent), []).append(sent)  # one executemany needs one column list
         updated = sum(self._prepared_update(columns).run(conn, params) for columns, params in by_columns.items())

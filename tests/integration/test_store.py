@@ -169,16 +169,20 @@ def test_a_group_commit_hands_its_rows_to_the_driver_without_sqlalchemy_building
         store: SqlJobStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-row parameter building in SQLAlchemy was the largest CPU cost of a big group commit: the store's
     statements are compiled once and their rows go to the driver as they are (broker.store.prepared)."""
-    queued = [store.insert(make_job(f"j-{i}", state=JobState.QUEUED, version=1)) for i in range(40)]
+    queued = [store.insert(make_job(f"j-{i:02}", state=JobState.QUEUED, version=1)) for i in range(37)]
+    rival = transition(queued[7], JobState.CANCELLED, at=2.0)
+    assert store.commit([(rival, queued[7].version)]) == [True]  # j-07's write below loses, alone
     built: list[int] = []
     construct = SQLCompiler.construct_params
     monkeypatch.setattr(SQLCompiler, "construct_params",
                         lambda self, *a, **kw: built.append(1) or construct(self, *a, **kw))
     running = [transition(j, JobState.RUNNING, at=3.0, pods=(f"p-{i}",)) for i, j in enumerate(queued)]
     new = [make_job(f"n-{i}", state=JobState.QUEUED, version=1) for i in range(40)]
-    assert store.commit([(j, q.version) for j, q in zip(running, queued, strict=True)], new) == [True] * 40
+    won = store.commit([(j, q.version) for j, q in zip(running, queued, strict=True)], new)
+    assert won == [i != 7 for i in range(37)]  # 37 ids: the locking read pads its IN list to 64
     assert len(built) <= 2  # the locking read's IN list at most; before: one per row and statement (>= 80)
-    assert [store.get(j.id) for j in running + new] == running + new
+    stored = [*running[:7], rival, *running[8:], *new]
+    assert [store.get(j.id) for j in stored] == stored
 
 
 def test_a_boolean_and_whole_number_times_survive_the_driver_level_writes(store: SqlJobStore) -> None:

@@ -115,7 +115,7 @@ class Executor:
         except FirepoolError as exc:  # the ranks could not meet: the attempt fails as a whole, before any runs
             await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.LAUNCH_ERROR, str(exc))
             return
-        bound = await self._deliver(job, lease.pods)
+        bound = await self._deliver(job, lease.pods) if job.spec.extra.get("package") is not None else {}
         if isinstance(bound, str):  # no rank starts without its code
             await self._fail_launch(job, attempt.id, lease.pods, ErrorClass.PACKAGE_ERROR, bound)
             return
@@ -124,7 +124,11 @@ class Executor:
         requests = [self._request(job, attempt.id, pod, rank, len(lease.pods), rdzv)
                     for rank, pod in enumerate(lease.pods)]
         self.launched[job.id] = attempt.id  # before the launch returns: cancel and signal reach it meanwhile
-        results = await asyncio.gather(*(self._launch(pod, req) for pod, req in zip(lease.pods, requests, strict=True)))
+        if len(requests) == 1:  # awaited inline: gather would wrap the one call in a task of its own
+            results = [await self._launch(lease.pods[0], requests[0])]
+        else:
+            results = list(await asyncio.gather(*(self._launch(pod, req)
+                                                  for pod, req in zip(lease.pods, requests, strict=True))))
         first = results[0]
         if any(r is None or (not r.running and r.error_class) for r in results):
             # A rank could not start: the attempt fails as a whole; stop the ranks that did start.
@@ -135,7 +139,8 @@ class Executor:
             await self.finish(job.id, attempt.id, lease.pods, statuses)
             return
         assert first is not None
-        results[0] = first = dataclasses.replace(first, timings={**first.timings, **bound})
+        if bound:  # the package push's timings ride on rank 0's status
+            results[0] = first = dataclasses.replace(first, timings={**first.timings, **bound})
         submitted = job.timings.get("submitted_at")
         if first.first_instruction_at is not None and submitted is not None:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)

@@ -33,6 +33,7 @@ from broker.events import Event, detail_text
 from broker.jobs import Job, JobState
 from broker.store import migrating, rows
 from broker.store.engines import WRITE, create_store_engine, normalize_url
+from broker.store.prepared import Prepared, PreparedIn
 from broker.store.schema import NAME_LENGTH, attempts, events, jobs
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ _IN_CHUNK = 500
 """Ids per locking read: long IN lists stay well under every server's parameter limits."""
 _ROWS_KEPT = 8192
 """Rows remembered for sending only changed columns; past it the memory starts over (a write then sends its whole row)."""
+_STATEMENTS_KEPT = 256
+"""Prepared UPDATEs, one per set of changed columns; past it the cache starts over."""
 
 
 @contextlib.contextmanager
@@ -77,6 +80,9 @@ def _transient(exc: sa.exc.DBAPIError) -> bool:
 
 
 _NEVER_UPDATED = ("id", "created_at")
+_UPDATABLE = tuple(c.name for c in jobs.columns if c.name not in _NEVER_UPDATED)
+_VOLATILE = tuple(name for name in _UPDATABLE if name not in rows.FIXED_COLUMNS)
+"""The columns a write can change while the job's id, caller and spec stay (rows.FIXED_COLUMNS come from those)."""
 
 
 class SqlJobStore:
@@ -87,13 +93,20 @@ class SqlJobStore:
     def __init__(self, engine: sa.Engine, *, clock: Clock | None = None) -> None:
         self._engine = engine
         self._clock = clock or RealClock()
+        dialect = engine.dialect
         self._update = jobs.update().where(jobs.c.id == sa.bindparam("w_id"),
                                            jobs.c.version == sa.bindparam("w_version"))
-        self._upsert_attempts = _attempt_upsert(engine.dialect.name)
-        self._upsert_jobs = _job_upsert() if engine.dialect.name in ("mysql", "mariadb") else None
-        self._lock = (sa.select(jobs.c.id, jobs.c.version)
-                      .where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
-                      .order_by(jobs.c.id).with_for_update())
+        self._updates: dict[tuple[str, ...], Prepared] = {}
+        """The version-guarded UPDATE per set of columns sent, compiled once (broker.store.prepared)."""
+        job_columns = [c.name for c in jobs.columns]
+        self._upsert_attempts = Prepared(_attempt_upsert(dialect.name), dialect, rows.ATTEMPT_COLUMNS)
+        self._upsert_jobs = (Prepared(_job_upsert(), dialect, job_columns)
+                             if dialect.name in ("mysql", "mariadb") else None)
+        self._insert_jobs = Prepared(jobs.insert(), dialect, job_columns)
+        self._insert_attempts = Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS)
+        self._lock = PreparedIn(sa.select(jobs.c.id, jobs.c.version)
+                                .where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
+                                .order_by(jobs.c.id).with_for_update(), dialect, "ids")
         self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
         self._written: dict[str, dict[str, Any]] = {}
         """job id -> the row this store last committed for it. A write whose row still holds that version
@@ -226,7 +239,7 @@ class SqlJobStore:
             version: dict[str, int] = {}
             for i in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[i:i + _IN_CHUNK]
-                version.update((row[0], row[1]) for row in conn.execute(self._lock.params(ids=chunk)))
+                version.update((row[0], row[1]) for row in self._lock.rows(conn, chunk))
             locked = dict(version)
             final: dict[str, Job] = {}
             upserts: dict[str, dict[str, Any]] = {}
@@ -240,14 +253,12 @@ class SqlJobStore:
             if final:
                 committed.update(self._write_rows(conn, [final[i] for i in sorted(final)], locked, now))
             if upserts:
-                conn.execute(self._upsert_attempts, list(upserts.values()))
+                self._upsert_attempts.run(conn, list(upserts.values()))
             if inserts:
                 new_rows = [rows.job_row(job, now) for job in inserts]
-                conn.execute(jobs.insert(), new_rows)
+                self._insert_jobs.run(conn, new_rows)
                 committed.update((row["id"], row) for row in new_rows)
-                new_attempts = [a for job in inserts for a in rows.attempt_rows(job)]
-                if new_attempts:
-                    conn.execute(attempts.insert(), new_attempts)
+                self._insert_attempts.run(conn, [a for job in inserts for a in rows.attempt_rows(job)])
             return won
 
         if any(job.spec.idempotency_key is not None for job in inserts):
@@ -275,21 +286,32 @@ class SqlJobStore:
         """Write the winners' rows (guarded by the versions read under the lock); returns them by job id."""
         full = {job.id: rows.job_row(job, now) for job in winners}
         if self._upsert_jobs is not None:  # MySQL: rows locked above and known to exist, so this only updates
-            conn.execute(self._upsert_jobs, list(full.values()))  # (its whole row: an upsert names every NOT NULL column)
+            self._upsert_jobs.run(conn, list(full.values()))  # (its whole row: an upsert names every NOT NULL column)
             return full
         by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for job_id, row in full.items():
             before = self._written.get(job_id)
             if before is not None and before["version"] == locked[job_id]:  # the database holds exactly `before`
-                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED and before[k] != v}
+                # The same spec text object means the same rows._fixed_columns entry: those columns are unchanged.
+                keys = _VOLATILE if before["spec"] is row["spec"] else _UPDATABLE
+                sent = {k: row[k] for k in keys if before[k] != row[k]}
             else:
-                sent = {k: v for k, v in row.items() if k not in _NEVER_UPDATED}
+                sent = {k: row[k] for k in _UPDATABLE}
             sent["w_id"], sent["w_version"] = job_id, locked[job_id]
             by_columns.setdefault(tuple(sent), []).append(sent)  # one executemany needs one column list
-        updated = sum(conn.execute(self._update, params).rowcount for params in by_columns.values())
+        updated = sum(self._prepared_update(columns).run(conn, params) for columns, params in by_columns.items())
         if updated != len(full):  # cannot happen under the row locks; never commit a half-applied batch
             raise sa.exc.InvalidRequestError(f"group commit updated {updated} of {len(full)} locked rows")
         return full
+
+    def _prepared_update(self, columns: tuple[str, ...]) -> Prepared:
+        prepared = self._updates.get(columns)
+        if prepared is None:
+            if len(self._updates) >= _STATEMENTS_KEPT:
+                self._updates.clear()
+            set_columns = [c for c in columns if c not in ("w_id", "w_version")]
+            prepared = self._updates[columns] = Prepared(self._update, self._engine.dialect, set_columns)
+        return prepared
 
     def _run(self, work: Callable[[sa.Connection], T], *, writes: bool) -> T:
         """Run `work` in one transaction, retrying transient failures that struck before COMMIT."""
@@ -352,13 +374,13 @@ class SqlJobStore:
         self._engine.dispose()
 
 
-def _job_upsert() -> sa.Executable:
+def _job_upsert() -> sa.Insert:
     stmt = mysql.insert(jobs)
     return stmt.on_duplicate_key_update({c.name: stmt.inserted[c.name] for c in jobs.columns
                                          if c.name not in ("id", "created_at")})
 
 
-def _attempt_upsert(dialect: str) -> sa.Executable:
+def _attempt_upsert(dialect: str) -> sa.Insert:
     mutable = [c.name for c in attempts.columns if c.name != "id"]
     if dialect in ("mysql", "mariadb"):
         stmt = mysql.insert(attempts)

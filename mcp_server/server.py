@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import mimetypes
 import re
 import secrets
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field
 
 from broker.client import AsyncClient, JobInfo
 from broker.errors import FirepoolError
@@ -29,6 +27,22 @@ from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
 from mcp_server.kernel_io import KernelDied, KernelGone, KernelStartFailed
 from mcp_server.kernels import Kernels
+from mcp_server.protocol import (
+    Artifact,
+    EndResult,
+    FileIn,
+    FirepoolMCP,
+    InstallResult,
+    JobStatus,
+    ListResult,
+    ReadResult,
+    RunResult,
+    WriteResult,
+    file_uri,
+    log_uri,
+    mime_of,
+    package_version,
+)
 
 SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 MAX_IMAGES = 3
@@ -47,158 +61,6 @@ _SESSION_DOC = ("Sandbox session: pass back the `session` value of earlier resul
                 "warm sandbox (files, packages, Python state). Omit it on the first call.")
 
 SessionArg = Annotated[str | None, Field(default=None, description=_SESSION_DOC, max_length=128)]
-
-
-class Artifact(BaseModel):
-    path: str = Field(description="Path under the workspace (outputs/...).")
-    size: int
-    mime_type: str
-    uri: str = Field(description="sandbox:// resource with the file's bytes.")
-
-
-class RunResult(BaseModel):
-    session: str = Field(description="Pass this back as `session` on later calls.")
-    job_id: str
-    state: str = Field(description="QUEUED | RUNNING | SUCCEEDED | FAILED | CANCELLED")
-    exit_code: int | None = None
-    error_class: str | None = None
-    timed_out: bool = False
-    duration_s: float
-    acquisition: str | None = Field(default=None, description="How the sandbox was obtained: warm, recycled, "
-                                                              "standby, new.")
-    stdout_tail: str = ""
-    stderr_tail: str = ""
-    truncated: bool = Field(default=False, description="Output was longer than the tails: read log_uri or "
-                                                      "job_status for all of it.")
-    via: str = Field(default="job", description="job: a job of its own; kernel: run beside the session's live "
-                                                "Python kernel (job_id is the kernel's; no separate log).")
-    log_uri: str | None = None
-    artifacts: list[Artifact] = []
-
-
-class JobStatus(BaseModel):
-    job_id: str
-    session: str
-    state: str
-    exit_code: int | None = None
-    error_class: str | None = None
-    timed_out: bool = False
-    acquisition: str | None = None
-    output: str = Field(description="Combined output from byte offset `since`.")
-    next_offset: int = Field(description="Pass as `since` to continue reading.")
-    output_complete: bool = Field(description="The job ended and all of its output has been returned.")
-    log_uri: str
-
-
-class FileIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str = Field(min_length=1, max_length=4096, description="Path relative to the workspace.")
-    text: str | None = None
-    base64: str | None = None
-
-    @model_validator(mode="after")
-    def _one_body(self) -> FileIn:
-        if (self.text is None) == (self.base64 is None):
-            raise ValueError("give exactly one of `text` or `base64`")
-        return self
-
-
-class WriteResult(BaseModel):
-    session: str
-    written: list[dict[str, Any]]
-
-
-class ReadResult(BaseModel):
-    session: str
-    path: str
-    size: int
-    offset: int
-    bytes: int
-    eof: bool
-    text: str | None = Field(default=None, description="The bytes as UTF-8 text, when they decode.")
-    base64: str | None = Field(default=None, description="The bytes base64-encoded, when they are not text.")
-
-
-class ListResult(BaseModel):
-    session: str
-    path: str
-    entries: list[dict[str, Any]]
-    truncated: bool
-
-
-class InstallResult(BaseModel):
-    session: str
-    installed: list[str]
-    already_present: list[dict[str, Any]]
-    failed: list[str]
-    pip_exit_code: int
-    output_tail: str
-
-
-class EndResult(BaseModel):
-    session: str
-    retired_pods: list[str]
-    retiring_at_release: list[str]
-    cancelled_jobs: list[str]
-
-
-class FirepoolMCP(MCPServer[Any]):
-    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently)
-    and words argument errors for the model: field and problem, no class names or documentation URLs."""
-
-    kernels: Kernels
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-        tool = self._tool_manager.get_tool(name)
-        if tool is not None:
-            known = set(tool.parameters.get("properties", {}))
-            unknown = sorted(set(arguments) - known)
-            if unknown:
-                raise ToolError(f"{name}: unknown argument(s) {', '.join(map(repr, unknown))}; "
-                                f"accepted: {', '.join(sorted(known))}")
-        try:
-            return await super().call_tool(name, arguments, context)
-        except ToolError as exc:
-            if isinstance(exc.__cause__, ValidationError):
-                raise ToolError(argument_errors(name, exc.__cause__)) from None
-            raise
-
-
-def argument_errors(tool: str, exc: ValidationError) -> str:
-    """`tool: invalid argument(s): files[0].body: not an accepted field; timeout_s: must be > 0`."""
-    problems = []
-    for err in exc.errors(include_url=False):
-        where = ""
-        for part in err["loc"]:
-            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-        message = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        if err["type"] == "extra_forbidden":
-            message = "not an accepted field"
-        elif err["type"] == "missing":
-            message = "required"
-        elif err["type"] == "string_pattern_mismatch" and err["loc"][:1] == ("packages",):
-            message = "a requirement specifier or wheel path, not a pip option (no leading '-' or space)"
-        problems.append(f"{where or 'arguments'}: {message[:200]}")
-    return f"{tool}: invalid argument(s): " + "; ".join(dict.fromkeys(problems))
-
-
-def package_version() -> str:
-    try:
-        return version("firepool")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def _mime(path: str) -> str:
-    return mimetypes.guess_type(path)[0] or "application/octet-stream"
-
-
-def log_uri(session: str, job_id: str) -> str:
-    return f"sandbox://{session}/jobs/{job_id}/log"
-
-
-def file_uri(session: str, path: str) -> str:
-    return f"sandbox://{session}/files/{path}"
 
 
 def build_server(broker: Broker, *, pool: str | None = None, queue: str = "default", name: str = "firepool",
@@ -243,7 +105,7 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         return report
 
     async def images_for(c: Calls, session: str, outcome: CallOutcome) -> tuple[list[Artifact], list[ContentBlock]]:
-        artifacts = [Artifact(path=f"{sandbox_code.OUTPUTS}/{p}", size=size, mime_type=_mime(p),
+        artifacts = [Artifact(path=f"{sandbox_code.OUTPUTS}/{p}", size=size, mime_type=mime_of(p),
                               uri=file_uri(session, f"{sandbox_code.OUTPUTS}/{p}")) for size, p in outcome.artifacts]
         images = [a for a in artifacts if a.mime_type in IMAGE_TYPES and a.size <= MAX_IMAGE_BYTES][:MAX_IMAGES]
         blocks: list[ContentBlock] = []
@@ -251,7 +113,7 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
             answer, _ = await c.helper("read", {"files": [{"path": a.path, "max_bytes": MAX_IMAGE_BYTES}
                                                           for a in images]}, session)
             for item in answer.get("files", []):
-                blocks.append(ImageContent(type="image", data=item["base64"], mime_type=_mime(item["path"])))
+                blocks.append(ImageContent(type="image", data=item["base64"], mime_type=mime_of(item["path"])))
         inline = {a.path for a in images} if blocks else set()
         for a in artifacts:
             if a.path not in inline:
@@ -446,7 +308,7 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         blocks: list[ContentBlock] = [TextContent(type="text", text=text if text is not None else
                                                   f"{path}: {len(data)} bytes of binary data (base64 in the "
                                                   f"structured result)")]
-        mime = _mime(path)
+        mime = mime_of(path)
         if mime in IMAGE_TYPES and offset == 0 and result.eof:
             blocks.append(ImageContent(type="image", data=item["base64"], mime_type=mime))
         return CallToolResult(content=blocks, structured_content=result.model_dump(mode="json"))

@@ -8,22 +8,20 @@ attempt's logs are complete. All state changes happen under `cond`, which every 
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from firepool_agent import gpushare, hwfaults, kernel, overlimit, proctree, wiping
+from firepool_agent.attempt import Attempt, Conflict, LaunchSpec, safe_name
 from firepool_agent.config import AgentConfig
 from firepool_agent.ledger import Ledger
 from firepool_agent.output import STREAMS as LOG_STREAMS
@@ -37,68 +35,6 @@ REMEMBERED = 1000
 """Finished attempts whose status the agent keeps (a restarted broker asks about recent ones)."""
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "USR1": signal.SIGUSR1,
            "USR2": signal.SIGUSR2, "QUIT": signal.SIGQUIT, "KILL": signal.SIGKILL}
-
-
-class Conflict(Exception):
-    """Another attempt is running, or the attempt id was used before."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    attempt_id: str
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    session: str
-    cwd: str | None = None
-    timeout_s: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-class Attempt:
-    """One execution of a job on this pod; fields mirror the broker's `AttemptStatus`."""
-
-    def __init__(self, attempt_id: str, session: str, directory: Path) -> None:
-        self.attempt_id = attempt_id
-        self.session = session
-        self.directory = directory
-        self.running = True
-        self.pid: int | None = None
-        self.exit_code: int | None = None
-        self.signal: int | None = None
-        self.timed_out = False
-        self.cancelled = False
-        self.oom = False
-        self.started_at: float | None = None
-        self.first_instruction_at: float | None = None
-        self.finished_at: float | None = None
-        self.error_class: str | None = None
-        self.message: str | None = None
-        self.timings: dict[str, float] = {}
-        self.output: Output | None = None
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.wait_status: int | None = None
-        self.drained = False
-        self.timer: threading.Timer | None = None
-        self.counters = overlimit.Counters()
-        self.hardware_fault: str | None = None
-        """Why the attempt failed on hardware (`hwfaults`), reported so the broker can quarantine the GPU."""
-        """The pod's cgroup counters at launch: a rise by the exit names the limit the attempt hit."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt_id": self.attempt_id, "running": self.running, "pid": self.pid,
-            "exit_code": self.exit_code, "signal": self.signal, "timed_out": self.timed_out,
-            "cancelled": self.cancelled, "oom": self.oom, "started_at": self.started_at,
-            "first_instruction_at": self.first_instruction_at, "finished_at": self.finished_at,
-            "error_class": self.error_class, "message": self.message, "timings": dict(self.timings),
-            "hardware_fault": self.hardware_fault,
-        }
-
-
-def safe_name(attempt_id: str) -> str:
-    """A directory name for an attempt id: readable, and distinct for distinct ids."""
-    readable = re.sub(r"[^A-Za-z0-9._-]", "_", attempt_id)[:64].lstrip(".") or "attempt"
-    return f"{readable}.{hashlib.sha256(attempt_id.encode()).hexdigest()[:10]}"
 
 
 class Attempts:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from firepool_agent import archives, raymode, requirements, wiping
-from firepool_agent.attempts import Attempt, Attempts, Conflict, LaunchSpec
+from firepool_agent.attempt import Attempt, Conflict, LaunchSpec
+from firepool_agent.attempts import Attempts
 from firepool_agent.wire import HttpError
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from firepool_agent.attempts import LaunchSpec
+    from firepool_agent.attempt import LaunchSpec
 
 JOIN_TIMEOUT_S = 120.0
 """How long the head waits for every rank's node, and a worker for the head."""

@@ -27,7 +27,8 @@ from typing import Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from firepool_agent import __version__, binding, wire
-from firepool_agent.attempts import Attempt, Attempts, Conflict
+from firepool_agent.attempt import Attempt, Conflict
+from firepool_agent.attempts import Attempts
 from firepool_agent.config import AgentConfig
 from firepool_agent.resetting import Resetter
 

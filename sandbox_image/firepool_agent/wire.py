@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from firepool_agent import limits
-from firepool_agent.attempts import SIGNALS, LaunchSpec
+from firepool_agent.attempt import LaunchSpec
+from firepool_agent.attempts import SIGNALS
 from firepool_agent.output import STREAMS
 from firepool_agent.resetting import ResetSpec
 

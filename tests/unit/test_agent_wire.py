@@ -7,7 +7,7 @@ import json
 import pytest
 
 from firepool_agent import wire
-from firepool_agent.attempts import safe_name
+from firepool_agent.attempt import safe_name
 
 
 def body(**fields: object) -> bytes:

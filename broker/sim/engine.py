@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import broker.claiming.admission as admission
-import broker.warmth.pooling as pooling
+import broker.warmth.creating as creating
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
 from broker.jobs import Job, JobSpec
@@ -85,7 +85,7 @@ def counted_names() -> Iterator[None]:
             value >>= 5
         return "j" + "".join(reversed(chars))
 
-    patches: list[tuple[Any, str, object]] = [(admission, "new_job_id", job_id), (pooling, "secrets", _CountingSecrets())]
+    patches: list[tuple[Any, str, object]] = [(admission, "new_job_id", job_id), (creating, "secrets", _CountingSecrets())]
     with _NAMES_LOCK:
         saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
         for module, name, value in patches:

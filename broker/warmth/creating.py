@@ -1,7 +1,7 @@
 """Pods started and deleted through the backend for the pool controller, as supervised tasks off the claim path.
 
-The controller's create (broker.warmth.pooling) reserves the pod's GPUs (broker.warmth.accounting) and
-tracks it STARTING on the node placement chose; the start runs here: a failed one backs the pool off for
+A create reserves the pod's GPUs (broker.warmth.accounting) and tracks it STARTING on the node placement
+chose (broker.warmth.placing); the start runs as a task: a failed one backs the pool off for
 2 s and gives the reservation back, a ready one tells the dispatcher. A retire moves the pod to RETIRING
 under the tracker lock (only when it is not busy) and deletes it in the background; a deleted pod's
 reservation is released.
@@ -10,15 +10,18 @@ reservation is released.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 
 from broker.errors import FirepoolError
+from broker.fleet.nodes import Fleet
 from broker.health.epochs import recorded_epoch
-from broker.pods import Pod, owner_annotations
+from broker.pods import Origin, Pod, PodState, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo, PodRequest
 from broker.stats import Stats
 from broker.tasks import Supervisor
+from broker.warmth import placing
 from broker.warmth.accounting import Accounting
 from broker.warmth.standby import group_key
 
@@ -37,6 +40,33 @@ class Creating(Accounting):
     created: Callable[[Pod, PodInfo], None] | None
     _backoff_until: dict[str, float]
     _gang_sizes: dict[str, int]
+
+    def fleet(self) -> Fleet:
+        """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
+        return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools, self.avoid())
+
+    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
+                gpus: tuple[str, ...] = (), node: str = "", image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
+        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
+
+        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
+        """
+        name = f"{spec.name}-{secrets.token_hex(4)}"
+        if origin is not Origin.STANDBY and not self._reserve(name, spec):
+            return False
+        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
+                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
+        pod.standby = origin is Origin.STANDBY
+        pod.node = node
+        pod.gang = gang[0]
+        self.tracker.add(pod)
+        self._gang_sizes[name] = gang[1]
+        self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
+        return True
+
+    def where(self, spec: PoolSpec, pods: int) -> list[str]:
+        """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
+        return placing.where(self.fleet(), spec, pods) if pods > 0 and spec.gpus > 0 else [""] * pods
 
     async def _start_pod(self, pod: Pod, spec: PoolSpec) -> None:
         pin = group_key(pod) if pod.standby else ()

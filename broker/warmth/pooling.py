@@ -16,7 +16,6 @@ the budget and borrowed-capacity books are broker.warmth.accounting's.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 
 from broker.claiming.reserving import restart_estimate
@@ -24,7 +23,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
-from broker.fleet.nodes import Fleet, Node
+from broker.fleet.nodes import Node
 from broker.pods import Origin, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo
@@ -268,29 +267,6 @@ class PoolController(Creating):
             self._sweeping = False
         self.on_ready()
 
-    def fleet(self) -> Fleet:
-        """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
-        return placing.fleet_of(self.backend.nodes(), self.tracker.snapshot(), self.pools, self.avoid())
-
-    def _create(self, spec: PoolSpec, origin: Origin, reserved_for: str | None = None,
-                gpus: tuple[str, ...] = (), node: str = "", image: str = "", gang: tuple[str, int] = ("", 1)) -> bool:
-        """Reserve the pod's GPUs (own budget first, then borrowed capacity), then start it; False if none fit.
-
-        A standby (`gpus` set) reserves nothing: its group is already counted through the active pod.
-        """
-        name = f"{spec.name}-{secrets.token_hex(4)}"
-        if origin is not Origin.STANDBY and not self._reserve(name, spec):
-            return False
-        pod = Pod(name, spec.name, gpus, state=PodState.STARTING, origin=origin, template=spec.template_hash,
-                  created_at=self.clock.now(), reserved_for=reserved_for, image=image)
-        pod.standby = origin is Origin.STANDBY
-        pod.node = node
-        pod.gang = gang[0]
-        self.tracker.add(pod)
-        self._gang_sizes[name] = gang[1]
-        self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
-        return True
-
     def _make_sets(self, spec: PoolSpec, pods: list[Pod], singles: list[tuple[str, int]],
                    room: int) -> tuple[int, int, dict[str, int]]:
         """Pods made for one job, in dispatch order: single-use and custom-image sets, then gangs confined to a
@@ -335,10 +311,6 @@ class PoolController(Creating):
                 self._create(spec, origin, reserved_for=job_id, node=node, image=image, gang=(job_id, size) if gang
                              else ("", 1))
         return created, blocked, spared
-
-    def where(self, spec: PoolSpec, pods: int) -> list[str]:
-        """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
-        return placing.where(self.fleet(), spec, pods) if pods > 0 and spec.gpus > 0 else [""] * pods
 
     def _next_tick(self, snapshot: list[Pod], now: float) -> float:
         """Sleep until the next keep-alive or hold expiry (or hold tenure), at most the reconcile interval."""

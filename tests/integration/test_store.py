@@ -253,6 +253,29 @@ def test_submits_join_the_job_books_group_commit_and_are_stored_when_they_return
     assert all(results[i] is not None and results[i].state is JobState.RUNNING for i in range(4))  # type: ignore[union-attr]
 
 
+def test_two_brokers_racing_one_key_store_one_job_and_the_rest_of_their_groups(
+        store: SqlJobStore, session_url: str) -> None:
+    """Two stores on their own engines (two brokers), group commits and single inserts of one key at once."""
+    other = SqlJobStore.open(session_url)
+    try:
+        for round_ in range(3):
+            key = f"shared-{round_}"
+
+            def submit(i: int, round_: int = round_, key: str = key) -> Job:
+                mine = store if i % 2 else other
+                if i % 3 == 0:  # a keyed submit alone, as a non-blocking caller of insert() would
+                    return mine.insert(make_job(f"j-{round_}-{i}", key=key))
+                _, stored = mine.commit_group([], [make_job(f"j-{round_}-{i}-x"), make_job(f"j-{round_}-{i}", key=key)])
+                return stored[1]
+
+            results = race(6, submit)
+            keyed = [j for j in store.list_jobs(limit=1000) if j.spec.idempotency_key == key]
+            assert len(keyed) == 1 and all(r == keyed[0] for r in results)
+            assert all(store.get(f"j-{round_}-{i}-x") is not None for i in range(6) if i % 3)
+    finally:
+        other.close()
+
+
 def test_an_over_long_name_is_refused_the_same_on_every_backend(store: SqlJobStore) -> None:
     with pytest.raises(InvalidRequest, match="idempotency_key"):
         store.insert(make_job("j-1", key="k" * 256))

@@ -169,6 +169,11 @@ class _CountingStore:
         self.writes += len(writes) + len(inserts)
         return self._store.commit(writes, inserts)
 
+    def commit_group(self, writes: Any, inserts: Any = ()) -> tuple[list[bool], list[Job]]:
+        self.transactions += 1
+        self.writes += len(writes) + len(inserts)
+        return self._store.commit_group(writes, inserts)
+
 
 async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> tuple[float, float, int, int]:
     """N stored queued jobs handed to the dispatcher at once; seconds until all are dispatched (committed

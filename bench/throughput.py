@@ -4,7 +4,8 @@ A real `firepool serve` on the local backend (bubblewrap pods, SQLite job store)
 kept ready (min_count = P), measured at P = 4 and P = 16. 20 client threads, each with its own HTTP
 session and caller-default (no) tag, each submit `true` and wait for it to finish, back to back, until
 2,000 jobs have run. A job is one request, POST /v1/jobs?wait_s=60 (as the SDK's `run`; a job still running
-after it is waited for with GET); `--two-requests` submits, then waits with GET /v1/jobs/{id}?wait_s=.
+after it is waited for with GET); `--two-requests` submits, then waits with GET /v1/jobs/{id}?wait_s=;
+`--keyed` sends a fresh idempotency key with every submit, as the SDK does (broker.client).
 Figures: jobs/s (jobs / wall time), submit -> finish p50/p99 as the client sees it, and the broker process's CPU seconds per job: utime + stime of its /proc/<pid>/stat, read before the
 first submit and after the last job finished (the pods' agents are other processes and not counted).
 """
@@ -15,6 +16,7 @@ import argparse
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def _pools(pods: int) -> str:
             f"idle_timeout: 600, step: {pods}}}\n")
 
 
-def run(pods: int, jobs: int, threads: int, one_request: bool = True) -> Run:
+def run(pods: int, jobs: int, threads: int, one_request: bool = True, keyed: bool = False) -> Run:
     with BenchBroker(pools=_pools(pods)) as broker:
         with broker.client() as c:
             deadline = time.monotonic() + 120
@@ -73,7 +75,10 @@ def run(pods: int, jobs: int, threads: int, one_request: bool = True) -> Run:
                 start.wait()
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    job = session.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}, params=submit_wait).json()
+                    body: dict[str, object] = {"pool": "cpu", "command": ["true"]}
+                    if keyed:  # as the SDK's submit (broker.client)
+                        body["idempotency_key"] = f"sdk-{uuid.uuid4().hex}"
+                    job = session.post("/v1/jobs", json=body, params=submit_wait).json()
                     while job["state"] not in TERMINAL:
                         job = session.get(f"/v1/jobs/{job['id']}", params={"wait_s": 60}).json()
                     mine.append(time.perf_counter() - t0)
@@ -102,11 +107,13 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser.add_argument("--pods", type=int, action="append", help="pool sizes (default: 4 and 16)")
     parser.add_argument("--two-requests", action="store_true",
                         help="each job as POST then GET ?wait_s= (the clients before POST took wait_s)")
+    parser.add_argument("--keyed", action="store_true",
+                        help="every submit carries a fresh idempotency key, as the SDK's (Client.run included)")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     raw = {}
     for pods in args.pods or [4, 16]:
-        r = run(pods, args.jobs, args.threads, one_request=not args.two_requests)
+        r = run(pods, args.jobs, args.threads, one_request=not args.two_requests, keyed=args.keyed)
         rate = r.jobs / r.wall_s
         cpu_ms = r.cpu_s / max(r.jobs, 1) * 1000
         p50, p99 = percentile(r.latencies, 50) * 1000, percentile(r.latencies, 99) * 1000
@@ -115,7 +122,7 @@ def main(argv: list[str], json_out: bool = False) -> int:
         before = f"before: {BEFORE_4PODS_JOBS_S:.0f}/s" if pods == 4 else "-"
         rows += [
             Row("B14", f"{pods} pods: jobs/s over REST ({r.jobs} `true` jobs, {args.threads} threads, "
-                       f"{r.failed} failed; {before})", rate, "jobs/s", "483/s MySQL (broker only)",
+                       f"{r.failed} failed{'; keyed as the SDK' if args.keyed else ''}; {before})", rate, "jobs/s", "483/s MySQL (broker only)",
                 ">= 300/s" if pods >= 16 else "", at_least(rate, 300) if pods >= 16 else None),
             Row("B14", f"{pods} pods: submit->finish p50", p50, "ms", "-"),
             Row("B14", f"{pods} pods: submit->finish p99", p99, "ms", "-"),

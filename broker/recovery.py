@@ -30,7 +30,6 @@ from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
 from broker.ports.agent import AttemptStatus, ResetRequest
 from broker.ports.backend import Backend, PodInfo
-from broker.running.outcome import outcome_of
 
 if TYPE_CHECKING:
     from broker.control import ControlPlane
@@ -207,65 +206,21 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
 async def _watch(cp: ControlPlane, job: Job, aid: str, pods: list[Pod]) -> None:
     """Watch a re-attached attempt to its end. A watcher that raises (a bug, not an agent error) ends the attempt
     `LaunchError` under the job's retry policy, as a raising bind task does (broker.claiming.dispatching): the
-    supervisor would only log it, leaving the job RUNNING with nobody watching and its pods assigned. If ending
-    it raises too (the abort finishes the attempt through the same executor), it ends alone (`_end_alone`)."""
+    supervisor would only log it, leaving the job RUNNING with nobody watching and its pods assigned. Every finish
+    on the way is guarded (`Executor.end`): one that raises ends the attempt alone (broker.running.ending)."""
     try:
         await cp.executor.watch(job, aid, pods)
     except Exception as exc:
         log.exception("watching re-attached %s failed inside the broker; ending its attempt", aid)
         lease = Lease(job.id, job.caller, tuple(pods), sum(len(p.gpus) for p in pods))  # as adopt_running built it
-        try:
-            await cp.executor.abort(job, lease, exc)
-        except Exception as again:
-            log.exception("ending re-attached %s failed inside the broker too; ending it alone", aid)
-            await _end_alone(cp, job, aid, pods, None, again)
+        await cp.executor.abort(job, lease, exc)
 
 
 async def _finish(cp: ControlPlane, job: Job, aid: str, pods: list[Pod], statuses: list[AttemptStatus | None]) -> None:
     """Finalise an attempt that ended while the broker was down, without a retry. A finish that raises (a bug on
-    the log copy, health or reset path, not an agent error) must not leave the job RUNNING with its pods assigned:
-    it ends alone (`_end_alone`), its outcome from the ranks' statuses."""
-    try:
-        await cp.executor.finish(job.id, aid, pods, statuses, may_retry=False)
-    except Exception as exc:
-        log.exception("finalising %s after the restart failed inside the broker; ending it alone", aid)
-        await _end_alone(cp, job, aid, pods, statuses, exc)
-
-
-async def _end_alone(cp: ControlPlane, job: Job, aid: str, pods: list[Pod], statuses: list[AttemptStatus | None] | None,
-                     failure: BaseException) -> None:
-    """End an attempt without the executor path that raised: commit its outcome by itself, as the outcome path
-    commits it (broker.running.outcome), from the ranks' statuses when they are known, else (or if even that
-    raises) as a `LaunchError`, without a retry; then retire the pods still leased to it, since no reset proved
-    them clean (deleting a pod ends whatever of the attempt still runs there)."""
-    cp.executor.launched.pop(job.id, None)
-    now = cp.clock.now()
-    broken: list[AttemptStatus | None] = [
-        AttemptStatus(aid, running=False, error_class=ErrorClass.LAUNCH_ERROR,
-                      message=f"the broker failed while ending this attempt after a restart: {failure!r}")] * len(pods)
-    for ended in ([statuses] if statuses is not None else []) + [broken]:
-        if await _commit(cp, job.id, aid, ended, now):
-            break
-    for pod in cp.tracker.begin_reset(job.id, (job.caller, job.spec.queue, job.spec.lease_tag)):
-        cp.tracker.finish_reset(pod.name, False, now, 0.0)  # -> RETIRING: never proven clean
-        cp.controller.delete_retiring(pod.name)
-
-
-async def _commit(cp: ControlPlane, job_id: str, aid: str, ended: list[AttemptStatus | None], now: float) -> bool:
-    """Commit the attempt's outcome from `ended` without a retry; False when that raised inside the broker."""
-
-    def outcome(current: Job) -> Job:
-        return outcome_of(current, aid, ended, now=now, never_ran=False, may_retry=False, preempted=None,
-                          handed_off_at=None, health=None)
-
-    try:
-        await cp.book.write(job_id, outcome)
-    except FirepoolError as exc:  # the store is down: the row stays RUNNING and the next recovery finalises it
-        log.error("recording the outcome of %s failed: %s", aid, exc)
-    except Exception:
-        log.exception("committing the outcome of %s failed inside the broker", aid)
-        return False
-    return True
+    the log copy, health or reset path, not an agent error) ends it alone (broker.running.ending), its outcome from
+    the ranks' statuses: never RUNNING with its pods assigned."""
+    await cp.executor.end(job.id, aid, pods, statuses, may_retry=False)
 
 
 async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:

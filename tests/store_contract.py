@@ -245,14 +245,36 @@ class JobStoreContract:
                 raise AssertionError("a batch inserting a duplicate id was accepted")
             assert store.get("j-a") == a and store.get("j-x") is None  # nothing of the batch landed
 
-    def test_a_job_with_an_idempotency_key_is_not_batch_inserted(self, store: JobStore) -> None:
-        try:
-            store.commit([], [make_job("j-k", key="k")])
-        except ValueError:
-            pass
-        else:
-            raise AssertionError("a keyed job was inserted without looking for its first copy")
-        assert store.get("j-k") is None
+    def test_keyed_inserts_in_a_group_commit_store_each_key_once_and_repeats_get_the_first_job(
+            self, store: JobStore) -> None:
+        first = store.insert(make_job("j-1", key="k1"))
+        a = store.insert(make_job("j-a", state=JobState.QUEUED, version=1))
+        running = transition(a, JobState.RUNNING, at=30.0, pods=("p",))
+        inserts = [make_job("j-2", key="k1"), make_job("j-3", key="k2"), make_job("j-4", key="k2"),
+                   make_job("j-5"), make_job("j-6", "bob", key="k1"), make_job("j-7", key="K1")]
+        won, stored = store.commit_group([(running, 1)], inserts)
+        assert won == [True] and store.get("j-a") == running  # the rest of the group commits
+        assert stored == [first, inserts[1], inserts[1], inserts[3], inserts[4], inserts[5]]
+        assert store.get("j-2") is None and store.get("j-4") is None  # a repeated key stores nothing
+        assert sorted(j.id for j in store.list_jobs()) == ["j-1", "j-3", "j-5", "j-6", "j-7", "j-a"]
+        assert store.commit_group([], [make_job("j-8", key="k2")]) == ([], [inserts[1]])  # a later group too
+        assert store.insert(make_job("j-9", key="k2")) == inserts[1]  # and the single path
+        assert store.get("j-8") is None and store.get("j-9") is None
+
+    def test_group_commits_racing_on_one_key_store_one_job_and_the_rest_of_each_group(
+            self, store: JobStore) -> None:
+        for round_ in range(3):
+            def group(i: int, round_: int = round_) -> tuple[list[bool], list[Job]]:
+                return store.commit_group([], [make_job(f"j-{round_}-{i}-a"), make_job(f"j-{round_}-{i}", key=f"same-{round_}"),
+                                               make_job(f"j-{round_}-{i}-b")])
+            results = race(6, group)
+            keyed = [j for j in store.list_jobs(limit=1000) if j.spec.idempotency_key == f"same-{round_}"]
+            assert len(keyed) == 1
+            assert all(stored[1] == keyed[0] for _, stored in results)
+            for i in range(6):  # every racer's unkeyed jobs landed, the loser's included
+                assert store.get(f"j-{round_}-{i}-a") is not None and store.get(f"j-{round_}-{i}-b") is not None
+            if store.insert(make_job(f"j-{round_}-single", key=f"same-{round_}")) != keyed[0]:
+                raise AssertionError("the single path stored a second job under a key a group commit stored")
 
     def test_a_batch_racing_a_single_write_loses_only_the_contested_job(self, store: JobStore) -> None:
         for round_ in range(6):

@@ -3,8 +3,9 @@
 Every write to a job row goes through `write(job_id, change)`: writes to one job are serialized, the
 change function sees the latest committed row, and the store applies it only if the row still has
 the version the change was computed from. Writes from different jobs that arrive together share one
-store transaction (group commit), so a busy SQL store pays one commit for many jobs; a new job without an
-idempotency key joins the same transaction, and its submit returns only once that transaction committed.
+store transaction (group commit), so a busy SQL store pays one commit for many jobs; a new job joins the same
+transaction, and its submit returns only once that transaction committed (a repeated idempotency key returns
+the caller's first job and stores nothing: the store resolves it, see `JobStore.commit_group`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class JobBook:
         self.finished: OrderedDict[str, Job] = OrderedDict()
         """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
         client polling for its result reads it here, not from the store."""
-        self._pending: list[tuple[Job, int | None, asyncio.Future[bool]]] = []
+        self._pending: list[tuple[Job, int | None, asyncio.Future[Any]]] = []
         """Writes (job, expected version) and inserts (job, None) waiting for the next group commit."""
         self._flushing = False
 
@@ -49,9 +50,9 @@ class JobBook:
         return fn(*args)
 
     async def insert(self, job: Job) -> Job:
-        if self.store.blocking and job.spec.idempotency_key is None:  # nothing to look up: group-commit it
-            await self._enqueue(job, None)
-            stored = job
+        stored: Job
+        if self.store.blocking:  # group-commit it; the store answers with the job it holds for it
+            stored = await self._enqueue(job, None)
         else:
             stored = await self.io(self.store.insert, job)
         if not stored.terminal:
@@ -110,10 +111,12 @@ class JobBook:
     async def _commit(self, job: Job, expected: int) -> bool:
         if not self.store.blocking:
             return self.store.commit([(job, expected)])[0]
-        return await self._enqueue(job, expected)
+        won: bool = await self._enqueue(job, expected)
+        return won
 
-    async def _enqueue(self, job: Job, expected: int | None) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def _enqueue(self, job: Job, expected: int | None) -> Any:
+        """Wait for the group commit: a write's win (bool), or the job an insert stored (or found) for it."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((job, expected, future))
         if not self._flushing:
             self._flushing = True
@@ -129,19 +132,19 @@ class JobBook:
                 inserts = [j for j, e, _ in batch if e is None]
                 try:
                     if inserts:
-                        won = await asyncio.to_thread(self.store.commit, writes, inserts)
+                        won, stored = await asyncio.to_thread(self.store.commit_group, writes, inserts)
                     else:
-                        won = await asyncio.to_thread(self.store.commit, writes)
+                        won, stored = await asyncio.to_thread(self.store.commit, writes), []
                 except Exception as exc:  # the store's own error tree; every writer sees it
                     for _, _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                results = iter(won)
+                results, firsts = iter(won), iter(stored)
                 for _, expected, future in batch:
-                    ok = True if expected is None else next(results)
+                    result = next(firsts) if expected is None else next(results)
                     if not future.done():
-                        future.set_result(ok)
+                        future.set_result(result)
         finally:
             self._flushing = False
 

@@ -2,8 +2,9 @@
 
 `commit` is the one write path after insert. Each write names the version it expects; a write whose row
 moved on loses and the store reports it as False, never as an exception. Several writes in one call
-share one transaction (group commit), each still checked on its own; new jobs without an idempotency key
-may ride in the same transaction (`inserts`), so a busy broker pays no commit of its own per submit.
+share one transaction (group commit), each still checked on its own; new jobs may ride in the same
+transaction (`inserts`), so a busy broker pays no commit of its own per submit. A new job whose idempotency key
+its caller already used (before, or earlier in the batch) is not stored: the call answers with the first job.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ class JobStore(Protocol):
         ...
 
     def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
-        """Write each job iff its row still has the expected version, and store `inserts` (new jobs without
-        an idempotency key; a duplicate id fails the whole call); one transaction for all."""
+        """`commit_group`'s wins of the writes."""
+        ...
+
+    def commit_group(self, writes: Sequence[tuple[Job, int]],
+                     inserts: Sequence[Job] = ()) -> tuple[list[bool], list[Job]]:
+        """Write each job iff its row still has the expected version, and store `inserts`; one transaction for all.
+        Returns the writes' wins and, per insert, the job stored for it: itself, or — when the caller already
+        has a job with its idempotency key, or an earlier insert of the batch has it — that first job, and the
+        insert stores nothing. A duplicate id fails the whole call."""
         ...
 
     def add_events(self, events: Sequence[Event]) -> list[Event]:
@@ -88,14 +96,25 @@ class MemoryJobStore:
                 and (lease_tag is None or j.spec.lease_tag == lease_tag)][:limit]
 
     def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
-        if any(job.spec.idempotency_key is not None for job in inserts):
-            raise ValueError("a job with an idempotency key goes through insert(), which finds its first copy")
+        return self.commit_group(writes, inserts)[0]
+
+    def commit_group(self, writes: Sequence[tuple[Job, int]],
+                     inserts: Sequence[Job] = ()) -> tuple[list[bool], list[Job]]:
         with self._lock:
             if len({j.id for j in inserts}) < len(inserts) or any(j.id in self._jobs for j in inserts):
                 raise ValueError("duplicate job id in a batch of inserts")
             self.commits += 1
+            stored = []
             for job in inserts:
+                key = job.spec.idempotency_key
+                first = self._by_key.get((job.caller, key)) if key is not None else None
+                if first is not None:
+                    stored.append(self._jobs[first])
+                    continue
                 self._jobs[job.id] = job
+                if key is not None:
+                    self._by_key[(job.caller, key)] = job.id
+                stored.append(job)
             won = []
             for job, expected in writes:
                 current = self._jobs.get(job.id)
@@ -103,7 +122,7 @@ class MemoryJobStore:
                 if ok:
                     self._jobs[job.id] = dataclasses.replace(job)
                 won.append(ok)
-            return won
+            return won, stored
 
     def add_events(self, events: Sequence[Event]) -> list[Event]:
         with self._lock:

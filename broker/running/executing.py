@@ -25,19 +25,16 @@ from broker.ports.agent import AttemptStatus, LaunchRequest
 from broker.ports.backend import Backend
 from broker.ports.logs import LogStore
 from broker.running.delivering import PackageDelivery
+from broker.running.ending import end_alone
 from broker.running.jobenv import agent_session, memory_limits
 from broker.running.kernelwarm import KernelWarmth
 from broker.running.logcopy import copy_logs
-from broker.running.outcome import PREEMPTING, outcome_of
+from broker.running.outcome import OUTCOME_RETRY_MAX_S, OUTCOME_RETRY_S, PREEMPTING, outcome_of
 from broker.running.returning import PodReturn
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.pooling import PoolController
-
-OUTCOME_RETRY_S = 0.25
-OUTCOME_RETRY_MAX_S = 5.0
-"""Backoff of an outcome write the store refused: from the first pause, doubling up to the last."""
 
 log = logging.getLogger("firepool.executing")
 
@@ -87,7 +84,7 @@ class Executor:
         self.preempting: dict[str, str] = {}
         """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
-        self._handed_off: dict[str, float] = {}
+        self.handed_off: dict[str, float] = {}
         """job id -> when its pods were handed off, for an attempt that ended within its launch call."""
         self.returns = PodReturn(clock=clock, book=book, tracker=tracker, backend=backend, controller=controller,
                                  tasks=tasks, stats=stats, health=health)
@@ -107,7 +104,7 @@ class Executor:
         assert attempt is not None
         live = self.book.live.get(job.id, job)
         if live.cancel_requested:
-            await self.finish(job.id, attempt.id, lease.pods, [None] * len(lease.pods), never_ran=True)
+            await self.end(job.id, attempt.id, lease.pods, [None] * len(lease.pods), never_ran=True)
             return
         handed_off_at = self.clock.now()
         try:
@@ -136,7 +133,7 @@ class Executor:
             statuses = [r if r is not None else AttemptStatus(attempt.id, running=False, error_class=ErrorClass.LAUNCH_ERROR,
                                                               message=LAUNCH_REFUSED)
                         for r in results]
-            await self.finish(job.id, attempt.id, lease.pods, statuses)
+            await self.end(job.id, attempt.id, lease.pods, statuses)
             return
         assert first is not None
         if bound:  # the package push's timings ride on rank 0's status
@@ -146,7 +143,7 @@ class Executor:
             self.stats.observe_start(lease.pods[0].pool, lease.pods[0].path, first.first_instruction_at - submitted)
         ended = all(r is not None and not r.running for r in results)
         if ended:  # it ran and ended within the launch call: the outcome write records its start too
-            self._handed_off[job.id] = handed_off_at
+            self.handed_off[job.id] = handed_off_at
         else:
             self.tasks.spawn(f"mark {attempt.id}", self._mark_running(job.id, attempt.id, handed_off_at, first))
         for pod in lease.pods:
@@ -187,7 +184,7 @@ class Executor:
     async def _fail_launch(self, job: Job, aid: str, pods: Sequence[Pod], error: ErrorClass, message: str) -> None:
         """End an attempt that never started a rank."""
         self.launched[job.id] = aid
-        await self.finish(job.id, aid, pods, [
+        await self.end(job.id, aid, pods, [
             AttemptStatus(aid, running=False, error_class=error, message=message) for _ in pods])
 
     def _request(self, job: Job, aid: str, pod: Pod, rank: int, world: int, rdzv: Rendezvous) -> LaunchRequest:
@@ -261,7 +258,7 @@ class Executor:
                 if pending and (status is None or status.exit_code != 0):
                     # One rank failed or was lost: the gang cannot finish; stop the others.
                     await self._kill(aid, [pods[waits.index(t)] for t in pending])
-        await self.finish(job.id, aid, pods, statuses)
+        await self.end(job.id, aid, pods, statuses)
 
     async def _wait_rank(self, pod: Pod, aid: str, deadline: float | None) -> AttemptStatus | None:
         """Long-poll one rank until it exits; None when its agent stays unreachable (pod lost)."""
@@ -343,6 +340,17 @@ class Executor:
 
     # ---------------------------------------------------------------- finish
 
+    async def end(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
+                  never_ran: bool = False, may_retry: bool = True) -> None:
+        """`finish`, guarded: every site that ends an attempt comes here. If finishing raises inside the broker
+        (a bug, not an agent or store error), the attempt ends alone (broker.running.ending): never RUNNING for
+        ever with nobody watching it."""
+        try:
+            await self.finish(job_id, aid, pods, statuses, never_ran=never_ran, may_retry=may_retry)
+        except Exception as exc:
+            log.exception("finishing %s failed inside the broker; ending it alone", aid)
+            await end_alone(self, job_id, aid, len(pods), statuses, exc, never_ran=never_ran)
+
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                       never_ran: bool = False, may_retry: bool = True) -> None:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
@@ -363,7 +371,7 @@ class Executor:
                               never_ran: bool, may_retry: bool) -> Job | None:
         now = self.clock.now()
         preempted = self.preempting.pop(job_id, None)
-        handed_off_at = self._handed_off.pop(job_id, None)
+        handed_off_at = self.handed_off.pop(job_id, None)
 
         def outcome(job: Job) -> Job:
             return outcome_of(job, aid, statuses, now=now, never_ran=never_ran, may_retry=may_retry,
@@ -387,6 +395,10 @@ class Executor:
 
     async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
         await self.returns.reset(job_id, pods, lost)
+        self.gate_opened()
+
+    def gate_opened(self) -> None:
+        """Pods left the per-GPU gate: wake the launches waiting at it, and the dispatcher."""
         opened, self._gate_opened = self._gate_opened, asyncio.Event()
         opened.set()
         self.wake_dispatcher()

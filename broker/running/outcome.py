@@ -18,6 +18,9 @@ from broker.ports.agent import AttemptStatus
 if TYPE_CHECKING:
     from broker.health.monitor import HealthMonitor
 
+OUTCOME_RETRY_S = 0.25
+OUTCOME_RETRY_MAX_S = 5.0
+"""Backoff of an outcome write the store refused: from the first pause, doubling up to the last."""
 PREEMPTING = "preempting: "
 """Prefix of a running attempt's message once the broker asked it to yield (broker.claiming.preempting)."""
 

@@ -12,7 +12,8 @@ Bind processors: Boolean's (bool to 1/0 where the database has no boolean) and D
 float) are skipped, because every driver here binds a Python bool as 1/0 or boolean and a column
 declared DOUBLE stores an int as a double; any other type's processor is applied.
 `PreparedIn` is the same for one statement with an expanding `IN` list (the group commit's locking read),
-whose cache key SQLAlchemy would otherwise rebuild from every id on each call.
+whose cache key SQLAlchemy would otherwise rebuild from every id on each call. `job_upsert` and
+`attempt_upsert` build the dialects' upserts the store prepares.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
+
+from broker.store.schema import attempts, jobs
 
 _NATIVE: tuple[type[sa.types.TypeEngine[Any]], ...] = (sa.Boolean, sa.Float)
 """Types whose values every supported driver binds as the processor would have made them (see above)."""
@@ -116,3 +120,26 @@ class PreparedIn:
         statement, order = expanded
         params: Any = tuple(padded) if self._compiled.positional else dict(zip(order, padded, strict=True))
         return list(conn.exec_driver_sql(statement, params))
+
+
+def job_upsert() -> sa.Insert:
+    """MySQL's update of whole job rows known to exist (the group commit's batched write)."""
+    stmt = mysql.insert(jobs)
+    return stmt.on_duplicate_key_update({c.name: stmt.inserted[c.name] for c in jobs.columns
+                                         if c.name not in ("id", "created_at")})
+
+
+def attempt_upsert(dialect: str) -> sa.Insert:
+    """Insert or update attempt rows, in the dialect's own upsert."""
+    mutable = [c.name for c in attempts.columns if c.name != "id"]
+    if dialect in ("mysql", "mariadb"):
+        stmt = mysql.insert(attempts)
+        return stmt.on_duplicate_key_update({name: stmt.inserted[name] for name in mutable})
+    if dialect == "postgresql":
+        pg = postgresql.insert(attempts)
+        return pg.on_conflict_do_update(index_elements=[attempts.c.id],
+                                        set_={name: pg.excluded[name] for name in mutable})
+    lite = sqlite.insert(attempts)
+    return lite.on_conflict_do_update(index_elements=[attempts.c.id],
+                                      set_={name: lite.excluded[name] for name in mutable})
+

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from alembic.util import CommandError
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from broker.clock import Clock, RealClock
 from broker.errors import StoreError
@@ -33,7 +32,8 @@ from broker.events import Event, detail_text
 from broker.jobs import Job, JobState
 from broker.store import migrating, rows
 from broker.store.engines import WRITE, create_store_engine, normalize_url
-from broker.store.prepared import Prepared, PreparedIn
+from broker.store.firsts import split_firsts
+from broker.store.prepared import Prepared, PreparedIn, attempt_upsert, job_upsert
 from broker.store.schema import NAME_LENGTH, attempts, events, jobs
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ _RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL: serialization failure, dead
 _RETRY_MYSQL_CODES = {1205, 1213}  # MySQL: lock wait timeout, deadlock
 _IN_CHUNK = 500
 """Ids per locking read: long IN lists stay well under every server's parameter limits."""
+KEY_RACE_TRIES = 3
+"""How often a group commit runs when a rival broker commits one of its idempotency keys meanwhile."""
 _ROWS_KEPT = 8192
 """Rows remembered for sending only changed columns; past it the memory starts over (a write then sends its whole row)."""
 _STATEMENTS_KEPT = 256
@@ -99,8 +101,8 @@ class SqlJobStore:
         self._updates: dict[tuple[str, ...], Prepared] = {}
         """The version-guarded UPDATE per set of columns sent, compiled once (broker.store.prepared)."""
         job_columns = [c.name for c in jobs.columns]
-        self._upsert_attempts = Prepared(_attempt_upsert(dialect.name), dialect, rows.ATTEMPT_COLUMNS)
-        self._upsert_jobs = (Prepared(_job_upsert(), dialect, job_columns)
+        self._upsert_attempts = Prepared(attempt_upsert(dialect.name), dialect, rows.ATTEMPT_COLUMNS)
+        self._upsert_jobs = (Prepared(job_upsert(), dialect, job_columns)
                              if dialect.name in ("mysql", "mariadb") else None)
         self._insert_jobs = Prepared(jobs.insert(), dialect, job_columns)
         self._insert_attempts = Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS)
@@ -211,7 +213,12 @@ class SqlJobStore:
         return self._run(read, writes=False)
 
     def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
+        return self.commit_group(writes, inserts)[0]
+
+    def commit_group(self, writes: Sequence[tuple[Job, int]],
+                     inserts: Sequence[Job] = ()) -> tuple[list[bool], list[Job]]:
         """Write each job iff its row still has the expected version, and insert `inserts`; one transaction.
+        Returns the writes' wins and, per insert, the job stored for it (itself, or its key's first job).
 
         Set-based, so a batch costs a fixed number of round trips, not one per job (group commit is
         what buys throughput, and on a busy host each round trip to the server is a context switch):
@@ -224,18 +231,24 @@ class SqlJobStore:
         3. one batched write of each winning row's final state, still guarded by `version =` the value
            read under the lock (MySQL: a multi-row upsert, which PyMySQL sends as one statement, of
            rows known to exist and locked), and one upsert of the winners' attempts;
-        4. one multi-row INSERT of the new jobs (no idempotency key, so only a duplicate id, a programming
-           error, can conflict: it fails the whole transaction, as `insert` reports it).
+        4. one read of the batch's idempotency keys (broker.store.firsts): a key the caller already used, or
+           one met earlier in the batch, resolves to that first job and is not inserted;
+        5. one multi-row INSERT of the new jobs. A rival that committed one of their keys since step 4 fails
+           it, and the batch runs again (its read then finds the rival's job); a duplicate id, a programming
+           error, fails the whole transaction, as `insert` reports it.
         """
         if not writes and not inserts:
-            return []
+            return [], []
         now = self._clock.now()
         ids = sorted({job.id for job, _ in writes})
         won = [False] * len(writes)
         committed: dict[str, dict[str, Any]] = {}
+        resolved: dict[int, str | Job] = {}
 
         def write(conn: sa.Connection) -> list[bool]:
             committed.clear()  # a retried transaction starts over
+            resolved.clear()
+            won[:] = [False] * len(writes)
             version: dict[str, int] = {}
             for i in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[i:i + _IN_CHUNK]
@@ -255,23 +268,35 @@ class SqlJobStore:
             if upserts:
                 self._upsert_attempts.run(conn, list(upserts.values()))
             if inserts:
-                new_rows = [rows.job_row(job, now) for job in inserts]
-                self._insert_jobs.run(conn, new_rows)
-                committed.update((row["id"], row) for row in new_rows)
-                self._insert_attempts.run(conn, [a for job in inserts for a in rows.attempt_rows(job)])
+                fresh, firsts = split_firsts(conn, inserts)
+                resolved.update(firsts)
+                new_rows = [rows.job_row(job, now) for job in fresh]
+                if new_rows:
+                    self._insert_jobs.run(conn, new_rows)
+                    committed.update((row["id"], row) for row in new_rows)
+                    self._insert_attempts.run(conn, [a for job in fresh for a in rows.attempt_rows(job)])
             return won
 
-        if any(job.spec.idempotency_key is not None for job in inserts):
-            raise ValueError("a job with an idempotency key goes through insert(), which finds its first copy")
+        keyed = any(job.spec.idempotency_key is not None for job in inserts)
         with _translated("commit"):
-            try:
-                result = self._run(write, writes=True)
-            except sa.exc.IntegrityError as exc:
-                if not inserts:
-                    raise
-                raise ValueError("duplicate job id in a batch of inserts") from exc
+            for tries_left in range(KEY_RACE_TRIES - 1, -1, -1):
+                try:
+                    result = self._run(write, writes=True)
+                    break
+                except sa.exc.IntegrityError as exc:
+                    if not inserts:
+                        raise
+                    if keyed and tries_left:  # a rival may have committed one of the batch's keys: look again
+                        continue
+                    raise ValueError("duplicate job id in a batch of inserts") from exc
+            firsts = self._select(jobs.c.id.in_(sorted({r for r in resolved.values() if isinstance(r, str)})),
+                                  limit=None) if resolved else []
         self._remember(committed)  # only once COMMIT returned: a row that may not have landed is not remembered
-        return result
+        by_id: dict[str, Job] = {job.id: job for job in firsts}
+        stored = list(inserts)
+        for n, first in resolved.items():
+            stored[n] = first if isinstance(first, Job) else by_id.get(first) or self.insert(inserts[n])
+        return result, stored
 
     def _remember(self, written: dict[str, dict[str, Any]]) -> None:
         if len(self._written) + len(written) > _ROWS_KEPT:
@@ -372,24 +397,4 @@ class SqlJobStore:
 
     def close(self) -> None:
         self._engine.dispose()
-
-
-def _job_upsert() -> sa.Insert:
-    stmt = mysql.insert(jobs)
-    return stmt.on_duplicate_key_update({c.name: stmt.inserted[c.name] for c in jobs.columns
-                                         if c.name not in ("id", "created_at")})
-
-
-def _attempt_upsert(dialect: str) -> sa.Insert:
-    mutable = [c.name for c in attempts.columns if c.name != "id"]
-    if dialect in ("mysql", "mariadb"):
-        stmt = mysql.insert(attempts)
-        return stmt.on_duplicate_key_update({name: stmt.inserted[name] for name in mutable})
-    if dialect == "postgresql":
-        pg = postgresql.insert(attempts)
-        return pg.on_conflict_do_update(index_elements=[attempts.c.id],
-                                        set_={name: pg.excluded[name] for name in mutable})
-    lite = sqlite.insert(attempts)
-    return lite.on_conflict_do_update(index_elements=[attempts.c.id],
-                                      set_={name: lite.excluded[name] for name in mutable})
 

@@ -133,6 +133,11 @@ class FlakyStore:
             raise StoreError("injected: the commit " + ("timed out" if self.hang_s else "failed"))
         return self.inner.commit(writes, inserts)
 
+    def commit_group(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> tuple[list[bool], list[Job]]:
+        if self.failing and writes:
+            return self.commit(writes, inserts), []  # raises
+        return self.inner.commit_group(writes, inserts)
+
     def close(self) -> None:
         self.inner.close()
 

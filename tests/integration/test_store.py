@@ -223,27 +223,57 @@ def test_a_lost_race_in_the_job_books_group_commit_affects_only_that_job(store: 
 
 def test_submits_join_the_job_books_group_commit_and_are_stored_when_they_return(
         store: SqlJobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keyed submits (the SDK's) too: a key repeated within the group, or one stored before, returns the first job."""
     jobs = [store.insert(make_job(f"j-{i}", state=JobState.QUEUED, version=1)) for i in range(4)]
+    earlier = store.insert(make_job("j-earlier", state=JobState.QUEUED, version=1, key="old"))
     book = JobBook(store, RealClock())
     for job in jobs:
         book.adopt(job)
     batches: list[tuple[int, int]] = []
-    commit = store.commit
-    monkeypatch.setattr(store, "commit", lambda writes, inserts=(): batches.append((len(writes), len(inserts)))
-                        or commit(writes, inserts))
-    new = [make_job(f"j-new{i}", state=JobState.QUEUED, version=1) for i in range(4)]
+    commit_group = store.commit_group
+    monkeypatch.setattr(store, "commit_group", lambda writes, inserts=(): batches.append((len(writes), len(inserts)))
+                        or commit_group(writes, inserts))
+    monkeypatch.setattr(store, "insert", None)  # no submit takes the single path
+    new = [make_job(f"j-new{i}", state=JobState.QUEUED, version=1) for i in range(3)]
     keyed = make_job("j-keyed", state=JobState.QUEUED, version=1, key="k")
+    repeats = [make_job("j-keyed-again", state=JobState.QUEUED, version=1, key="k"),
+               make_job("j-old-again", state=JobState.QUEUED, version=1, key="old")]
 
     async def submit_and_bind() -> list[Job | None]:
         return await asyncio.gather(*(book.write(j.id, lambda cur: transition(cur, JobState.RUNNING, at=6.0,
                                                                              pods=("p",))) for j in jobs),
-                                    *(book.insert(j) for j in [*new, keyed]))
+                                    *(book.insert(j) for j in [*new, keyed, *repeats]))
 
     results = asyncio.run(submit_and_bind())
-    assert batches == [(4, 4)]  # four writes and four submits, one transaction; the keyed job looked for its copy
-    assert results[4:] == [*new, keyed]
+    assert batches == [(4, 6)]  # four writes and six submits, one transaction
+    assert results[4:] == [*new, keyed, keyed, earlier]
     for job in [*new, keyed]:
         assert store.get(job.id) == job == book.live[job.id]
+    assert store.get("j-keyed-again") is None and store.get("j-old-again") is None
+    assert all(results[i] is not None and results[i].state is JobState.RUNNING for i in range(4))  # type: ignore[union-attr]
+
+
+def test_two_brokers_racing_one_key_store_one_job_and_the_rest_of_their_groups(
+        store: SqlJobStore, session_url: str) -> None:
+    """Two stores on their own engines (two brokers), group commits and single inserts of one key at once."""
+    other = SqlJobStore.open(session_url)
+    try:
+        for round_ in range(3):
+            key = f"shared-{round_}"
+
+            def submit(i: int, round_: int = round_, key: str = key) -> Job:
+                mine = store if i % 2 else other
+                if i % 3 == 0:  # a keyed submit alone, as a non-blocking caller of insert() would
+                    return mine.insert(make_job(f"j-{round_}-{i}", key=key))
+                _, stored = mine.commit_group([], [make_job(f"j-{round_}-{i}-x"), make_job(f"j-{round_}-{i}", key=key)])
+                return stored[1]
+
+            results = race(6, submit)
+            keyed = [j for j in store.list_jobs(limit=1000) if j.spec.idempotency_key == key]
+            assert len(keyed) == 1 and all(r == keyed[0] for r in results)
+            assert all(store.get(f"j-{round_}-{i}-x") is not None for i in range(6) if i % 3)
+    finally:
+        other.close()
 
 
 def test_an_over_long_name_is_refused_the_same_on_every_backend(store: SqlJobStore) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import broker.recovery
+import broker.running.ending
 from broker.jobs import ErrorClass, JobState
 from broker.pods import PodState
 from tests.unit.harness import Harness, cpu_pool
@@ -65,7 +65,7 @@ async def test_a_raising_finish_after_a_restart_commits_the_ranks_outcome_and_re
 async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real, calls = broker.recovery.outcome_of, [0]
+    real, calls = broker.running.ending.outcome_of, [0]
 
     def outcome_of(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
@@ -73,7 +73,7 @@ async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
             raise ValueError("a bug in the verdict")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(broker.recovery, "outcome_of", outcome_of)
+    monkeypatch.setattr(broker.running.ending, "outcome_of", outcome_of)
     h, again, job_id = await _restart_after_the_job_ended()
     try:
         row = h.store.get(job_id)
@@ -85,8 +85,8 @@ async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
         await again.stop()
 
 
-async def test_a_raising_watch_whose_abort_raises_too_still_ends_the_job_and_retires_its_pod() -> None:
-    """A re-attached attempt: its watcher raises, and so does the abort's finish. The attempt still ends (a typed
+async def test_a_raising_watch_whose_finish_raises_too_still_ends_the_job_and_retires_its_pod() -> None:
+    """A re-attached attempt: its watcher raises, and so does the finish its abort goes through. The attempt still ends (a typed
     error, no retry) and its pod, with the ranks that may still run on it, is deleted."""
     h = await Harness([cpu_pool(max_count=1, step=1)]).start()
     job = await h.submit(command=("sleep", "100"), max_retries=1)
@@ -117,7 +117,7 @@ async def test_a_raising_watch_whose_abort_raises_too_still_ends_the_job_and_ret
         assert row is not None
         done = await again.finish(row, timeout=10.0)  # the attempt sleeps 100 s: only the failure ends it
         assert done.state is JobState.FAILED and done.error_class == ErrorClass.LAUNCH_ERROR, done
-        assert "ValueError" in (done.error_message or "") and done.retries == 0
+        assert "KeyError" in (done.error_message or "") and done.retries == 0  # the watch's bug, the root cause
         await again.run_for(1.0)
         assert pod in again.backend.deleted
         assert (await again.run_job("alice", command=("exit", "0"))).state is JobState.SUCCEEDED

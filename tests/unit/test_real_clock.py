@@ -51,5 +51,7 @@ async def test_cancelling_a_real_wait_cancels_its_task_rather_than_timing_it_out
 async def test_a_real_wait_that_timed_out_leaves_its_task_uncancelled() -> None:
     assert await RealClock().wait(asyncio.Event(), 0.0) is False
     current = asyncio.current_task()
-    assert current is not None and current.cancelling() == 0  # a later await is not cancelled by a stale timer
+    assert (
+        current is not None and current.cancelling() == 0
+    )  # a later await is not cancelled by a stale timer
     await asyncio.sleep(0.02)

@@ -39,8 +39,11 @@ class RealClock:
     async def wait(self, event: asyncio.Event, timeout: float) -> bool:
         if event.is_set():
             return True
+        # asyncio.timeout cancels this task from a timer; wait_for (Python 3.11) would wrap event.wait()
+        # in a task of its own, one more task and future per call on every launch and job-change wait.
         try:
-            await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
+            async with asyncio.timeout(max(0.0, timeout)):
+                await event.wait()
         except TimeoutError:
             return False
         return True

@@ -257,9 +257,16 @@ class Job:
 
     def with_attempt(self, attempt: Attempt) -> Job:
         """Replace (by id) or append `attempt`; attempts are not versioned on their own."""
-        kept = tuple(a for a in self.attempts if a.id != attempt.id)
-        ordered = tuple(sorted((*kept, attempt), key=lambda a: a.n))
-        return dataclasses.replace(self, attempts=ordered)
+        return dataclasses.replace(self, attempts=self.attempts_with(attempt))
+
+    def attempts_with(self, attempt: Attempt) -> tuple[Attempt, ...]:
+        """The attempts, `attempt` replacing the one of its id or added, in order of `n` (a transition's
+        `attempts=`: one row copy where with_attempt and then transition would make two)."""
+        attempts = self.attempts
+        if not attempts:  # a job's first attempt
+            return (attempt,)
+        kept = tuple(a for a in attempts if a.id != attempt.id)
+        return tuple(sorted((*kept, attempt), key=lambda a: a.n))
 
     def stamp(self, **times: float) -> Job:
         """Record timing fields without a state change (still a versioned write)."""

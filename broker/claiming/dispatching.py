@@ -264,7 +264,7 @@ class Dispatcher:
             now = self.clock.now()
             n = len(job.attempts)  # every execution gets a new id, retries and recovery re-queues alike
             attempt = Attempt(id=attempt_id(job.id, n), job_id=job.id, n=n, pods=names)
-            return transition(job.with_attempt(attempt), JobState.RUNNING, now, pods=names,
+            return transition(job, JobState.RUNNING, now, attempts=job.attempts_with(attempt), pods=names,
                               acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now})
 
         store_failed = False

@@ -11,7 +11,7 @@ the caller's first job and stores nothing: the store resolves it, see `JobStore.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,7 +34,8 @@ class JobBook:
         self.clock = clock
         self.live: dict[str, Job] = {}
         """Non-terminal jobs, as last committed."""
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._turns: dict[str, deque[asyncio.Future[None]]] = {}
+        """job id -> the writers waiting behind the one writing it now; an entry exists only while one writes."""
         self._changed: dict[str, asyncio.Event] = {}
         self.finished: OrderedDict[str, Job] = OrderedDict()
         """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
@@ -69,7 +70,6 @@ class JobBook:
         """Take a job read from the store as the live copy (recovery, lost races)."""
         if job.terminal:
             self.live.pop(job.id, None)
-            self._locks.pop(job.id, None)
             self.finished[job.id] = job
             if len(self.finished) > FINISHED_KEPT:
                 self.finished.popitem(last=False)
@@ -85,10 +85,19 @@ class JobBook:
         Returns the committed job, the unchanged job when `change` aborts or returns its input, or None
         when another writer moved the row first (the book then adopts the row the store holds).
         """
-        lock = self._locks.get(job_id)
-        if lock is None:
-            lock = self._locks[job_id] = asyncio.Lock()
-        async with lock:
+        waiting = self._turns.get(job_id)
+        if waiting is None:  # the usual case: nobody writes this job now; no lock object, no future
+            self._turns[job_id] = deque()
+        else:  # FIFO behind the writer now writing it, as an asyncio.Lock would queue
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiting.append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if not turn.cancelled():
+                    self._pass_turn(job_id)  # it was handed the turn as it was cancelled: hand it on
+                raise
+        try:
             current = self.live.get(job_id) or self.finished.get(job_id)  # no coroutine for the usual case
             if current is None:
                 current = await self.io(self.store.get, job_id)
@@ -107,6 +116,18 @@ class JobBook:
             if fresh is not None:
                 self.adopt(fresh)
             return None
+        finally:
+            self._pass_turn(job_id)
+
+    def _pass_turn(self, job_id: str) -> None:
+        """The writer of `job_id` is done: wake the next one still waiting, or leave no entry behind."""
+        waiting = self._turns[job_id]
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():  # a cancelled waiter is skipped
+                turn.set_result(None)
+                return
+        del self._turns[job_id]
 
     async def _commit(self, job: Job, expected: int) -> bool:
         if not self.store.blocking:

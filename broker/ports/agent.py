@@ -208,7 +208,8 @@ class FakeAgent:
         run = _FakeRun(status=status, done=asyncio.Event(), output=b"")
         self.runs[request.attempt_id] = run
         self.current = request.attempt_id
-        asyncio.get_running_loop().create_task(self._run(request, run))
+        if not request.argv or request.argv[0] != "hang":  # a hang only ends by kill, cancel or reset: no task waits
+            asyncio.get_running_loop().create_task(self._run(request, run))
         if request.wait_s > 0:
             await self.clock.wait(run.done, request.wait_s)
             return run.status

@@ -93,3 +93,23 @@ def test_dispatch_order_is_priority_then_submit_time_then_id() -> None:
         return Job(id=i, caller="c", spec=JobSpec(pool="cpu", command=("x",), priority=prio), timings={"submitted_at": t})
     jobs = [job("b", 0, 1.0), job("a", 0, 1.0), job("c", 5, 9.0), job("d", 0, 0.5)]
     assert [j.id for j in sorted(jobs, key=job_sort_key)] == ["c", "d", "a", "b"]
+
+
+def test_a_transition_given_attempts_with_a_new_attempt_equals_with_attempt_then_transition() -> None:
+    spec = JobSpec(pool="cpu", command=("true",))
+    queued = Job(id="j-1", caller="alice", spec=spec, state=JobState.QUEUED, version=3)
+    for job in (queued, queued.with_attempt(Attempt(id="j-1:0", job_id="j-1", n=0, pods=("p0",)))):
+        n = len(job.attempts)
+        attempt = Attempt(id=f"j-1:{n}", job_id="j-1", n=n, pods=("p1",))
+        one_copy = transition(job, JobState.RUNNING, 5.0, attempts=job.attempts_with(attempt), pods=("p1",))
+        assert one_copy == transition(job.with_attempt(attempt), JobState.RUNNING, 5.0, pods=("p1",))
+        assert one_copy.version == 4 and one_copy.attempts[-1] == attempt
+
+
+def test_attempts_with_replaces_by_id_and_keeps_attempts_in_order_of_n() -> None:
+    spec = JobSpec(pool="cpu", command=("true",))
+    first, second = (Attempt(id=f"j-1:{n}", job_id="j-1", n=n, pods=("p",)) for n in (0, 1))
+    job = Job(id="j-1", caller="alice", spec=spec, attempts=(second,))
+    assert job.attempts_with(first) == (first, second)
+    ended = first.move(AttemptState.LOST, finished_at=1.0)
+    assert Job(id="j-1", caller="alice", spec=spec, attempts=(first, second)).attempts_with(ended) == (ended, second)

@@ -6,7 +6,7 @@ persisted outside the sandbox and bumped at every agent start, `firepool_agent.i
 epoch of the node it runs on (`Node.boot_epoch`: /proc boot_id, a Kubernetes node's bootID; a node that
 rebooted or was replaced under the same name kills or voids what ran there, even when the pod object and
 its UID survive). The backend records the epoch it started (`PodInfo.details["pod_uid"]`/`["incarnation"]`/
-`["node_epoch"]`), the broker writes the epoch
+`["started_node_epoch"]`: the node's boot epoch when the pod started), the broker writes the epoch
 it binds work under on the pod record (`firepool.dev/epoch`, with the owner annotations), and the agent
 reports its incarnation in every health answer. One rule (`judge`) decides, for a restarted broker and
 the Kubernetes backend's own UID checks alike:
@@ -87,14 +87,14 @@ def judge(recorded: Epoch | None, reported: Epoch | None) -> Verdict:
 
 def recorded_epoch(details: Mapping[str, Any], annotations: Mapping[str, str]) -> Epoch | None:
     """The epoch work on the pod was bound under (the broker's annotation), else the one the backend
-    recorded when it started the pod (`details`: `pod_uid`, `incarnation`, `node_epoch`); None when neither
-    says."""
+    recorded when it started the pod (`details`: `pod_uid`, `incarnation`, `started_node_epoch`: never the
+    node's epoch as listed now, which a reboot changed); None when neither says."""
     bound = Epoch.parse(annotations.get(EPOCH_ANNOTATION))
     if bound is not None and bound.known:
         return bound
     incarnation = details.get("incarnation")
     identity = str(details.get("pod_uid") or "")
-    node = str(details.get("node_epoch") or "")
+    node = str(details.get("started_node_epoch") or "")
     if isinstance(incarnation, int) or identity or node:
         return Epoch(identity, incarnation if isinstance(incarnation, int) else None, node)
     return None

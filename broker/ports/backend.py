@@ -203,8 +203,9 @@ class FakeBackend:
                        created_at=self.clock.now(), isolated=True, annotations=dict(request.annotations),
                        node=self._node_of.get(gpus[0], "") if gpus else "",
                        details={"incarnation": 1})  # the incarnation its FakeAgent starts with
-        if info.node:
-            info = dataclasses.replace(info, details={**info.details, "node_epoch": self._node_epoch(info.node)})
+        if info.node:  # the node's boot epoch now (as listed later) and when the pod started (as recorded)
+            epoch = self._node_epoch(info.node)
+            info = dataclasses.replace(info, details={**info.details, "node_epoch": epoch, "started_node_epoch": epoch})
         self.pods[request.name] = info  # devices are bound from the create call on
         self.requests[request.name] = request
         if request.image:

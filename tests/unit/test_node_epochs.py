@@ -42,7 +42,7 @@ def test_a_pods_epoch_carries_its_nodes_boot_epoch_and_older_annotations_still_p
     assert str(epoch) == "uid-a#3@0c5e-boot" and Epoch.parse(str(epoch)) == epoch
     assert Epoch.parse("uid-a#3") == Epoch("uid-a", 3)  # written before node epochs: no node part
     assert Epoch.parse("#@b") == Epoch("", None, "b")
-    assert recorded_epoch({"incarnation": 1, "node_epoch": "b0"}, {}) == Epoch("", 1, "b0")
+    assert recorded_epoch({"incarnation": 1, "started_node_epoch": "b0", "node_epoch": "b1"}, {}) == Epoch("", 1, "b0")
     assert reported_epoch({"pod_uid": "u", "node_epoch": "b1"}, 2) == Epoch("u", 2, "b1")
 
 

@@ -25,6 +25,7 @@ from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_INCARNATION,
     ANN_GPUS,
+    ANN_NODE_EPOCH,
     ANN_ORIGIN,
     ANN_READY,
     HOSTNAME,
@@ -207,7 +208,7 @@ class KubernetesBackend(NodeView, Starting):
             if not rec.gpus and pool.gpus:
                 rec.gpus = hami.allocated_uuids(podstatus.meta(pod).get("annotations") or {}) or \
                     tuple(f"{name}/gpu{i}" for i in range(pool.gpus))  # no HAMi: the pod's own, never shared
-            extra = {ANN_READY: rec.ready.dumps(), ANN_GPUS: ",".join(rec.gpus)}
+            extra = {ANN_READY: rec.ready.dumps(), ANN_GPUS: ",".join(rec.gpus), ANN_NODE_EPOCH: self._node_epoch(node)}
             await with_backoff(self.clock, rate, lambda: self.api.patch("Pod", name, {"metadata": {"annotations": extra}}))
             rec.annotations.update(extra)
         except BaseException as exc:
@@ -308,7 +309,8 @@ class KubernetesBackend(NodeView, Starting):
                        node=node,
                        details={"uid": rec.uid, "pod_uid": podstatus.uid(pod) if pod else rec.uid,
                                 "incarnation": AGENT_INCARNATION if _started_with_incarnation(pod) else None,
-                                "node": node, "node_epoch": self._node_epoch(node), "ip": rec.ip,
+                                "node": node, "node_epoch": self._node_epoch(node),
+                                "started_node_epoch": rec.annotations.get(ANN_NODE_EPOCH, ""), "ip": rec.ip,
                                 "role": labels.get(LABEL_ROLE, ""), "origin": rec.annotations.get(ANN_ORIGIN, ""),
                                 "ready": rec.ready.view()})
 

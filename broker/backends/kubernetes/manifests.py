@@ -37,7 +37,10 @@ ANN_GPUS = "firepool.io/gpu-uuids"
 ANN_CREATED = "firepool.io/created-at"
 ANN_READY = "firepool.io/ready"
 """The pod's ready record (JSON: seconds from create to scheduled, pulled, started, agent answered)."""
-BACKEND_ANNOTATIONS = (ANN_ORIGIN, ANN_GPUS, ANN_CREATED, ANN_READY)
+ANN_NODE_EPOCH = "firepool.io/node-epoch"
+"""The boot epoch of the pod's node when the pod started (design R5): a reboot since changes what the node
+reports, never this."""
+BACKEND_ANNOTATIONS = (ANN_ORIGIN, ANN_GPUS, ANN_CREATED, ANN_READY, ANN_NODE_EPOCH)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ from broker.pods import PodState
 from broker.pools import Catalog, PoolSpec
 from broker.ports.backend import FakeBackend
 from broker.ports.logs import MemoryLogStore
+from broker.server import settle_heap
 from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 
@@ -185,8 +185,7 @@ async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> t
                       catalog=_catalog(pods), tuning=Tuning())
     tag = "lifecycle" if finish else "dispatch"
     await cp.start()
-    gc.collect()
-    gc.freeze()  # as `firepool serve` does once its control plane started (broker/server.py)
+    settle_heap()  # as `firepool serve` does once its control plane started
     try:
         deadline = time.monotonic() + 120
         while sum(p.state is PodState.IDLE for p in cp.tracker.snapshot()) < pods:

@@ -106,3 +106,16 @@ def gpu_pool(**overrides: object) -> PoolSpec:
                                  "idle_timeout": 300.0, "caller_hold_seconds": 60.0, "step": 2}
     values.update(overrides)
     return PoolSpec(**values)  # type: ignore[arg-type]
+
+
+def failing_once(real: Callable[..., Any]) -> Callable[..., Any]:
+    """`real`, except that its first call raises (a bug on a path the broker must survive)."""
+    calls = [0]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("a bug in the verdict")
+        return real(*args, **kwargs)
+
+    return wrapper

@@ -16,7 +16,7 @@ from broker.jobs import ErrorClass, Job, JobState
 from broker.pods import PodState
 from broker.ports.agent import FakeAgent
 from broker.running.topology import Rendezvous
-from tests.unit.harness import Harness, cpu_pool
+from tests.unit.harness import Harness, cpu_pool, failing_once
 
 
 def _break_finish(h: Harness) -> list[int]:
@@ -158,15 +158,7 @@ async def test_a_raising_watch_whose_finish_raises_too_ends_the_job_and_retires_
 async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real, calls = broker.running.ending.outcome_of, [0]
-
-    def outcome_of(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise ValueError("a bug in the verdict")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(broker.running.ending, "outcome_of", outcome_of)
+    monkeypatch.setattr(broker.running.ending, "outcome_of", failing_once(broker.running.ending.outcome_of))
     h = await Harness([cpu_pool(max_count=1, step=1)]).start()
     try:
         _break_finish(h)

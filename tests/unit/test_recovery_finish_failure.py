@@ -11,7 +11,7 @@ import pytest
 import broker.running.ending
 from broker.jobs import ErrorClass, JobState
 from broker.pods import PodState
-from tests.unit.harness import Harness, cpu_pool
+from tests.unit.harness import Harness, cpu_pool, failing_once
 
 
 async def _restart_after_the_job_ended(timeout_s: float | None = None) -> tuple[Harness, Harness, str]:
@@ -62,18 +62,10 @@ async def test_a_raising_finish_after_a_restart_commits_the_ranks_outcome_and_re
         await again.stop()
 
 
-async def test_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
+async def test_at_recovery_when_even_the_outcome_raises_the_job_fails_with_a_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real, calls = broker.running.ending.outcome_of, [0]
-
-    def outcome_of(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise ValueError("a bug in the verdict")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(broker.running.ending, "outcome_of", outcome_of)
+    monkeypatch.setattr(broker.running.ending, "outcome_of", failing_once(broker.running.ending.outcome_of))
     h, again, job_id = await _restart_after_the_job_ended()
     try:
         row = h.store.get(job_id)

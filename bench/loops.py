@@ -45,9 +45,9 @@ def simulated_h200_rows(plans: dict[str, list[Plan]]) -> list[Row]:
     id B7 and metrics prefixed "simulated h200:"."""
     from broker.sim.tables import loop_rows
 
-    del plans  # the simulator draws the same workloads from its own seeds (Table 5's H200 columns, 6 repeats)
+    del plans  # the simulator draws the same workloads from its own seeds (Table 5's H200 columns, 10 repeats as the paper's)
     return [Row(**{**r, "metric": "simulated h200: " + r["metric"].removeprefix("sim H200 ")})
-            for r in loop_rows(seed=1, repeats=6, venues=("h200",))]
+            for r in loop_rows(seed=1, venues=("h200",))]
 
 
 def _by_arm(runs: list[dict[str, Any]], name: str) -> dict[str, list[dict[str, Any]]]:

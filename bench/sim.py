@@ -177,13 +177,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"firepool sim {scenario}", description=__doc__)
     parser.add_argument("--venue", choices=("h200", "cpu", "local"), help="loops: the three arms on this venue")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="paired repeats (loops 6, standby 10, sweep 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="paired repeats (loops: the paper's per column, 10 on H200 and 6 on CPU; standby 10, sweep 3)")
     parser.add_argument("--plot", action="store_true", help="write PNGs under bench/results/")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv[1:])
     started = time.monotonic()
     if scenario == "loops":
-        args.repeats = args.repeats or 6
+        if args.venue:
+            args.repeats = args.repeats or 6
         rc = run_loops(args)
     elif scenario == "tenants":
         args.repeats = args.repeats or 6

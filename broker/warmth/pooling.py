@@ -23,7 +23,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
-from broker.fleet.nodes import Node
+from broker.fleet.nodes import Fleet, Node
 from broker.pods import Origin, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo
@@ -207,7 +207,7 @@ class PoolController(Creating):
                     room = 0 if plain else max(0, min(spec.max_count - counts.physical,
                                                       spec.max_count if headroom is None else headroom))
                     broken += breaks_for_sets(units[first:], blocked_sets, room + max(0, freeing - plain), spec,
-                                              self.fleet)
+                                              self._fleet_after_retiring)
             blocked = plain + sum(s.pods for s in blocked_sets) - freeing
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]
@@ -239,6 +239,11 @@ class PoolController(Creating):
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
+
+    def _fleet_after_retiring(self) -> Fleet:
+        """The fleet as it will be once the retiring pods are gone (their room is counted free for sets)."""
+        pods = [p for p in self.tracker.snapshot() if p.state is not PodState.RETIRING]
+        return placing.fleet_of(self.backend.nodes(), pods, self.pools, self.avoid())
 
     def _note_holds_broken(self, spec: PoolSpec, broken: list[Pod], blocked: int) -> None:
         if self.events is None:

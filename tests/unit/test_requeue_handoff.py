@@ -96,3 +96,22 @@ async def test_a_stale_hand_off_of_a_job_running_again_never_starts_it_twice() -
         assert started == [done.attempts[0].id]
     finally:
         await h.stop()
+
+
+async def test_a_re_attached_attempt_whose_retry_hand_off_raises_runs_exactly_once_more() -> None:
+    """After a restart: recovery re-attaches the running attempt; it times out, retries, and the hand-off raises."""
+    h = await Harness([cpu_pool(max_count=1, step=1)]).start()
+    job = await h.submit(command=("sleep", "1000"), timeout_s=5.0, max_retries=1)
+    await h.until(lambda: job.id in h.cp.executor.launched)
+    await h.stop()
+    again = h.restarted([cpu_pool(max_count=1, step=1)])
+    try:
+        started = _launches(again)
+        again.cp.executor.requeue = failing_once(again.cp.executor.requeue)  # type: ignore[method-assign]
+        await again.start()
+        assert again.cp.recovery is not None and again.cp.recovery.reattached == [job.id]
+        done = await again.finish(job, timeout=120.0)
+        assert done.state is JobState.FAILED and done.retries == 1 and len(done.attempts) == 2, done
+        assert started == [done.attempts[1].id]  # the first attempt ran before the restart, once
+    finally:
+        await again.stop()

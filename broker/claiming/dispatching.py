@@ -6,6 +6,11 @@ with the pod bindings and acquisition paths, conditional on the row version, the
 executor, which (4) marks the pods running and (5) launches. No user code runs before the commit: a
 failed prepare retires the pods and keeps the job queued; a lost or failed commit returns the pods.
 A job that cannot be placed is skipped (no partial gang is ever held) and its pods count as demand.
+
+A job committed QUEUED is always in the queue or adopted by the next sweeps: every tick the pass looks for live
+QUEUED rows it neither queues nor binds (a retry whose hand-off raised, an outcome whose commit answer was lost)
+and adopts one it finds twice at the same version. Only the newest row of a job is queued, never one being bound
+or no longer QUEUED, and only a bind that committed its own attempt starts it: a job never runs twice.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class Dispatcher:
         self.wake = self._loop.wake
         self.run = self._loop.run
         self.passes = 0
+        self._next_sweep = 0.0
+        self._strays: dict[str, int] = {}
+        """job id -> version of a live QUEUED row the last sweep found outside the queue (adopted if seen again)."""
         controller.waiting = self.waiting
 
     def waiting(self, job_id: str) -> bool:
@@ -89,8 +97,28 @@ class Dispatcher:
 
     def enqueue(self, job: Job) -> None:
         """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
-        self.queued[job.id] = job
-        self.wake()
+        if self._adopt(job):
+            self.wake()
+
+    def _adopt(self, job: Job) -> bool:
+        """Queue the job's newest row; not one that moved on (a stale hand-off) nor one being bound now."""
+        live = self.book.live.get(job.id, job)
+        if live.state is not JobState.QUEUED or job.id in self.binding:
+            return False
+        self.queued[job.id] = live
+        return True
+
+    def _sweep(self, now: float) -> None:
+        """Adopt live QUEUED rows this dispatcher does not know, each once found on two sweeps in a row."""
+        self._next_sweep = now + self.tick
+        seen, self._strays = self._strays, {}
+        for job in self.book.live.values():
+            if job.state is not JobState.QUEUED or job.id in self.queued or job.id in self.binding:
+                continue
+            if seen.get(job.id) == job.version and self._adopt(job):
+                log.warning("%s was QUEUED outside the dispatcher's queue; adopted", job.id)
+            else:
+                self._strays[job.id] = job.version
 
     def drop(self, job_id: str) -> None:
         job = self.queued.pop(job_id, None)
@@ -118,6 +146,8 @@ class Dispatcher:
         where: dict[str, str] = {}
         """job -> `node` | `domain` for every confined gang above and confined single-use set."""
         claimed = 0
+        if now >= self._next_sweep:
+            self._sweep(now)
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
         # A queued job's session keeps its idle pod for it: no newer session of the caller recycles it first.
         self.tracker.queued_sessions = frozenset((j.caller, j.spec.queue, j.spec.lease_tag)
@@ -206,8 +236,8 @@ class Dispatcher:
             self.drop(job_id)
             return
         current = self.book.live.get(job_id)
-        if current is not None and current.state is JobState.QUEUED:
-            self.queued[job_id] = current  # the next pass judges it again
+        if current is not None:
+            self._adopt(current)  # still QUEUED: the next pass judges it again
 
     def _alert(self, res: Reservation, held: int, why: str) -> None:
         """A reservation that cannot fill in time: a capacity event (R2), not a quiet wait."""
@@ -258,14 +288,17 @@ class Dispatcher:
         names = tuple(p.name for p in lease.pods)
         acquisition = tuple(Acquisition(p.name, p.path, p.reason) for p in lease.pods)
 
+        made: list[Job] = []
+
         def bind(job: Job) -> Job:
             if job.state is not JobState.QUEUED:
                 raise Abort
             now = self.clock.now()
             n = len(job.attempts)  # every execution gets a new id, retries and recovery re-queues alike
             attempt = Attempt(id=attempt_id(job.id, n), job_id=job.id, n=n, pods=names)
-            return transition(job, JobState.RUNNING, now, attempts=job.attempts_with(attempt), pods=names,
-                              acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now})
+            made.append(transition(job, JobState.RUNNING, now, attempts=job.attempts_with(attempt), pods=names,
+                                   acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now}))
+            return made[-1]
 
         store_failed = False
         try:
@@ -274,14 +307,16 @@ class Dispatcher:
             log.warning("committing %s failed, pods returned, job stays queued: %s", job_id, exc)
             committed, store_failed = None, True
         self.binding.discard(job_id)
-        if committed is None or committed.state is not JobState.RUNNING:
+        if committed is None or committed is not (made[-1] if made else None):
+            # Lost: a version race or a store error (None), or the row was no longer QUEUED (a row that is
+            # RUNNING now is another attempt's, never this claim's to start or to re-queue).
             self.tracker.unclaim(job_id, self.clock.now())
             current = self.book.live.get(job_id)
-            if current is not None and current.state is JobState.RUNNING and self.executor is not None \
-                    and job_id not in self.executor.launched:
+            if committed is None and current is not None and current.state is JobState.RUNNING \
+                    and self.executor is not None and job_id not in self.executor.launched:
                 current = await self._requeue_unlaunched(current)
-            if current is not None and current.state is JobState.QUEUED:
-                self.queued[job_id] = current
+            if current is not None:
+                self._adopt(current)
             if not store_failed:
                 self.wake()  # a lost race: the pods may suit another job now
             # A store that is down is tried again by the next event or the fallback tick, not at once:

@@ -10,7 +10,9 @@ re-attached and finalised attempts: it commits the outcome by itself, as the out
 pod ends whatever of the attempt still runs there).
 
 It never retries the job: the attempt ended through a path that raised, and a retry would go through it again,
-retiring a pod each time.
+retiring a pod each time. An outcome that was committed before the raise stands: a retry committed QUEUED whose
+hand-off to the queue raised (or whose commit the raise orphaned) is left QUEUED here, and the dispatcher's sweep
+adopts it (broker.claiming.dispatching), so it runs again exactly once.
 """
 
 from __future__ import annotations

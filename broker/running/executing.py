@@ -4,7 +4,8 @@ Steps (4) and (5) of the claim path live here: pods go RUNNING through the per-G
 rank's agent starts the attempt. When the attempt ends the executor copies its logs, commits the result
 (or a retry) version-checked, and — in parallel — has every pod reset with proof: a clean pod goes back
 to the pool held for its owner, anything else is deleted (a single-use pod at once, with no reset). A pod
-whose agent stays unreachable is lost: the attempt ends `PodLost` and the pod is deleted.
+whose agent stays unreachable is lost: the attempt ends `PodLost` and the pod is deleted. What the broker
+sends a running attempt (a signal, a cancel, a preemption, a kill) is broker.running.signalling's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.tracker import Lease, Tracker
 from broker.clock import Clock
-from broker.errors import AgentError, FirepoolError
+from broker.errors import FirepoolError
 from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState
 from broker.pods import Pod
@@ -31,6 +32,7 @@ from broker.running.kernelwarm import KernelWarmth
 from broker.running.logcopy import copy_logs
 from broker.running.outcome import OUTCOME_RETRY_MAX_S, OUTCOME_RETRY_S, PREEMPTING, outcome_of
 from broker.running.returning import PodReturn
+from broker.running.signalling import SIGNALS, Signalling
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -47,8 +49,6 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
-SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
-"""What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 __all__ = ["PREEMPTING", "SIGNALS", "Executor", "session_key"]
 
 
@@ -57,7 +57,7 @@ def session_key(job: Job) -> str:
     return agent_session(job, None)
 
 
-class Executor:
+class Executor(Signalling):
     def __init__(self, *, clock: Clock, book: JobBook, tracker: Tracker, backend: Backend,
                  controller: PoolController, logs: LogStore, tasks: Supervisor, stats: Stats,
                  wake_dispatcher: Callable[[], None], requeue: Callable[[Job], None], kill_grace_s: float = 5.0,
@@ -278,65 +278,6 @@ class Executor:
                 return status
             if deadline is not None and self.clock.now() > deadline:
                 await self._kill(aid, [pod])
-
-    async def _kill(self, aid: str, pods: Sequence[Pod]) -> None:
-        for pod in pods:
-            try:
-                await self.backend.agent(pod.name).signal(aid, "KILL")
-            except FirepoolError:
-                pass
-
-    async def signal(self, job_id: str, name: str) -> bool:
-        """Send `name` to every rank of the running attempt; False when none is launched."""
-        aid = self.launched.get(job_id)
-        pods = self.tracker.pods_of(job_id)
-        if aid is None or not pods:
-            return False
-        for pod in pods:
-            try:
-                await self.backend.agent(pod.name).signal(aid, name)
-            except AgentError as exc:
-                if exc.details.get("status") != 404:
-                    raise
-                return False  # the agent refused the launch or already forgot it: nothing runs to signal
-        return True
-
-    async def cancel(self, job_id: str) -> None:
-        """Kill a running attempt on the caller's request; the watch then finishes the job CANCELLED."""
-        aid = self.launched.get(job_id)
-        if aid is None:
-            return  # not launched yet: start() checks the flag after the gate
-        for pod in self.tracker.pods_of(job_id):
-            try:
-                await self.backend.agent(pod.name).cancel(aid, self.kill_grace_s)
-            except FirepoolError as exc:
-                log.warning("cancelling %s on %s failed: %s", aid, pod.name, exc)
-
-    async def preempt(self, job_id: str, why: str, grace_s: float) -> bool:
-        """SIGTERM every rank now (so the job can checkpoint) and SIGKILL it after `grace_s` (the agent keeps the
-        deadline); the attempt then ends `Preempted` and the job re-queues unless `max_retries` says no."""
-        aid = self.launched.get(job_id)
-        if aid is None:
-            return False
-        self.preempting[job_id] = why
-
-        def mark(job: Job) -> Job:  # durable: a broker restarted meanwhile still records `Preempted`
-            attempt = job.current_attempt
-            if job.state is not JobState.RUNNING or attempt is None or attempt.id != aid:
-                raise Abort
-            marked = dataclasses.replace(attempt, message=PREEMPTING + why)
-            return dataclasses.replace(job.with_attempt(marked), version=job.version + 1)
-
-        try:
-            await self.book.write(job_id, mark)
-        except FirepoolError as exc:
-            log.warning("recording the preemption of %s failed (this broker still remembers it): %s", aid, exc)
-        for pod in self.tracker.pods_of(job_id):
-            try:
-                await self.backend.agent(pod.name).cancel(aid, grace_s)
-            except FirepoolError as exc:
-                log.warning("preempting %s on %s failed: %s", aid, pod.name, exc)
-        return True
 
     # ---------------------------------------------------------------- finish
 

@@ -9,13 +9,22 @@ idle pods beyond the queued warm demand give way too (a single-use job cannot ta
 do the idle standbys of a card whose active pod is gone: they hold that card's place under the ceiling
 (broker.warmth.standby), a warm job could be promoted onto them, a single-use job never. A retired pod's
 state belongs to its owner: the room it frees is what the blocked jobs get, never the pod.
+
+A set of pods made for one job (a single-use set, a gang confined to one node or domain) is made whole or not at
+all, so room short of it serves nobody: holds break for a blocked set only when the breaks let it be made (room
+under the ceiling and the budget, and a placement that keeps it on one node or domain), and then only the fewest,
+oldest first; for a set no breaks can make fit, none break.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
+from broker.fleet.nodes import Fleet
 from broker.pods import Origin, Pod, PodState
+from broker.pools import PoolSpec
+from broker.warmth import placing
 from broker.warmth.standby import groups
 
 MIN_TENURE_S = 60.0
@@ -24,7 +33,15 @@ MIN_TENURE_S = 60.0
 
 def holds_to_break(pods: list[Pod], blocked: int, queued_by: Mapping[str, int], now: float,
                    min_tenure: float = MIN_TENURE_S, warm_demand: int | None = None) -> list[Pod]:
-    """The idle pods to retire so `blocked` queued pods fit under the ceiling, oldest first.
+    """The idle pods to retire so `blocked` queued pods fit under the ceiling, oldest first (see `hold_units`)."""
+    if blocked <= 0:
+        return []
+    return [p for unit in hold_units(pods, queued_by, now, min_tenure, warm_demand)[:blocked] for p in unit]
+
+
+def hold_units(pods: list[Pod], queued_by: Mapping[str, int], now: float, min_tenure: float = MIN_TENURE_S,
+               warm_demand: int | None = None) -> list[list[Pod]]:
+    """Every idle pod that may give way at the ceiling, in the order they do: units that each free one place.
 
     `queued_by` is owner -> pods of its queued jobs that could take its held pods (warm jobs, not
     single-use). A candidate is an idle used pod whose hold expired, or a live hold beyond what its
@@ -34,8 +51,6 @@ def holds_to_break(pods: list[Pod], blocked: int, queued_by: Mapping[str, int], 
     the card together) beyond it, longest idle first. A pod alone on its card goes with its card's idle
     standbys, since the card's place under the ceiling frees only with all of them.
     """
-    if blocked <= 0:
-        return []
     cards = groups(pods)
 
     def unit(p: Pod) -> list[Pod]:
@@ -66,4 +81,63 @@ def holds_to_break(pods: list[Pod], blocked: int, queued_by: Mapping[str, int], 
     if warm_demand is not None:
         fresh.sort(key=lambda unit: (max(p.idle_since for p in unit), unit[0].name))
         candidates += fresh[: max(0, len(fresh) - warm_demand)]
-    return [p for unit in candidates[:blocked] for p in unit]
+    return candidates
+
+
+@dataclass(frozen=True)
+class BlockedSet:
+    """A set of `pods` new pods for one job that the pool could not make this pass: confined to one `where`
+    (`node` | `domain`; "" anywhere, a single-use set), joining the nodes `near` (its pods already made or held)."""
+
+    pods: int
+    where: str = ""
+    near: tuple[str, ...] = ()
+
+
+def breaks_for_sets(units: Sequence[list[Pod]], sets: Sequence[BlockedSet], room: int, spec: PoolSpec,
+                    fleet: Callable[[], Fleet]) -> list[Pod]:
+    """The idle pods to retire for blocked sets, in dispatch order: for each, the fewest more of `units` (oldest
+    first, as `hold_units` orders them) after whose retirement it fits beside the sets before it, or none for a
+    set that no breaks let fit. Of the oldest that make it fit, those it does not need (a pod on a node the set
+    cannot use) keep their hold. `room`: places the sets have now (under the ceiling and the budget); `fleet`:
+    the pool's nodes as the tracked pods hold them now (a fresh copy each call)."""
+    chosen: list[list[Pod]] = []
+    rest = list(units)
+    fitting: list[BlockedSet] = []
+
+    def fit(gone: list[list[Pod]], blocked: BlockedSet) -> bool:
+        return fits([*fitting, blocked], room + len(gone), gone, spec, fleet)
+
+    for blocked in sets:
+        k = next((k for k in range(len(rest) + 1) if fit(chosen + rest[:k], blocked)), None)
+        if k is None:
+            continue  # no breaks let it fit: none for it
+        extra = rest[:k]
+        for unit in reversed(rest[:k]):  # the newest first: the older a hold, the sooner it gives way
+            if fit(chosen + [u for u in extra if u is not unit], blocked):
+                extra.remove(unit)
+        chosen += extra
+        rest = [u for u in rest if not any(u is e for e in extra)]
+        fitting.append(blocked)
+    return [p for unit in chosen for p in unit]
+
+
+def fits(sets: Sequence[BlockedSet], room: int, gone: Sequence[list[Pod]], spec: PoolSpec,
+         fleet: Callable[[], Fleet]) -> bool:
+    """Whether every set can be made at once, with `room` places, once the pods `gone` left their nodes."""
+    if sum(s.pods for s in sets) > room:
+        return False
+    if spec.gpus <= 0:
+        return True  # nodes do not matter: the backend places every pod
+    mine = fleet()
+    for p in (p for unit in gone for p in unit if not p.standby):  # a standby holds no GPUs of its own
+        load, gpus = mine.loads.get(p.node), len(p.gpus) or spec.gpus
+        if load is not None and load.allocs[gpus] > 0:
+            load.remove(gpus)
+    for s in sets:
+        nodes = (placing.where_set(mine, spec, s.pods, s.where, s.near) if s.where
+                 else placing.where(mine, spec, s.pods))
+        if len(nodes) < s.pods:
+            return False
+        mine.apply([n for n in nodes if n in mine.loads], spec.gpus)
+    return True

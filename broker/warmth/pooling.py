@@ -23,7 +23,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.events import EventLog
-from broker.fleet.nodes import Node
+from broker.fleet.nodes import Fleet, Node
 from broker.pods import Origin, Pod, PodState, SessionKey
 from broker.pools import PoolSpec
 from broker.ports.backend import Backend, PodInfo
@@ -33,7 +33,7 @@ from broker.warmth import placing
 from broker.warmth.borrowing import Borrowing
 from broker.warmth.budgets import Ledger
 from broker.warmth.creating import Creating
-from broker.warmth.holds import MIN_TENURE_S, holds_to_break
+from broker.warmth.holds import MIN_TENURE_S, BlockedSet, breaks_for_sets, hold_units
 from broker.warmth.rollout import drain
 from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, plan
 from broker.warmth.singleuse import gang_hints, made_on, orphans, set_orphans, wanted, wanted_sets
@@ -187,19 +187,28 @@ class PoolController(Creating):
                     "the pool's node set"
                 p = Plan(create=created, reason=f"{p.reason}; {why} allowed {created}")
             self._note_throttle(spec, p, created, demand)
-            made, blocked_singles, spared = self._make_sets(spec, pods, singles,
-                                                            spec.max_count - counts.physical - created)
+            made, blocked_sets, spared = self._make_sets(spec, pods, singles,
+                                                         spec.max_count - counts.physical - created)
             created += made
             retire = list(p.retire)
             # Pods already retiring free their room soon: break holds only for what they will not cover.
-            blocked = (blocked_at_ceiling(spec, counts, demand, headroom) + blocked_singles
-                       - counts.retiring - len(orphaned))
+            freeing = counts.retiring + len(orphaned)
+            plain = blocked_at_ceiling(spec, counts, demand, headroom)
             quota = self.over_quota.get(name, {})
             spare = {owner: n - quota.get(owner, 0) for owner, n in queued_by.items()}
             for owner, n in spared.items():  # held pods that complete a waiting confined gang's set are its
                 spare[owner] = spare.get(owner, 0) + n
-            broken = holds_to_break(pods, blocked, spare, now, self.hold_tenure,
-                                    warm_demand=demand - sum(quota.values())) if not created else []
+            broken: list[Pod] = []
+            if not created and (plain > freeing or blocked_sets):
+                units = hold_units(pods, spare, now, self.hold_tenure, warm_demand=demand - sum(quota.values()))
+                first = max(0, plain - freeing)  # the plain jobs' pods come first
+                broken = [p for unit in units[:first] for p in unit]
+                if blocked_sets:  # a set is made whole or not at all: break only what lets it be made
+                    room = 0 if plain else max(0, min(spec.max_count - counts.physical,
+                                                      spec.max_count if headroom is None else headroom))
+                    broken += breaks_for_sets(units[first:], blocked_sets, room + max(0, freeing - plain), spec,
+                                              self._fleet_after_retiring)
+            blocked = plain + sum(s.pods for s in blocked_sets) - freeing
             broken = [b for b in broken if b.name not in retire]
             retire += [b.name for b in broken]
             rollout = drain(spec, pods, now)
@@ -230,6 +239,11 @@ class PoolController(Creating):
         self.last_plan = plans
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
+
+    def _fleet_after_retiring(self) -> Fleet:
+        """The fleet as it will be once the retiring pods are gone (their room is counted free for sets)."""
+        pods = [p for p in self.tracker.snapshot() if p.state is not PodState.RETIRING]
+        return placing.fleet_of(self.backend.nodes(), pods, self.pools, self.avoid())
 
     def _note_holds_broken(self, spec: PoolSpec, broken: list[Pod], blocked: int) -> None:
         if self.events is None:
@@ -268,14 +282,15 @@ class PoolController(Creating):
         self.on_ready()
 
     def _make_sets(self, spec: PoolSpec, pods: list[Pod], singles: list[tuple[str, int]],
-                   room: int) -> tuple[int, int, dict[str, int]]:
+                   room: int) -> tuple[int, list[BlockedSet], dict[str, int]]:
         """Pods made for one job, in dispatch order: single-use and custom-image sets, then gangs confined to a
         node or domain. Each job's whole set or nothing: pods made for one job serve no other, so a part of a
         set would hold room another job could run in (two half-made sets deadlock). A confined gang's set counts
         the idle pods held for its caller that its claim takes (placing.held_beside): only the rest is made,
         beside them, and they keep their hold at the ceiling; a whole set elsewhere when there is no room beside
-        them. (pods made, pods blocked, caller -> held pods counted into sets)"""
-        created = blocked = 0
+        them. (pods made, the sets not made, caller -> held pods counted into sets)"""
+        created = 0
+        blocked: list[BlockedSet] = []
         spared: dict[str, int] = {}
         todo = [(job_id, n, False) for job_id, n in singles]
         todo += [(job_id, n, True) for job_id, n in wanted_sets(self.sets, spec.name, pods)]
@@ -300,7 +315,7 @@ class PoolController(Creating):
                 if n <= 0:
                     continue
             if room < n or (fits is not None and fits < n) or len(nodes) < n:
-                blocked += n
+                blocked.append(BlockedSet(n, where, tuple(near + [p.node for p in held]) if where else ()))
                 continue
             room -= n
             created += n

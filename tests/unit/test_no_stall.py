@@ -195,10 +195,11 @@ def stalled_pools(h: Harness) -> list[str]:
         room = spec.max_count - sum(1 for p in pods if not p.standby)
         useless = [p for p in pods if p.state is PodState.IDLE
                    and not any(can_use(j, p) for j in queued if j.spec.pool == name)]
-        # A single-use job's pods are made as a whole set (a part would hold room no other job can use).
-        fits = any(room >= (j.spec.pods - sum(1 for p in pods if p.origin is Origin.SINGLE_USE and p.reserved_for == j.id)
-                            if j.spec.single_use else 1) for j in jobs)
-        if not fits and not useless:
+        # A single-use job's pods are made as a whole set (a part would hold room no other job can use), so idle
+        # pods nobody can use must give way only when that lets some job's pods fit (broker.warmth.holds).
+        needs = [j.spec.pods - sum(1 for p in pods if p.origin is Origin.SINGLE_USE and p.reserved_for == j.id)
+                 if j.spec.single_use else 1 for j in jobs]
+        if not any(room >= n for n in needs) and not any(room + len(useless) >= n for n in needs):
             continue
         moving = any(p.state is PodState.RETIRING for p in pods) or any(
             p.state is PodState.STARTING and any(can_use(j, p) for j in jobs) for p in pods)

@@ -97,6 +97,26 @@ def assert_a_full_conversation(fp: BrokerProcess, report: dict[str, Any]) -> Non
     values = [p["progress"] for p in progress["notifications"]]
     assert values == sorted(values) and len(set(values)) == len(values)  # the spec: progress increases
 
+    tools = report["tool_calls"]  # each result passed the SDK's outputSchema check, or the call threw
+    assert {name: r.get("is_error") for name, r in tools.items()} == dict.fromkeys(tools, False), tools
+    assert tools["write_files"]["structured"]["written"] == [{"path": "src/a.txt", "bytes": 6},
+                                                             {"path": "dot.png", "bytes": 70}]
+    assert tools["read_text"]["structured"]["text"] == "hello\n"
+    assert tools["read_image"]["content_types"] == ["text", "image"] and tools["read_image"]["structured"]["base64"]
+    assert "src/a.txt" in {e["path"] for e in tools["list_files"]["structured"]["entries"]}
+    assert tools["outputs"]["content_types"] == ["text", "image", "resource_link"]
+    assert [p["package"] for p in tools["install_packages"]["structured"]["already_present"]] == ["pip"]
+    assert tools["sandbox_info"]["structured"]["session"] == "ts-tools"
+    assert tools["job_status"]["structured"]["state"] in ("QUEUED", "RUNNING")
+    assert tools["job_cancel"]["structured"]["cancel_requested"] is True
+    assert tools["end_session"]["structured"]["session"] == "ts-tools"
+
+    cancel = report["cancel"]  # the user pressed stop 3 s into `sleep 33`
+    assert cancel["outcome"].startswith("rejected") and cancel["ms"] < 10_000, cancel
+    assert cancel["sleepers_left"] == "0" and cancel["after"]["acquisition"] == "warm", cancel
+    jobs = fp.client().get("/v1/jobs", params={"state": "CANCELLED"}).json()["jobs"]
+    assert [j["lease_tag"] for j in jobs].count(cancel["session"]) == 1
+
     resources = report["resources"]
     assert set(resources["templates"]) == {"sandbox://{session}/jobs/{job_id}/log", "sandbox://{session}/files/{+path}"}
     assert resources["log"][0]["text"] == "one\n" and resources["log"][0]["mime_type"] == "text/plain"

@@ -161,6 +161,37 @@ async function main() {
                          { onprogress: (p) => progress.push(p), resetTimeoutOnProgress: true });
   report.progress = { result: slow, notifications: progress };
 
+  // The user presses stop: the SDK sends notifications/cancelled and rejects the call; the job must end.
+  const abort = new AbortController();
+  const began = Date.now();
+  const session = `ts-cancel-${process.pid}`;
+  const cancelled = client.callTool({ name: 'run_in_sandbox', arguments: { command: 'sleep 33', session } },
+                                    undefined, { signal: abort.signal });
+  setTimeout(() => abort.abort('the user pressed stop'), 3000);
+  const outcome = await cancelled.then(() => 'completed', (error) => `rejected: ${error?.name ?? error}`);
+  const check = await run(client, { session,
+    command: "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 33' || true" });
+  report.cancel = { session, outcome, ms: Date.now() - began, sleepers_left: check.stdout_tail.trim(), after: check };
+
+  // Every other tool once: the SDK checks each structured result against the tool's outputSchema.
+  const dot = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==';
+  const t = { session: 'ts-tools' };
+  report.tool_calls = {
+    write_files: await attempt(client, 'write_files', { ...t, files: [{ path: 'src/a.txt', text: 'hello\n' },
+                                                                       { path: 'dot.png', base64: dot }] }),
+    read_text: await attempt(client, 'read_file', { ...t, path: 'src/a.txt' }),
+    read_image: await attempt(client, 'read_file', { ...t, path: 'dot.png' }),
+    list_files: await attempt(client, 'list_files', { ...t }),
+    outputs: await attempt(client, 'run_in_sandbox', { ...t, command: 'cp dot.png outputs/; echo x,y > outputs/t.csv' }),
+    install_packages: await attempt(client, 'install_packages', { ...t, packages: ['pip'] }),
+    sandbox_info: await attempt(client, 'sandbox_info', { ...t }),
+  };
+  const bg = await attempt(client, 'run_in_sandbox', { ...t, command: 'sleep 30', background: true });
+  report.tool_calls.background = bg;
+  report.tool_calls.job_status = await attempt(client, 'job_status', { job_id: bg.structured.job_id });
+  report.tool_calls.job_cancel = await attempt(client, 'job_cancel', { job_id: bg.structured.job_id });
+  report.tool_calls.end_session = await attempt(client, 'end_session', { ...t });
+
   // Resources and prompts, as far as the server declares them.
   const caps = client.getServerCapabilities() ?? {};
   report.resources = null;

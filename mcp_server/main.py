@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker-tokens",
                    help="HTTP: JSON object broker token -> caller (the broker's token file format); the server "
                         "acts toward the broker as each verified caller with that caller's broker token")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="HTTP: a browser origin allowed to call the server (repeatable), e.g. the MCP Inspector's "
+                        "http://localhost:6274 in its direct mode; without it preflight requests get 401")
     p.add_argument("--log-level", default="warning")
 
 
@@ -46,7 +49,14 @@ def http_app(args: argparse.Namespace) -> Any:
     here = f"http://{args.host}:{args.port}/mcp"
     auth = AuthSettings(issuer_url=here, resource_server_url=here, validate_token_resource=False)  # type: ignore[arg-type]
     server = build_server(broker, pool=args.pool, queue=args.queue, token_verifier=verifier, auth=auth)
-    app = server.streamable_http_app(host=args.host)
+    app = server.streamable_http_app(host=args.host, transport_security=_security(args.host, args.cors_origin))
+    if args.cors_origin:
+        from starlette.middleware.cors import CORSMiddleware
+
+        # Outermost, so a preflight (which carries no token) is answered before the bearer-auth check; the
+        # browser may then read Mcp-Session-Id, which it needs to send back.
+        app.add_middleware(CORSMiddleware, allow_origins=args.cors_origin, allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=CORS_HEADERS, expose_headers=["Mcp-Session-Id", "WWW-Authenticate"])
     serve_sessions = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -59,6 +69,22 @@ def http_app(args: argparse.Namespace) -> Any:
 
     app.router.lifespan_context = lifespan
     return app
+
+
+CORS_HEADERS = ["Authorization", "Content-Type", "Accept", "Mcp-Session-Id", "MCP-Protocol-Version", "Last-Event-ID"]
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _security(host: str, cors_origins: list[str]) -> Any:
+    """The SDK's DNS-rebinding protection as it sets it for a loopback bind, plus the CORS origins (which it
+    would refuse with 403); None (no Host/Origin checks) for any other bind, as the SDK does."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if host not in LOOPBACK:
+        return None
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*", *cors_origins])
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,12 +3,18 @@ tools' output schemas), the server class that refuses undeclared arguments, and 
 
 from __future__ import annotations
 
+import dataclasses
 import mimetypes
+import re
+from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcp_server.kernels import Kernels
@@ -108,25 +114,39 @@ class EndResult(BaseModel):
 
 
 class FirepoolMCP(MCPServer[Any]):
-    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently)
-    and words argument errors for the model: field and problem, no class names or documentation URLs."""
+    """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently),
+    words argument errors for the model (field and problem, no class names or documentation URLs), answers
+    an unknown tool with the JSON-RPC error the spec asks for, and labels a workspace file with its own
+    MIME type when it is read as a resource."""
 
     kernels: Kernels
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         tool = self._tool_manager.get_tool(name)
-        if tool is not None:
-            known = set(tool.parameters.get("properties", {}))
-            unknown = sorted(set(arguments) - known)
-            if unknown:
-                raise ToolError(f"{name}: unknown argument(s) {', '.join(map(repr, unknown))}; "
-                                f"accepted: {', '.join(sorted(known))}")
+        if tool is None:
+            # A protocol error, not a tool result (spec 2025-11-25, tools: error handling): the SDK would
+            # answer a result with isError, which clients show to the model as if the tool had run.
+            known = ", ".join(t.name for t in self._tool_manager.list_tools())
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {name} (tools: {known})")
+        known_args = set(tool.parameters.get("properties", {}))
+        unknown = sorted(set(arguments) - known_args)
+        if unknown:
+            raise ToolError(f"{name}: unknown argument(s) {', '.join(map(repr, unknown))}; "
+                            f"accepted: {', '.join(sorted(known_args))}")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
             if isinstance(exc.__cause__, ValidationError):
                 raise ToolError(argument_errors(name, exc.__cause__)) from None
             raise
+
+    async def read_resource(self, uri: Any, context: Any = None) -> Any:
+        contents = await super().read_resource(uri, context)
+        path = file_path_of(str(uri))
+        if path is None or not isinstance(contents, Iterable):
+            return contents
+        return [dataclasses.replace(c, mime_type=mime_of(path)) if isinstance(c, ReadResourceContents) else c
+                for c in contents]
 
 
 def argument_errors(tool: str, exc: ValidationError) -> str:
@@ -164,3 +184,12 @@ def log_uri(session: str, job_id: str) -> str:
 
 def file_uri(session: str, path: str) -> str:
     return f"sandbox://{session}/files/{path}"
+
+
+_FILE_URI = re.compile(r"sandbox://[^/]+/files/(.+)\Z")
+
+
+def file_path_of(uri: str) -> str | None:
+    """The workspace path a `file_uri` names; None for any other URI."""
+    m = _FILE_URI.match(uri)
+    return m.group(1) if m else None

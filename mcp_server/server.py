@@ -2,33 +2,28 @@
 
 Every tool takes an optional `session`, which becomes the jobs' `lease_tag`: the same caller and
 session reuse the warm sandbox, whose workspace, installed packages and Python state survive between
-calls; another session (or another caller naming the same session) gets a sandbox of its own.
-Resolution: the explicit argument -> the `Mcp-Session-Id` header of older HTTP clients -> one default
-per stdio process -> a newly minted one. Every result echoes `session`.
+calls; another session (or another caller naming the same session) gets a sandbox of its own; how a call's
+session is chosen is in sessions.py. Every result echoes `session`. Results are rendered in results.py,
+the resources are in resources.py, the result models and the server class in protocol.py.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import re
-import secrets
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent, ToolAnnotations
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
-from broker.client import AsyncClient, JobInfo
+from broker.client import AsyncClient
 from broker.errors import FirepoolError
 from mcp_server import pyresult, sandbox_code
-from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
 from mcp_server.identity import Broker
 from mcp_server.kernel_io import KernelDied, KernelGone, KernelStartFailed
 from mcp_server.kernels import Kernels
 from mcp_server.protocol import (
-    Artifact,
     EndResult,
     FileIn,
     FirepoolMCP,
@@ -38,18 +33,17 @@ from mcp_server.protocol import (
     ReadResult,
     RunResult,
     WriteResult,
-    file_uri,
     log_uri,
-    mime_of,
     package_version,
 )
+from mcp_server.resources import add_resources
+from mcp_server.results import background_result, read_result, run_result
+from mcp_server.sessions import SessionArg, Sessions, progress_of
 
-SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
-MAX_IMAGES = 3
-MAX_IMAGE_BYTES = 4 << 20
+__all__ = ["FirepoolMCP", "build_server"]
+
 MAX_WRITE_BYTES = 1536 * 1024
 """write_files travels as job arguments (Linux caps their total near 2 MiB)."""
-IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 
 INSTRUCTIONS = """Firepool runs your commands in an isolated sandbox (a warm GPU/CPU pod) that stays warm
 for the whole conversation. Every tool takes an optional `session` and echoes it in its result: pass
@@ -57,10 +51,11 @@ that value back on every later call so the same sandbox (files, installed packag
 is reused. Use a new session name for an unrelated task; call end_session when done. Files written to
 `outputs/` come back from the call (images inline)."""
 
-_SESSION_DOC = ("Sandbox session: pass back the `session` value of earlier results to keep using the same "
-                "warm sandbox (files, packages, Python state). Omit it on the first call.")
 
-SessionArg = Annotated[str | None, Field(default=None, description=_SESSION_DOC, max_length=128)]
+def _tool(title: str, **hints: bool) -> dict[str, Any]:
+    """A tool's display title (top-level `title`, which newer clients show, and the annotations' one, which
+    older ones read) and its behaviour hints."""
+    return {"title": title, "annotations": ToolAnnotations(title=title, **hints)}
 
 
 def build_server(broker: Broker, *, pool: str | None = None, queue: str = "default", name: str = "firepool",
@@ -70,94 +65,11 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
     server_kw.setdefault("version", package_version())
     mcp = FirepoolMCP(name, instructions=INSTRUCTIONS, **server_kw)
     kernels = mcp.kernels = Kernels()
-    choice = PoolChoice(pool)
-    default_session = f"mcp-{secrets.token_hex(6)}" if broker.transport == "stdio" else None
+    sessions = Sessions(broker, kernels, pool=pool, queue=queue)
+    calls, session_of, helper = sessions.calls, sessions.of, sessions.helper
 
-    def calls() -> tuple[str, Calls]:
-        try:
-            caller, client = broker.client()
-        except FirepoolError as exc:
-            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
-        return caller, Calls(client, pool=pool, queue=queue, caller=caller, kernels=kernels, choice=choice)
-
-    def session_of(explicit: str | None, ctx: Context | None) -> str:
-        if explicit is not None:
-            if not SESSION.match(explicit):
-                raise ToolError(f"session {explicit!r} is not a valid session name: use 1-128 letters, digits "
-                                "and . _ : @ - (starting with a letter or digit)")
-            return explicit
-        headers = _headers(ctx)
-        header = headers.get("mcp-session-id") if headers else None
-        if header:
-            return header if SESSION.match(header) else "mcp-" + hashlib.sha256(header.encode()).hexdigest()[:24]
-        return default_session or f"mcp-{secrets.token_hex(6)}"
-
-    def progress_of(ctx: Context | None) -> Progress | None:
-        if ctx is None:
-            return None
-
-        async def report(done: float, total: float | None, message: str) -> None:
-            try:
-                await ctx.report_progress(done, total, message)
-            except Exception:  # noqa: BLE001 - progress is advisory; a closed stream must not fail the call
-                pass
-
-        return report
-
-    async def images_for(c: Calls, session: str, outcome: CallOutcome) -> tuple[list[Artifact], list[ContentBlock]]:
-        artifacts = [Artifact(path=f"{sandbox_code.OUTPUTS}/{p}", size=size, mime_type=mime_of(p),
-                              uri=file_uri(session, f"{sandbox_code.OUTPUTS}/{p}")) for size, p in outcome.artifacts]
-        images = [a for a in artifacts if a.mime_type in IMAGE_TYPES and a.size <= MAX_IMAGE_BYTES][:MAX_IMAGES]
-        blocks: list[ContentBlock] = []
-        if images:
-            answer, _ = await c.helper("read", {"files": [{"path": a.path, "max_bytes": MAX_IMAGE_BYTES}
-                                                          for a in images]}, session)
-            for item in answer.get("files", []):
-                blocks.append(ImageContent(type="image", data=item["base64"], mime_type=mime_of(item["path"])))
-        inline = {a.path for a in images} if blocks else set()
-        for a in artifacts:
-            if a.path not in inline:
-                blocks.append(ResourceLink(type="resource_link", uri=a.uri, name=a.path, mime_type=a.mime_type,
-                                           size=a.size))
-        return artifacts, blocks
-
-    async def run_result(c: Calls, session: str, outcome: CallOutcome) -> CallToolResult:
-        artifacts, blocks = await images_for(c, session, outcome)
-        in_kernel = outcome.via == "kernel"
-        result = RunResult(session=session, job_id=outcome.job_id, state=outcome.state, exit_code=outcome.exit_code,
-                           error_class=outcome.error_class, timed_out=outcome.timed_out,
-                           duration_s=round(outcome.duration_s, 4), acquisition=outcome.acquisition,
-                           stdout_tail=outcome.stdout.text, stderr_tail=outcome.stderr.text,
-                           truncated=outcome.stdout.truncated or outcome.stderr.truncated, via=outcome.via,
-                           log_uri=None if in_kernel else log_uri(session, outcome.job_id), artifacts=artifacts)
-        head = (f"session {session} · " + ("beside the live kernel" if in_kernel else f"job {outcome.job_id}")
-                + f" · {outcome.state}"
-                + (f" · exit {outcome.exit_code}" if outcome.exit_code is not None else "")
-                + (" · TIMED OUT" if outcome.timed_out else "")
-                + f" · {outcome.acquisition or '-'} sandbox · {outcome.duration_s:.2f}s")
-        text = head
-        if result.stdout_tail:
-            text += "\n--- stdout ---\n" + result.stdout_tail
-        if result.stderr_tail:
-            text += "\n--- stderr ---\n" + result.stderr_tail
-        if result.truncated:
-            text += (f"\n(output truncated; full log: {result.log_uri})" if result.log_uri
-                     else "\n(output truncated to its tails)")
-        return CallToolResult(content=[TextContent(type="text", text=text), *blocks],
-                              structured_content=result.model_dump(mode="json"))
-
-    async def helper(c: Calls, op: str, args: dict[str, Any], session: str, ctx: Context | None = None,
-                     timeout_s: float = 120.0) -> tuple[dict[str, Any], CallOutcome]:
-        try:
-            answer, outcome = await c.helper(op, args, session, timeout_s=timeout_s, progress=progress_of(ctx))
-        except FirepoolError as exc:
-            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
-        if "error" in answer and op != "install":
-            raise ToolError(f"{answer['error']}: {answer.get('message', '')}")
-        return answer, outcome
-
-    @mcp.tool(annotations=ToolAnnotations(title="Run a shell command in the sandbox", read_only_hint=False,
-                                          destructive_hint=True, idempotent_hint=False, open_world_hint=True))
+    @mcp.tool(**_tool("Run a shell command in the sandbox", read_only_hint=False,
+                      destructive_hint=True, idempotent_hint=False, open_world_hint=True))
     async def run_in_sandbox(
         command: Annotated[str, Field(min_length=1, max_length=100_000, description="Shell command (bash -c).")],
         session: SessionArg = None,
@@ -182,15 +94,15 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                 # A background job needs the pod the live kernel holds: the kernel saves and ends first.
                 await kernels.end(c.caller, sid, "a background job needed the sandbox")
                 job = await c.submit(argv, sid, timeout_s=timeout_s, env=env)
-                return _background(sid, job)
+                return background_result(sid, job)
             outcome = await c.run(argv, sid, timeout_s=timeout_s, env=env, progress=progress_of(ctx))
             return await run_result(c, sid, outcome)
         except FirepoolError as exc:
             raise ToolError(f"{exc.error_class}: {exc.message}") from exc
 
-    @mcp.tool(annotations=ToolAnnotations(title="Run Python in a live kernel (state kept across calls)",
-                                          read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-                                          open_world_hint=True))
+    @mcp.tool(**_tool("Run Python in a live kernel (state kept across calls)",
+                      read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                      open_world_hint=True))
     async def python_exec(
         code: Annotated[str, Field(min_length=1, max_length=100_000, description="Python source.")],
         session: SessionArg = None,
@@ -223,8 +135,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
             raise ToolError(f"KernelStartFailed: {exc}") from exc
         return pyresult.render(sid, k.job.id, k.job.path, ex, started)
 
-    @mcp.tool(annotations=ToolAnnotations(title="Status and output of a job", read_only_hint=True,
-                                          open_world_hint=False))
+    @mcp.tool(**_tool("Status and output of a job", read_only_hint=True,
+                      open_world_hint=False))
     async def job_status(
         job_id: Annotated[str, Field(min_length=1, max_length=64)],
         since: Annotated[int, Field(ge=0, description="Byte offset into the combined output.")] = 0,
@@ -247,8 +159,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                          next_offset=since + len(chunk), output_complete=job.terminal and len(chunk) == len(data),
                          log_uri=log_uri(session, job.id))
 
-    @mcp.tool(annotations=ToolAnnotations(title="Cancel a job", read_only_hint=False, destructive_hint=True,
-                                          idempotent_hint=True, open_world_hint=False))
+    @mcp.tool(**_tool("Cancel a job", read_only_hint=False, destructive_hint=True,
+                      idempotent_hint=True, open_world_hint=False))
     async def job_cancel(job_id: Annotated[str, Field(min_length=1, max_length=64)]) -> dict[str, Any]:
         """Cancel a queued or running job (its processes are killed)."""
         _, c = calls()
@@ -259,8 +171,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         return {"job_id": job.id, "session": job.raw.get("lease_tag", ""), "state": job.state,
                 "cancel_requested": bool(job.raw.get("cancel_requested"))}
 
-    @mcp.tool(annotations=ToolAnnotations(title="Write files into the workspace", read_only_hint=False,
-                                          destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+    @mcp.tool(**_tool("Write files into the workspace", read_only_hint=False,
+                      destructive_hint=True, idempotent_hint=True, open_world_hint=False))
     async def write_files(
         files: Annotated[list[FileIn], Field(min_length=1, max_length=200)],
         session: SessionArg = None,
@@ -282,8 +194,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         answer, _ = await helper(c, "write", {"files": [f.model_dump(exclude_none=True) for f in files]}, sid, ctx)
         return WriteResult(session=sid, written=answer["written"])
 
-    @mcp.tool(annotations=ToolAnnotations(title="Read a file from the workspace", read_only_hint=True,
-                                          open_world_hint=False))
+    @mcp.tool(**_tool("Read a file from the workspace", read_only_hint=True,
+                      open_world_hint=False))
     async def read_file(
         path: Annotated[str, Field(min_length=1, max_length=4096, description="Relative to the workspace.")],
         session: SessionArg = None,
@@ -305,16 +217,10 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
             text, b64 = None, item["base64"]
         result = ReadResult(session=sid, path=path, size=item["size"], offset=offset, bytes=len(data),
                             eof=offset + len(data) >= item["size"], text=text, base64=b64)
-        blocks: list[ContentBlock] = [TextContent(type="text", text=text if text is not None else
-                                                  f"{path}: {len(data)} bytes of binary data (base64 in the "
-                                                  f"structured result)")]
-        mime = mime_of(path)
-        if mime in IMAGE_TYPES and offset == 0 and result.eof:
-            blocks.append(ImageContent(type="image", data=item["base64"], mime_type=mime))
-        return CallToolResult(content=blocks, structured_content=result.model_dump(mode="json"))
+        return read_result(result, item["base64"])
 
-    @mcp.tool(annotations=ToolAnnotations(title="List workspace files", read_only_hint=True,
-                                          open_world_hint=False))
+    @mcp.tool(**_tool("List workspace files", read_only_hint=True,
+                      open_world_hint=False))
     async def list_files(
         path: Annotated[str, Field(min_length=1, max_length=4096)] = ".",
         session: SessionArg = None,
@@ -327,8 +233,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         answer, _ = await helper(c, "list", {"path": path, "depth": depth}, sid, ctx)
         return ListResult(session=sid, path=path, entries=answer["entries"], truncated=answer["truncated"])
 
-    @mcp.tool(annotations=ToolAnnotations(title="Install Python packages in the sandbox", read_only_hint=False,
-                                          destructive_hint=False, idempotent_hint=True, open_world_hint=True))
+    @mcp.tool(**_tool("Install Python packages in the sandbox", read_only_hint=False,
+                      destructive_hint=False, idempotent_hint=True, open_world_hint=True))
     async def install_packages(
         packages: Annotated[list[Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[^-\s]")]],
                             Field(min_length=1, max_length=50, description="pip requirement specifiers or "
@@ -348,8 +254,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                              failed=answer["failed"], pip_exit_code=answer["pip_exit_code"],
                              output_tail=outcome.stderr.text[-4000:])
 
-    @mcp.tool(annotations=ToolAnnotations(title="Describe the sandbox", read_only_hint=True,
-                                          open_world_hint=False))
+    @mcp.tool(**_tool("Describe the sandbox", read_only_hint=True,
+                      open_world_hint=False))
     async def sandbox_info(session: SessionArg = None, ctx: Context | None = None) -> dict[str, Any]:
         """The session's sandbox: pool, GPUs (model, memory, driver/CUDA when present), disk, CPUs,
         and how it was acquired (warm, recycled, standby, new)."""
@@ -362,8 +268,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                 "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition, "pod": outcome.pod,
                 "live_kernel": outcome.via == "kernel", **answer}
 
-    @mcp.tool(annotations=ToolAnnotations(title="End the session and retire its sandbox", read_only_hint=False,
-                                          destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+    @mcp.tool(**_tool("End the session and retire its sandbox", read_only_hint=False,
+                      destructive_hint=True, idempotent_hint=True, open_world_hint=False))
     async def end_session(session: SessionArg = None, ctx: Context | None = None) -> EndResult:
         """Retire the session's sandbox now: running jobs of it are cancelled, its files and Python state
         are gone. A later call with the same session starts a fresh sandbox."""
@@ -378,41 +284,8 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         return EndResult(session=sid, retired_pods=ended["retired_pods"],
                          retiring_at_release=ended["retiring_at_release"], cancelled_jobs=ended["cancelled_jobs"])
 
-    @mcp.resource("sandbox://{session}/jobs/{job_id}/log", name="job log", mime_type="text/plain",
-                  description="The full combined output of a job of the session.")
-    async def job_log(session: str, job_id: str) -> str:
-        _, c = calls()
-        try:
-            job = await c.client.get(job_id)
-            if job.raw.get("lease_tag") != session:
-                raise ResourceError(f"job {job_id} is not a job of session {session}")
-            text = (await c.client.read_log(job_id, "combined")).decode(errors="replace")
-            return sandbox_code.split_artifacts(text)[0]
-        except FirepoolError as exc:
-            raise ResourceError(f"{exc.error_class}: {exc.message}") from exc
-
-    @mcp.resource("sandbox://{session}/files/{+path}", name="workspace file",
-                  description="A file of the session's workspace (e.g. an artifact in outputs/).")
-    async def workspace_file(session: str, path: str) -> bytes:
-        _, c = calls()
-        try:
-            answer, _ = await c.helper("read", {"files": [{"path": path, "max_bytes": 16 << 20}]}, session)
-        except FirepoolError as exc:
-            raise ResourceError(f"{exc.error_class}: {exc.message}") from exc
-        if "error" in answer:
-            raise ResourceError(f"{answer['error']}: {answer.get('message', '')}")
-        return base64.b64decode(answer["files"][0]["base64"])
-
+    add_resources(mcp, sessions)
     return mcp
-
-
-def _background(session: str, job: JobInfo) -> CallToolResult:
-    result = RunResult(session=session, job_id=job.id, state=job.state, exit_code=job.exit_code,
-                       error_class=job.error_class, duration_s=0.0, acquisition=job.path,
-                       log_uri=log_uri(session, job.id))
-    text = f"session {session} · job {job.id} started in the background ({job.state}); follow it with job_status."
-    return CallToolResult(content=[TextContent(type="text", text=text)],
-                          structured_content=result.model_dump(mode="json"))
 
 
 async def _pools(client: AsyncClient) -> list[dict[str, Any]]:
@@ -420,13 +293,3 @@ async def _pools(client: AsyncClient) -> list[dict[str, Any]]:
         return await client.pools()
     except FirepoolError:
         return []
-
-
-def _headers(ctx: Context | None) -> dict[str, str]:
-    if ctx is None:
-        return {}
-    try:
-        headers = ctx.headers
-    except ValueError:
-        return {}
-    return {k.lower(): v for k, v in (headers or {}).items()}

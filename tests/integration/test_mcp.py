@@ -280,7 +280,8 @@ def mcp_http(fp: BrokerProcess, tmp_path: Path) -> Iterator[tuple[str, dict[str,
     with open(tmp_path / "mcp.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "mcp", "--http", "--port", str(port),
                                  "--url", fp.url, "--tokens", str(tmp_path / "mcp-tokens.json"),
-                                 "--broker-tokens", str(tmp_path / "broker-tokens.json")],
+                                 "--broker-tokens", str(tmp_path / "broker-tokens.json"),
+                                 "--cors-origin", "https://inspector.example"],
                                 stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 30
@@ -319,6 +320,32 @@ async def test_streamable_http_acts_as_the_verified_caller_and_refuses_unknown_t
         r = httpx.post(url, headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"},
                        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert r.status_code == 401, (token, r.status_code)
+
+
+def test_a_browser_origin_named_with_cors_origin_is_served_and_any_other_is_refused(
+        mcp_http: tuple[str, dict[str, str]]) -> None:
+    url, tokens = mcp_http
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "browser", "version": "1"}}}
+
+    def preflight(origin: str) -> httpx.Response:
+        return httpx.options(url, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                           "Access-Control-Request-Headers": "authorization,content-type,"
+                                                                             "mcp-protocol-version"})
+
+    def post(origin: str) -> httpx.Response:
+        return httpx.post(url, json=initialize, headers={"Origin": origin, "Authorization": f"Bearer {tokens['alice']}",
+                                                        "Accept": "application/json, text/event-stream"})
+
+    pre = preflight("https://inspector.example")  # carries no token: answered before the bearer check
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://inspector.example"
+    assert "mcp-protocol-version" in pre.headers["access-control-allow-headers"].lower()
+    ok = post("https://inspector.example")
+    assert ok.status_code == 200 and ok.headers["mcp-session-id"]
+    assert "mcp-session-id" in ok.headers["access-control-expose-headers"].lower()  # the page can read it
+    assert preflight("https://evil.example").status_code == 400
+    refused = post("https://evil.example")  # a page that somehow holds a token still gets nothing
+    assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
 
 
 async def test_python_exec_over_streamable_http_keeps_live_objects_per_caller(

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from mcp_server import sandbox_code
 from mcp_server.identity import FileTokenVerifier, HttpBroker, KnownCallerVerifier
+from mcp_server.protocol import file_path_of, file_uri, log_uri
 from mcp_server.server import build_server
 
 
@@ -62,6 +64,21 @@ async def test_every_tool_is_listed_with_truthful_annotations() -> None:
     assert "session" in (tools["run_in_sandbox"].description or "").lower()
     assert (tools["run_in_sandbox"].output_schema or {})["properties"]["acquisition"]
     assert (tools["python_exec"].output_schema or {})["properties"]["kernel"]
+    # Newer clients (the TypeScript SDK, VS Code) show the top-level title; older ones the annotations' one.
+    assert all(t.title and t.annotations and t.annotations.title == t.title for t in tools.values())
+
+
+async def test_an_unknown_tool_is_a_json_rpc_error_that_lists_the_tools() -> None:
+    async with Client(build_server(NoBroker())) as c:
+        with pytest.raises(MCPError) as caught:
+            await c.call_tool("run_in_sandbx", {"command": "true"})
+    assert caught.value.code == -32602 and "run_in_sandbox" in caught.value.message
+
+
+def test_only_workspace_file_uris_name_a_path() -> None:
+    assert file_path_of(file_uri("s1", "outputs/plot 1.png")) == "outputs/plot 1.png"
+    assert file_path_of(log_uri("s1", "j1")) is None
+    assert file_path_of("sandbox://s1/files/") is None
 
 
 def test_the_helper_answer_line_survives_output_around_it() -> None:

@@ -144,18 +144,22 @@ class FirepoolProvisioner(KernelProvisionerBase):
         except FirepoolError:
             await self._close()  # the manager calls no cleanup after a failed start
             raise
-        self.job_id, self._exit, self._polled_at, self.last_job = job.id, None, 0.0, job
+        self._exit, self._polled_at, self.last_job = None, 0.0, job
         try:
             info = await asyncio.wait_for(self._read_connection(job.id), self.start_timeout)
-        except (TimeoutError, KernelStartError, FirepoolError) as exc:
-            await self._give_up(job.id)
+            self.last_job = await self.client().get(job.id)
+        except (TimeoutError, KernelStartError, FirepoolError, asyncio.CancelledError) as exc:
+            await self._give_up(job.id)  # also when the start is cancelled: the job must not outlive it
             if isinstance(exc, TimeoutError):
                 raise KernelStartError(f"kernel job {job.id} did not report its connection within "
                                        f"{self.start_timeout:.0f} s") from exc
             raise
+        # The kernel "has a process" only from here on, with no await before the manager loads `info`: a
+        # Jupyter server's websocket that reconnects during a restart waits for is_alive() and then takes
+        # the manager's ports and key, which until now are the previous kernel's.
+        self.job_id = job.id
         self.connection_info = info
         self.launch_s = time.perf_counter() - began
-        self.last_job = await self.client().get(job.id)
         self.log.info("Firepool kernel %s: job %s on %s (%s)", self.kernel_id, job.id,
                       self.last_job.raw.get("bound_pods"), self.last_job.path)
         return info

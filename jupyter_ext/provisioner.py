@@ -123,6 +123,27 @@ class FirepoolProvisioner(KernelProvisionerBase):
         kwargs["cmd"] = self.command()
         return kwargs
 
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        self._rewatch_server_activity()
+
+    def _rewatch_server_activity(self) -> None:
+        """Point a Jupyter server's activity watch at the kernel this (re)start brought up.
+
+        jupyter_server follows each kernel's iopub (its culler's clock, the kernel's `execution_state`) with
+        the key and ports the kernel had when it was first started, and renews that only after a REST restart
+        whose ports changed. Every Firepool kernel has a fresh key (and on a host-network pod fresh ports), so
+        after a restart, REST or the KernelRestarter's, the server would keep a frozen `last_activity` and
+        cull a kernel in use. A first start is left alone: the server starts watching it once it is ready.
+        """
+        manager: Any = getattr(self.parent, "parent", None)  # the server's MappingKernelManager, if any
+        kernel = getattr(manager, "_kernels", {}).get(self.kernel_id)
+        if kernel is None or getattr(kernel, "_activity_stream", None) is None or \
+                not hasattr(manager, "start_watching_activity"):
+            return
+        manager.stop_watching_activity(self.kernel_id)
+        manager.start_watching_activity(self.kernel_id)
+
     def command(self) -> list[str]:
         return ["python3", "-m", "firepool_agent.kernel", "--ip", self.ip]
 

@@ -327,12 +327,12 @@ async def test_a_kernel_job_cancelled_in_the_broker_is_restarted_by_the_servers_
 
 
 async def test_the_servers_culler_and_its_shutdown_end_their_kernel_jobs(broker, jupyter) -> None:
-    server = jupyter("--MappingKernelManager.cull_idle_timeout=2", "--MappingKernelManager.cull_interval=1")
-    culled = server.http.post("/api/kernels", json={"name": "fp-test"}).json()["id"]
+    server = jupyter("--MappingKernelManager.cull_idle_timeout=4", "--MappingKernelManager.cull_interval=1")
     kept = server.http.post("/api/kernels", json={"name": "fp-test"}).json()["id"]
     ch = await server.channels(kept)  # a connected kernel is not culled (cull_connected=False)
     try:
         await ch.ready()
+        culled = server.http.post("/api/kernels", json={"name": "fp-test"}).json()["id"]
         deadline = time.monotonic() + TIMEOUT
         while culled in [k["id"] for k in server.http.get("/api/kernels").json()]:
             assert time.monotonic() < deadline, "the idle kernel was never culled"

@@ -123,6 +123,27 @@ class FirepoolProvisioner(KernelProvisionerBase):
         kwargs["cmd"] = self.command()
         return kwargs
 
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        self._rewatch_server_activity()
+
+    def _rewatch_server_activity(self) -> None:
+        """Point a Jupyter server's activity watch at the kernel this (re)start brought up.
+
+        jupyter_server follows each kernel's iopub (its culler's clock, the kernel's `execution_state`) with
+        the key and ports the kernel had when it was first started, and renews that only after a REST restart
+        whose ports changed. Every Firepool kernel has a fresh key (and on a host-network pod fresh ports), so
+        after a restart, REST or the KernelRestarter's, the server would keep a frozen `last_activity` and
+        cull a kernel in use. A first start is left alone: the server starts watching it once it is ready.
+        """
+        manager: Any = getattr(self.parent, "parent", None)  # the server's MappingKernelManager, if any
+        kernel = getattr(manager, "_kernels", {}).get(self.kernel_id)
+        if kernel is None or getattr(kernel, "_activity_stream", None) is None or \
+                not hasattr(manager, "start_watching_activity"):
+            return
+        manager.stop_watching_activity(self.kernel_id)
+        manager.start_watching_activity(self.kernel_id)
+
     def command(self) -> list[str]:
         return ["python3", "-m", "firepool_agent.kernel", "--ip", self.ip]
 
@@ -144,18 +165,22 @@ class FirepoolProvisioner(KernelProvisionerBase):
         except FirepoolError:
             await self._close()  # the manager calls no cleanup after a failed start
             raise
-        self.job_id, self._exit, self._polled_at, self.last_job = job.id, None, 0.0, job
+        self._exit, self._polled_at, self.last_job = None, 0.0, job
         try:
             info = await asyncio.wait_for(self._read_connection(job.id), self.start_timeout)
-        except (TimeoutError, KernelStartError, FirepoolError) as exc:
-            await self._give_up(job.id)
+            self.last_job = await self.client().get(job.id)
+        except (TimeoutError, KernelStartError, FirepoolError, asyncio.CancelledError) as exc:
+            await self._give_up(job.id)  # also when the start is cancelled: the job must not outlive it
             if isinstance(exc, TimeoutError):
                 raise KernelStartError(f"kernel job {job.id} did not report its connection within "
                                        f"{self.start_timeout:.0f} s") from exc
             raise
+        # The kernel "has a process" only from here on, with no await before the manager loads `info`: a
+        # Jupyter server's websocket that reconnects during a restart waits for is_alive() and then takes
+        # the manager's ports and key, which until now are the previous kernel's.
+        self.job_id = job.id
         self.connection_info = info
         self.launch_s = time.perf_counter() - began
-        self.last_job = await self.client().get(job.id)
         self.log.info("Firepool kernel %s: job %s on %s (%s)", self.kernel_id, job.id,
                       self.last_job.raw.get("bound_pods"), self.last_job.path)
         return info

@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
 # gpu: the default isolated network (the kernel's ports are forwarded from the host's 127.0.0.1);
 # cpu: the host's network, where the kernel binds 127.0.0.1 itself (docs/jupyter.md). Both paths are run.
+SLEEPING_CELL = "import time; print('sleeping', flush=True); time.sleep(60)"
+"""A cell that says when it runs: an interrupt sent on its execute_input may land in ipykernel's own code
+before the cell starts, which swallows the KeyboardInterrupt and sends no reply at all. It is sent with
+stop_on_error=False: else ipykernel aborts a next request that comes within its abort window."""
 POOLS = """pools:
   - {name: cpu, max_count: 4, template: {network: host}}
   - {name: gpu, gpus: 1, max_count: 2, max_idle_count: 2}
@@ -106,10 +110,10 @@ async def test_kernel_starts_executes_interrupts_restarts_warm_and_shuts_down_to
         assert broker.tokens["alice"] not in out and "FIREPOOL_TOKEN" not in seen["env"]
 
         # Interrupt a long cell: KeyboardInterrupt within 2 s, the kernel (and its state) survive.
-        msg_id = kc.execute("import time; time.sleep(60)")
+        msg_id = kc.execute(SLEEPING_CELL, stop_on_error=False)
         while True:  # wait until the cell runs
             msg = await kc.get_iopub_msg(timeout=TIMEOUT)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 break
         began = time.monotonic()
         await km.interrupt_kernel()
@@ -264,10 +268,10 @@ async def test_sigint_through_the_broker_interrupts_a_cell_and_kill_ends_the_ker
     broker = jupyter_env
     km, kc = await start()
     try:
-        msg_id = kc.execute("import time; time.sleep(60)")
+        msg_id = kc.execute(SLEEPING_CELL, stop_on_error=False)
         while True:
             msg = await kc.get_iopub_msg(timeout=TIMEOUT)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 break
         began = time.monotonic()
         await km.signal_kernel(signal.SIGINT)  # what a front end in signal interrupt mode does

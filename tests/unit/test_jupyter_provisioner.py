@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+from typing import Any
 
 import httpx
 import pytest
@@ -207,3 +209,44 @@ async def test_signals_map_to_the_brokers_names_and_an_ended_kernel_is_left_alon
         prov._exit = None
         await prov.send_signal(signal.SIGWINCH)
     await prov._close()
+
+
+async def test_a_launching_kernel_has_no_process_until_its_connection_is_known() -> None:
+    # A Jupyter server's websocket that reconnects during a restart waits for is_alive(), then takes the
+    # manager's ports and key: before the connection line they are still the previous kernel's.
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    prov.job_id, prov.kernel_id = None, "kid"
+    connected = asyncio.Event()
+
+    async def read_connection(job_id: str) -> Any:
+        await connected.wait()
+        return find_connection(launcher.connection_line(INFO))
+
+    prov._read_connection = read_connection  # type: ignore[method-assign]
+    launch = asyncio.create_task(prov.launch_kernel(prov.command(), env={}))
+    while "POST /v1/jobs" not in fake.calls:
+        await asyncio.sleep(0)
+    assert not prov.has_process
+    connected.set()
+    assert (await launch)["shell_port"] == 1 and prov.has_process and prov.job_id == "j1"
+    await prov._close()
+
+
+async def test_a_cancelled_launch_cancels_its_kernel_job() -> None:
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    prov.job_id, prov.kernel_id = None, "kid"
+    never = asyncio.Event()
+
+    async def read_connection(job_id: str) -> Any:
+        await never.wait()
+
+    prov._read_connection = read_connection  # type: ignore[method-assign]
+    launch = asyncio.create_task(prov.launch_kernel(prov.command(), env={}))
+    while "POST /v1/jobs" not in fake.calls:
+        await asyncio.sleep(0)
+    launch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await launch
+    assert fake.calls == ["POST /v1/jobs", "POST /v1/jobs/j1/cancel"] and not prov.has_process

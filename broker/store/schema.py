@@ -68,9 +68,8 @@ jobs = sa.Table(
     sa.Column("created_at", sa.Double(), nullable=False),
     sa.Column("updated_at", sa.Double(), nullable=False),
     sa.UniqueConstraint("caller", "idempotency_key", name="uq_jobs_caller_idempotency_key"),
-    sa.Index("ix_jobs_state", "state"),
     sa.Index("ix_jobs_caller_id", "caller", "id"),
-    sa.Index("ix_jobs_state_id", "state", "id"),  # 0004_ui_indexes: the dashboard pages by state and pool
+    sa.Index("ix_jobs_state_id", "state", "id"),  # 0004_ui_indexes: the dashboard pages by state (0006: the only state index)
     sa.Index("ix_jobs_pool_id", "pool", "id"),
     **MYSQL_TABLE_OPTIONS,
 )

@@ -12,13 +12,14 @@ from typing import Any
 import kubernetes
 import pytest
 
-from broker.backends.kubernetes.backend import KubernetesBackend, LaunchError
-from broker.backends.kubernetes.emulator import Emulator
+from broker.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings, LaunchError
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.clock import RealClock
 from broker.errors import BackendError
 from broker.pools import parse_pool
 from broker.ports.backend import PodRequest
+from k8s_emulator import BROKER_TOKEN, Emulator
+from k8s_emulator.rbac import DEPLOY, shipped_grants
 from tests.integration.conftest import BrokerProcess, run_job
 
 pytestmark = pytest.mark.integration
@@ -27,19 +28,25 @@ CPU = parse_pool({"name": "cpu", "template": {"image": "firepool/sandbox-cpu:0.1
 
 
 def core(emu: Emulator) -> Any:
-    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=emu.url)))
+    """The test's own client: the emulator's admin, past RBAC."""
+    return kubernetes.client.CoreV1Api(emu.client())
 
 
-def new_backend(emu: Emulator, broker_id: str = "firepool") -> KubernetesBackend:
-    from broker.backends.kubernetes.backend import KubernetesSettings
-
-    api = KubeApi(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=emu.url)), "default")
-    return KubernetesBackend(RealClock(), api, KubernetesSettings(broker_id=broker_id))
+def new_backend(emu: Emulator, broker_id: str = "firepool", settings: KubernetesSettings | None = None
+                ) -> KubernetesBackend:
+    """A backend as the broker's service account: the shipped Role is all it may do."""
+    settings = settings or KubernetesSettings(broker_id=broker_id)
+    api = KubeApi(emu.client(BROKER_TOKEN), "default", settings.timeouts)
+    return KubernetesBackend(RealClock(), api, settings)
 
 
 @pytest.fixture
-def emu(tmp_path: Path) -> Iterator[Emulator]:
-    with Emulator(tmp_path / "k8s", gpus=2) as emulator:
+def emu(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Emulator]:
+    """The broker's rights are the base deploy's, or an overlay's (`indirect` param: hami, volcano), whose
+    card sweep may list pods in every namespace."""
+    overlay = getattr(request, "param", None)
+    rbac = shipped_grants(DEPLOY / "overlays" / overlay) if overlay else True
+    with Emulator(tmp_path / "k8s", gpus=2, rbac=rbac) as emulator:
         yield emulator
 
 
@@ -49,6 +56,7 @@ async def backend(emu: Emulator) -> AsyncIterator[KubernetesBackend]:
     try:
         yield b
     finally:
+        emu.hurry_deletes()  # the teardown's deletes test nothing of the grace: skip its 5 s per pod
         for name in list(b.cache.pods):
             await b.delete(name)
         await b.close()
@@ -162,7 +170,7 @@ def test_a_pod_deleted_from_outside_during_a_job_ends_the_attempt_pod_lost_and_i
 
 
 async def test_a_pod_pending_past_its_start_timeout_is_deleted(tmp_path: Path) -> None:
-    from broker.backends.kubernetes.emulator import KubeletConfig
+    from k8s_emulator import KubeletConfig
 
     slow = parse_pool({"name": "slow", "template": {"image": "firepool/sandbox-cpu:0.1.0", "start_timeout_s": 0.5}})
     with Emulator(tmp_path / "k8s", kubelet=KubeletConfig(start_delay_s=5.0)) as emulator:
@@ -198,7 +206,7 @@ async def test_an_evicted_pod_is_lost_and_a_410_mid_stream_forgets_nothing(
     assert [p.name for p in await backend.list_pods()] == ["cpu-keep"]  # the evicted pod's object is deleted
 
 
-@pytest.mark.parametrize("sharing", ["hami", "volcano"])
+@pytest.mark.parametrize(("emu", "sharing"), [("hami", "hami"), ("volcano", "volcano")], indirect=["emu"])
 async def test_a_standby_lands_on_its_active_pods_card(backend: KubernetesBackend, sharing: str) -> None:
     card, share = (("nvidia.com/gpu", "nvidia.com/gpumem") if sharing == "hami"
                    else ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory"))
@@ -215,6 +223,7 @@ async def test_a_standby_lands_on_its_active_pods_card(backend: KubernetesBacken
     assert "foreign" not in infos["h100-active"].details  # the sweep finds the card the group's alone
 
 
+@pytest.mark.parametrize("emu", ["hami"], indirect=True)
 async def test_a_share_held_outside_the_group_fences_the_card(backend: KubernetesBackend, emu: Emulator) -> None:
     pool = parse_pool({"name": "h100", "gpus": 1, "standbys_per_active": 1,
                        "template": {"image": "firepool/sandbox-gpu:0.1.0"}})

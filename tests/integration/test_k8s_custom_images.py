@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.backends.kubernetes.emulator import Emulator
+from k8s_emulator import Emulator
 from tests.integration.conftest import BrokerProcess, run_job
 from tests.integration.test_k8s_backend import core
 

@@ -17,8 +17,8 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
-from broker.backends.kubernetes.emulator import Emulator, KubeletConfig, gpu_uuid
 from broker.running.agent_http import HttpAgentClient
+from k8s_emulator import Emulator, KubeletConfig, gpu_uuid
 
 pytestmark = pytest.mark.integration
 NS = "default"
@@ -37,14 +37,14 @@ def cluster(tmp_path: Path) -> Iterator[Emulator]:
 
 
 def core_of(emu: Emulator) -> k8s.CoreV1Api:
-    return k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=emu.url)))
+    return k8s.CoreV1Api(emu.client())  # the emulator's admin, past RBAC
 
 
 def pod_body(name: str, labels: dict[str, str] | None = None, *, image: str = "firepool/agent:1",
              secret: str | None = None, limits: dict[str, str] | None = None,
              annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-            "spec": {"restartPolicy": "Never",
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,  # agents ignore SIGTERM
                      "containers": [{"name": "agent", "image": image, "resources": {"limits": limits or {}},
                                      "ports": [{"name": "agent", "containerPort": 8471}]}],
                      "volumes": [{"name": "agent-secret", "secret": {"secretName": secret}}] if secret else []}}

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.kubernetes.emulator import Emulator
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.jobs import JobSpec, JobState
 from broker.pools import Catalog, parse_pool
 from broker.ports.logs import MemoryLogStore
 from broker.ports.store import MemoryJobStore
+from k8s_emulator import Emulator
+from k8s_emulator.rbac import DEPLOY, shipped_grants
 from tests.integration.test_k8s_backend import core, new_backend
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ async def until(cond, timeout: float = 30.0) -> None:  # noqa: ANN001
 
 
 async def test_a_standby_is_not_promoted_while_its_card_is_fenced_after_a_restart(tmp_path: Path) -> None:
-    with Emulator(tmp_path / "k8s", gpus=1) as emu:
+    with Emulator(tmp_path / "k8s", gpus=1, rbac=shipped_grants(DEPLOY / "overlays" / "hami")) as emu:  # the sweep
         store = MemoryJobStore()
         first = broker(emu, store)
         await first.start()
@@ -72,4 +73,5 @@ async def test_a_standby_is_not_promoted_while_its_card_is_fenced_after_a_restar
             assert [a.path for a in done.acquisition] == ["standby"]  # promoted once a sweep verified the card
             assert card not in second.tracker.unverified_cards()
         finally:
+            emu.hurry_deletes()  # the teardown tests nothing of the grace
             await second.stop(delete_idle_pods=True)

@@ -143,33 +143,27 @@ def test_label_and_annotation_keys_and_values_are_what_the_api_server_accepts(re
     assert not problems, problems
 
 
-BROKER_RULES = {("", "pods"): {"create", "get", "list", "watch", "patch", "delete"},
-                ("", "secrets"): {"create", "get", "delete"}, ("", "events"): {"create"}}
-CARD_SWEEP_RULES = {("", "nodes"): {"get"}, ("", "pods"): {"list"}}
-FLEET_NODES_RULES = {("", "nodes"): {"list"}}
-"""Topology-aware placement reads the cluster's nodes (docs/fleet.md)."""
-
-
-def _grants(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
-    grants: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                grants.setdefault((group, resource), set()).update(rule["verbs"])
-    return grants
-
-
-def test_rbac_grants_exactly_the_verbs_the_broker_uses(rendered: list[dict[str, Any]]) -> None:
-    assert _grants(_one(rendered, "Role")) == BROKER_RULES
-    cluster_roles = [o for o in rendered if o["kind"] == "ClusterRole"]
-    assert all(_grants(r) in (CARD_SWEEP_RULES, FLEET_NODES_RULES) for r in cluster_roles)
+def test_every_role_is_bound_to_the_broker_account_only(rendered: list[dict[str, Any]]) -> None:
     broker_sa = _broker(rendered)["spec"]["template"]["spec"]["serviceAccountName"]
     namespace = _broker(rendered)["metadata"]["namespace"]
     for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": broker_sa, "namespace": namespace}]
         assert any(r["kind"] == binding["roleRef"]["kind"] and r["metadata"]["name"] == binding["roleRef"]["name"]
                    for r in rendered), f"{binding['metadata']['name']} binds a role that is not deployed"
+    roles = [o for o in rendered if o["kind"] in ("Role", "ClusterRole")]
+    assert all(rules.problems_of_role(r) == [] for r in roles), [rules.problems_of_role(r) for r in roles]
+
+
+def test_the_roles_grant_every_api_call_in_the_broker_code_and_nothing_else(rendered: list[dict[str, Any]]) -> None:
+    """The code's calls (read statically) against the rendered roles: a call not granted fails in a cluster
+    (403), a grant no code uses is privilege to drop. The emulator enforces the same rules at run time."""
+    used = rules.api_calls_in(rules.ROOT / "broker")
+    granted = rules.granted(rendered)
+    base = rules.granted(rules.render(rules.DEPLOY))
+    assert used - granted == set(), f"called but not granted: {sorted(used - granted)}"
+    unused = {g for g in granted - used if g[0] in rules.STATIC_RESOURCES}  # others' calls: the emulator's audit
+    assert unused == set(), f"granted but never called: {sorted(unused)}"
+    assert used - base <= {("pods", "list")}, "only the card sweep's cluster-wide pod list is an overlay's"
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.kubernetes.emulator import Emulator
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.jobs import AttemptState, ErrorClass, JobSpec, JobState
@@ -19,6 +18,7 @@ from broker.pools import Catalog, parse_pool
 from broker.ports.logs import MemoryLogStore
 from broker.ports.quarantine import MemoryQuarantineStore
 from broker.ports.store import MemoryJobStore
+from k8s_emulator import Emulator
 from tests.integration.test_k8s_backend import new_backend
 
 pytestmark = pytest.mark.integration
@@ -73,6 +73,9 @@ def boot_id(emu: Emulator, node: str) -> str:
 
 async def test_a_node_replaced_under_its_name_voids_its_pods_while_the_broker_runs(tmp_path: Path) -> None:
     with Emulator(tmp_path / "k8s", gpus=1, nodes=2) as emu:
+        # The voided pods' deletes are what frees each node's one card for the next job; their grace (5 s
+        # each, agents ignore SIGTERM) is not what this test is about.
+        emu.hurry_deletes()
         cp = broker(emu, MemoryJobStore())
         await cp.start()
         try:
@@ -112,6 +115,7 @@ async def test_a_node_replaced_under_its_name_voids_its_pods_while_the_broker_ru
             )
             assert again.state is JobState.SUCCEEDED and again.pods != (held_pod.name,)
         finally:
+            emu.hurry_deletes()  # the teardown tests nothing of the grace
             await cp.stop(delete_idle_pods=True)
 
 
@@ -133,6 +137,7 @@ async def test_a_reboot_during_a_broker_outage_voids_the_held_pod_at_recovery(tm
             assert report is not None and report.untrusted == {pod: "changed"} and report.holds_restored == 0
             assert pod not in second.tracker.pods
         finally:
+            emu.hurry_deletes()  # the teardown tests nothing of the grace
             await second.stop(delete_idle_pods=True)
 
 
@@ -162,4 +167,5 @@ async def test_a_quarantined_node_gets_no_new_pod(tmp_path: Path) -> None:
                 "values": ["node-0"],
             }
         finally:
+            emu.hurry_deletes()  # the teardown tests nothing of the grace
             await cp.stop(delete_idle_pods=True)

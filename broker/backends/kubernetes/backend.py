@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from broker.backends.kubernetes import hami, podstatus
+from broker.backends.kubernetes import hami, podstatus, volcano
+from broker.backends.kubernetes.adopting import NotOurs, create_or_adopt
 from broker.backends.kubernetes.annotating import Annotator
+from broker.backends.kubernetes.deleting import Deleting
 from broker.backends.kubernetes.kubeapi import KubeApi
 from broker.backends.kubernetes.manifests import (
     AGENT_INCARNATION,
@@ -71,7 +72,7 @@ def _started_with_incarnation(pod: Mapping[str, Any]) -> bool:
     return "--incarnation" in (containers[0].get("args") or [])
 
 
-class KubernetesBackend(NodeView, Starting):
+class KubernetesBackend(NodeView, Starting, Deleting):
     kind = "kubernetes"
     isolated = True
     runs_images = True
@@ -91,6 +92,8 @@ class KubernetesBackend(NodeView, Starting):
         self._task: asyncio.Task[None] | None = None
         self._pods: dict[str, PodRecord] = {}
         self._deleting: set[str] = set()
+        self._vanished: dict[str, asyncio.Event] = {}
+        """Pods being deleted -> set when the watch sees the object go."""
         self._clients: dict[str, AgentClient] = {}
         self._templates: dict[str, PodTemplate] = {}
         self._bucket = TokenBucket(clock, settings.rate.qps, settings.rate.burst)
@@ -102,6 +105,7 @@ class KubernetesBackend(NodeView, Starting):
         self._nodes_at = -math.inf
         self._nodes_failed = False
         self.annotator = Annotator(clock, self._patch_annotations, settings.annotate_defer_s)
+        self.podgroups = volcano.PodGroups(api)
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -119,6 +123,8 @@ class KubernetesBackend(NodeView, Starting):
     def _on_change(self, change: Change) -> None:
         """Mirror one observation; runs on the event loop, does no I/O."""
         name = str(podstatus.meta(change.pod).get("name", ""))
+        if change.kind == "deleted" and name in self._vanished:
+            self._vanished[name].set()
         rec = self._pods.get(name)
         if rec is None:
             return
@@ -174,12 +180,15 @@ class KubernetesBackend(NodeView, Starting):
         if name in self._pods or name in self.cache.pods:
             raise BackendError(f"pod {name} already exists")
         now = self.clock.now()
+        group = volcano.batch_group(request.gang_batch, tpl.scheduler)
+        gang_ann = volcano.pod_annotations(group, tpl.queue) if volcano.uses_volcano(tpl.scheduler) else {}
         manifest = pod_manifest(name, pool, tpl, broker=self.settings.broker_id, kernels=agent_kernels(pool),
-                                annotations={**request.annotations, **hami.avoid_annotations(request.avoid)},
+                                annotations={**request.annotations, **hami.avoid_annotations(request.avoid),
+                                             **gang_ann},
                                 standby=bool(request.gpus),
                                 pin_uuids=request.gpus, origin=str(request.origin), created_at=now,
                                 image=request.image, gang=request.gang, gang_size=request.gang_size,
-                                avoid_nodes=self.avoided_nodes(request.avoid))
+                                avoid_nodes=self.avoided_nodes(request.avoid), gang_topology=request.gang_topology)
         # The pool's node set (shape segregation), and the node placement chose (broker.fleet): the cluster's
         # scheduler binds the pod there.
         chosen = {**pool.node_selector, **({HOSTNAME: request.node} if request.node else {})}
@@ -189,12 +198,18 @@ class KubernetesBackend(NodeView, Starting):
                    created_at=now, ready=podstatus.ReadyRecord(now), gpus=request.gpus,
                    annotations=dict(manifest["metadata"]["annotations"]))
         self._pods[name] = rec
+        secret_body = secret_manifest(name, rec.secret, manifest["metadata"]["labels"])
+        secret_made = False
         try:
+            if group:  # before the pod: Volcano binds none of the batch until minMember of them can start
+                await self.podgroups.join(name, volcano.podgroup_manifest(
+                    group, request.gang_batch[1], tpl.queue, manifest["metadata"]["labels"]))
             await self._bucket.take()
             rate = self.settings.rate
-            await with_backoff(self.clock, rate, lambda: self.api.create(
-                secret_manifest(name, rec.secret, manifest["metadata"]["labels"])))
-            created = await with_backoff(self.clock, rate, lambda: self.api.create(manifest))
+            # A retried create meets its own first try (adopted); a name taken by others stays theirs.
+            await with_backoff(self.clock, rate, lambda: create_or_adopt(self.api, secret_body))
+            secret_made = True
+            created = await with_backoff(self.clock, rate, lambda: create_or_adopt(self.api, manifest))
             rec.uid = podstatus.uid(created)
             # The Secret names its pod's UID: after a restart, only that incarnation is trusted.
             await with_backoff(self.clock, rate, lambda: self.api.patch(
@@ -212,7 +227,11 @@ class KubernetesBackend(NodeView, Starting):
             await with_backoff(self.clock, rate, lambda: self.api.patch("Pod", name, {"metadata": {"annotations": extra}}))
             rec.annotations.update(extra)
         except BaseException as exc:
-            await asyncio.shield(self._destroy(name))
+            kinds: tuple[str, ...] = ("Pod", "Secret")
+            if isinstance(exc, NotOurs) and rec.uid == "":  # the clean-up must not delete another's object
+                self._pods.pop(name, None)
+                kinds = ("Secret",) if secret_made else ()
+            await asyncio.shield(self._destroy(name, kinds))
             if isinstance(exc, Retryable):
                 raise BackendError(f"creating pod {name} failed: {exc}") from exc
             if isinstance(exc, BackendError) or not isinstance(exc, Exception):
@@ -228,24 +247,6 @@ class KubernetesBackend(NodeView, Starting):
     async def delete(self, name: str) -> None:
         await self._destroy(name)
 
-    async def _destroy(self, name: str) -> None:
-        """Delete the pod and its Secret; idempotent. The pod's agent client is closed first."""
-        self._deleting.add(name)
-        self.annotator.forget(name)
-        try:
-            client = self._clients.pop(name, None)
-            if client is not None:
-                await client.close()
-            rate = self.settings.rate
-            for kind, obj in (("Pod", name), ("Secret", secret_name(name))):
-                try:
-                    await with_backoff(self.clock, rate, functools.partial(self.api.delete, kind, obj))
-                except (Retryable, BackendError) as exc:
-                    log.warning("deleting %s %s failed: %s", kind.lower(), obj, exc)
-            self._pods.pop(name, None)
-        finally:
-            self._deleting.discard(name)
-
     # -- list (restart recovery), annotate, agents ----------------------------------------------
 
     async def list_pods(self) -> list[PodInfo]:
@@ -255,6 +256,7 @@ class KubernetesBackend(NodeView, Starting):
         secret_objs, _ = await self.api.list("Secret", self.selector)
         by_name = {str(podstatus.meta(s).get("name")): s for s in secret_objs}
         live: list[PodInfo] = []
+        doomed: list[str] = []
         for name, pod in list(self.cache.pods.items()):
             rec = self._pods.get(name)
             if rec is not None and not rec.up:
@@ -262,20 +264,26 @@ class KubernetesBackend(NodeView, Starting):
             if rec is None:
                 rec = adopt(pod, by_name.get(secret_name(name)))
                 if rec is None:
-                    await self._destroy(name)
+                    doomed.append(name)
                     continue
                 self._pods[name] = rec
+                group = rec.annotations.get(volcano.GROUP_ANNOTATION)
+                if group:
+                    self.podgroups.adopt(name, group)
                 self._learn_devices(pod, standby=(podstatus.meta(pod).get("labels") or {}).get(LABEL_ROLE) == "standby")
             if rec.lost or judge(Epoch(rec.uid), Epoch(podstatus.uid(pod))) is not Verdict.TRUSTED:
                 log.warning("pod %s is not trusted (%s); deleting it", name, rec.lost or "UID changed")
-                await self._destroy(name)
+                doomed.append(name)
                 continue
             if await self._healthy(name):
                 live.append(self._info(rec))
             else:
                 log.warning("pod %s does not answer; deleting it", name)
-                await self._destroy(name)
+                doomed.append(name)
+        # Together: each delete lasts until its pod is gone (its grace), and a restart waits on them all.
+        await asyncio.gather(*(self._destroy(name) for name in doomed))
         await sweep_cards(self.api, live)
+        await self.podgroups.sweep(self.selector)
         for name in by_name.keys() - {secret_name(n) for n in self.cache.pods}:
             with contextlib.suppress(BackendError, Retryable):
                 await self.api.delete("Secret", name)  # a Secret whose pod is gone

@@ -38,6 +38,29 @@ class NotFound(BackendError):
     retryable = False
 
 
+class Conflict(BackendError):
+    """409: AlreadyExists on a create, or a failed precondition."""
+
+    status = 409
+    retryable = False
+
+
+@dataclass(frozen=True)
+class ApiTimeouts:
+    connect_s: float = 5.0
+    """TCP (and TLS) connect to the API server."""
+    read_s: float = 30.0
+    """Silence allowed while waiting for one answer (a list page, a create)."""
+    watch_s: int = 240
+    """The watch's server-side `timeoutSeconds`: the server ends the stream, the watch resumes."""
+    watch_read_s: float = 90.0
+    """Silence allowed on an open watch; above the API server's bookmark period (about a minute), so
+    only a dead connection trips it."""
+
+    def call(self) -> tuple[float, float]:
+        return (self.connect_s, self.read_s)
+
+
 @dataclass(frozen=True)
 class Connection:
     namespace: str = "default"
@@ -71,6 +94,8 @@ def _translate(exc: Exception, what: str) -> Exception:
             return NotFound(f"{what}: not found")
         if status == 410:
             return Gone(reason)
+        if status == 409:
+            return Conflict(f"{what}: HTTP 409 {reason}", details={"status": 409})
         if status == 429 or status >= 500:
             after = (exc.headers or {}).get("Retry-After") if exc.headers else None
             return Retryable(status, f"{what}: HTTP {status} {reason}",
@@ -99,11 +124,14 @@ def _json(resp: Any) -> Any:
 class KubeApi:
     """Pods and Secrets of one namespace."""
 
-    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+    def __init__(self, api: k8s.ApiClient, namespace: str, timeouts: ApiTimeouts = ApiTimeouts()) -> None:
         self.api = api
         # Any: bodies go as raw dicts and answers come back raw, past the generated models' types.
         self.core: Any = k8s.CoreV1Api(api)
+        self.custom: Any = k8s.CustomObjectsApi(api)
         self.namespace = namespace
+        self.timeouts = timeouts
+        self._bound = timeouts.call()
 
     async def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -116,13 +144,14 @@ class KubeApi:
         name = str(body["metadata"]["name"])
         create = self.core.create_namespaced_pod if kind == "Pod" else self.core.create_namespaced_secret
         result: dict[str, Any] = await self._call(f"create {kind.lower()} {name}", lambda: _json(
-            create(self.namespace, dict(body), _preload_content=False)))
+            create(self.namespace, dict(body), _preload_content=False, _request_timeout=self._bound)))
         return result
 
     async def patch(self, kind: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         patch = self.core.patch_namespaced_pod if kind == "Pod" else self.core.patch_namespaced_secret
         result: dict[str, Any] = await self._call(f"patch {kind.lower()} {name}", lambda: _json(
-            patch(name, self.namespace, dict(body), _content_type=MERGE_PATCH, _preload_content=False)))
+            patch(name, self.namespace, dict(body), _content_type=MERGE_PATCH, _preload_content=False,
+                  _request_timeout=self._bound)))
         return result
 
     async def delete(self, kind: str, name: str, uid: str | None = None) -> bool:
@@ -130,17 +159,45 @@ class KubeApi:
         remove = self.core.delete_namespaced_pod if kind == "Pod" else self.core.delete_namespaced_secret
         body = {"preconditions": {"uid": uid}} if uid else None
         try:
+            # No grace period given: a pod gets its own (spec.terminationGracePeriodSeconds, the pool's
+            # `termination_grace_s`): SIGTERM, then SIGKILL at its end; the object goes only after that.
             await self._call(f"delete {kind.lower()} {name}", lambda: remove(
-                name, self.namespace, body=body, grace_period_seconds=0 if kind == "Pod" else None,
+                name, self.namespace, body=body, _preload_content=False, _request_timeout=self._bound).release_conn())
+        except NotFound:
+            return False
+        return True
+
+    async def create_custom(self, group: str, version: str, plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a namespaced custom object (Volcano's PodGroup)."""
+        name = str(body["metadata"]["name"])
+        result: dict[str, Any] = await self._call(f"create {plural} {name}", lambda: _json(
+            self.custom.create_namespaced_custom_object(group, version, self.namespace, plural, dict(body),
+                                                        _request_timeout=self._bound, _preload_content=False)))
+        return result
+
+    async def delete_custom(self, group: str, version: str, plural: str, name: str) -> bool:
+        """Delete a namespaced custom object; False when it was gone."""
+        try:
+            await self._call(f"delete {plural} {name}", lambda: self.custom.delete_namespaced_custom_object(
+                group, version, self.namespace, plural, name, _request_timeout=self._bound,
                 _preload_content=False).release_conn())
         except NotFound:
             return False
         return True
 
-    async def get_secret(self, name: str) -> dict[str, Any] | None:
+    async def list_custom(self, group: str, version: str, plural: str, selector: str) -> list[dict[str, Any]]:
+        """The namespaced custom objects matching `selector`."""
+        page: dict[str, Any] = await self._call(f"list {plural}", lambda: _json(
+            self.custom.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=selector,
+                                                      _request_timeout=self._bound, _preload_content=False)))
+        return list(page.get("items") or [])
+
+    async def read(self, kind: str, name: str) -> dict[str, Any] | None:
+        """One Pod or Secret, None when there is none (a 409's object, to adopt when ours)."""
+        reader = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_secret
         try:
-            result: dict[str, Any] = await self._call(f"get secret {name}", lambda: _json(
-                self.core.read_namespaced_secret(name, self.namespace, _preload_content=False)))
+            result: dict[str, Any] = await self._call(f"get {kind.lower()} {name}", lambda: _json(
+                reader(name, self.namespace, _preload_content=False, _request_timeout=self._bound)))
         except NotFound:
             return None
         return result
@@ -148,7 +205,7 @@ class KubeApi:
     async def node(self, name: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = await self._call(f"get node {name}", lambda: _json(
-                self.core.read_node(name, _preload_content=False)))
+                self.core.read_node(name, _preload_content=False, _request_timeout=self._bound)))
         except NotFound:
             return None
         return result
@@ -156,13 +213,14 @@ class KubeApi:
     async def nodes(self) -> list[dict[str, Any]]:
         """Every Node object of the cluster (for placement: broker.backends.kubernetes.nodes)."""
         page: dict[str, Any] = await self._call("list nodes", lambda: _json(
-            self.core.list_node(_preload_content=False)))
+            self.core.list_node(_preload_content=False, _request_timeout=self._bound)))
         return list(page.get("items") or [])
 
     async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         """Every pod on `node`, in every namespace (the card sweep: who else holds a share)."""
         page: dict[str, Any] = await self._call(f"list pods on {node}", lambda: _json(
-            self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False)))
+            self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False,
+                                                 _request_timeout=self._bound)))
         return list(page.get("items") or [])
 
     async def list(self, kind: str, selector: str) -> tuple[list[dict[str, Any]], str]:
@@ -181,11 +239,13 @@ class KubeApi:
 
     def _page(self, lister: Any, selector: str, token: str | None) -> dict[str, Any]:
         page: dict[str, Any] = _json(lister(self.namespace, label_selector=selector, limit=500, _continue=token,
-                                            _preload_content=False))
+                                            _preload_content=False, _request_timeout=self._bound))
         return page
 
-    async def watch(self, selector: str, resource_version: str, timeout_s: int = 300) -> AsyncIterator[dict[str, Any]]:
-        """Pod events from `resource_version`, bookmarks on; read in a thread, handed over through a queue."""
+    async def watch(self, selector: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
+        """Pod events from `resource_version`, bookmarks on; read in a thread, handed over through a queue.
+        The server ends the stream after `watch_s`; silence past `watch_read_s` ends it here (a Retryable)."""
+        bound = self.timeouts
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         stop = threading.Event()
@@ -195,7 +255,8 @@ class KubeApi:
             try:
                 resp = self.core.list_namespaced_pod(
                     self.namespace, label_selector=selector, watch=True, resource_version=resource_version or None,
-                    allow_watch_bookmarks=True, timeout_seconds=timeout_s, _preload_content=False)
+                    allow_watch_bookmarks=True, timeout_seconds=bound.watch_s, _preload_content=False,
+                    _request_timeout=(bound.connect_s, bound.watch_read_s))
                 holder.append(resp)
                 for line in iter_resp_lines(resp):
                     if stop.is_set():

@@ -29,6 +29,7 @@ LABEL_ROLE = "firepool.io/role"
 LABEL_TEMPLATE = "firepool.io/template-hash"
 LABEL_BROKER = "firepool.io/broker"
 LABEL_GANG = "firepool.io/gang"
+HOSTNAME = "kubernetes.io/hostname"
 ANN_ORIGIN = "firepool.io/origin"
 AGENT_INCARNATION = 1
 """The one incarnation of a pod's agent (the pod never restarts its container)."""
@@ -106,15 +107,17 @@ def _security(template: PodTemplate) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _gang_affinity(pool: PoolSpec, template: PodTemplate, gang: str, size: int) -> dict[str, Any]:
-    """Keep a gang's pods together: on one node when gpus × pods fits one, else preferably so."""
+def _gang_affinity(pool: PoolSpec, template: PodTemplate, gang: str, size: int, topology: str) -> dict[str, Any]:
+    """Keep a gang's pods together: on one node when gpus × pods fits one, else preferably so. A gang confined
+    to one node (`topology: node`) is required on one node whatever the template guesses of node sizes: a
+    preference would let the scheduler scatter it, and the claim never takes a scattered set."""
+    if topology == "node":
+        term = {"labelSelector": {"matchLabels": {LABEL_GANG: gang}}, "topologyKey": HOSTNAME}
+        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
     term = {"labelSelector": {"matchLabels": {LABEL_GANG: gang}}, "topologyKey": template.topology_key}
     if pool.gpus * size <= template.gpus_per_node:
         return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
     return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
-
-
-HOSTNAME = "kubernetes.io/hostname"
 
 
 def _without_nodes(node_affinity: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
@@ -128,10 +131,26 @@ def _without_nodes(node_affinity: Mapping[str, Any], nodes: Sequence[str]) -> di
     return {**node_affinity, "requiredDuringSchedulingIgnoredDuringExecution": required}
 
 
+def _empty_dir(size: int | None, medium: str) -> dict[str, Any]:
+    """An emptyDir the kubelet caps at `size` (it evicts a pod past it; a memory one also counts as the
+    container's memory); None: uncapped, by the operator's `null`."""
+    spec: dict[str, Any] = {"medium": medium} if medium else {}
+    if size is not None:
+        spec["sizeLimit"] = _quantity(size)
+    return spec
+
+
+def _quantity(size: int) -> str:
+    for suffix, unit in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
 def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: str, kernels: str,
                  annotations: Mapping[str, str], standby: bool = False, pin_uuids: tuple[str, ...] = (),
                  origin: str = "", created_at: float = 0.0, gang: str = "", gang_size: int = 1,
-                 image: str = "", avoid_nodes: Sequence[str] = ()) -> dict[str, Any]:
+                 image: str = "", avoid_nodes: Sequence[str] = (), gang_topology: str = "") -> dict[str, Any]:
     """The pod to create for `name` (a dict the API accepts as JSON).
 
     `image`: a job's custom image (broker.images) replaces the template's in the agent container, whose
@@ -163,10 +182,16 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
             "securityContext": _security(template),
             "volumeMounts": [{"name": "agent-secret", "mountPath": SECRET_IN, "readOnly": True},
                              {"name": "agent-secret-copy", "mountPath": SECRET_DIR}]}
-    if template.read_only_root:  # the agent and the job still need their own writable places
-        for vol, path in (("workspace", "/workspace"), ("pkg", "/pkg"), ("run", "/run/firepool"), ("tmp", "/tmp")):
-            volumes.append({"name": f"fp-{vol}", "emptyDir": {}})
+    if template.read_only_root:  # the agent and the job still need their own writable places, each capped
+        for vol, path, size, medium in (("workspace", "/workspace", template.workspace_size, ""),
+                                        ("pkg", "/pkg", template.workspace_size, ""),
+                                        ("run", "/run/firepool", template.workspace_size, ""),
+                                        ("tmp", "/tmp", template.tmp_size, "Memory")):
+            volumes.append({"name": f"fp-{vol}", "emptyDir": _empty_dir(size, medium)})
             mounts.append({"name": f"fp-{vol}", "mountPath": path})
+    if template.shm_size is not None:
+        volumes.append({"name": "fp-shm", "emptyDir": _empty_dir(template.shm_size, "Memory")})
+        mounts.append({"name": "fp-shm", "mountPath": "/dev/shm"})
     volumes += [dict(v) for v in template.volumes]
     mounts += [dict(m) for m in template.volume_mounts]
     # restartPolicy Never: the agent starts once per pod object, so its incarnation is always 1 and the
@@ -183,7 +208,7 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 5, "initContainers": [copy], "containers": [container], "volumes": volumes,
+        "terminationGracePeriodSeconds": template.termination_grace_s, "initContainers": [copy], "containers": [container], "volumes": volumes,
         "securityContext": {"runAsNonRoot": True, "runAsUser": template.run_as_user,
                             "runAsGroup": template.run_as_user, "fsGroup": template.run_as_user},
     }
@@ -199,7 +224,7 @@ def pod_manifest(name: str, pool: PoolSpec, template: PodTemplate, *, broker: st
         spec["runtimeClassName"] = template.runtime_class
     affinity = {k: v for k, v in template.affinity.items()}
     if gang and gang_size > 1:
-        affinity["podAffinity"] = _gang_affinity(pool, template, gang, gang_size)
+        affinity["podAffinity"] = _gang_affinity(pool, template, gang, gang_size, gang_topology)
     if avoid_nodes:
         affinity["nodeAffinity"] = _without_nodes(affinity.get("nodeAffinity") or {}, avoid_nodes)
     if affinity:

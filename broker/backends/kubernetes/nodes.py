@@ -1,7 +1,8 @@
 """Cluster nodes as the fleet sees them (broker.fleet): read from Node objects, never guessed.
 
 A node's GPUs are the cards HAMi registered on it (`hami.io/node-nvidia-register`: UUID and model per
-card); without that annotation, `capacity["nvidia.com/gpu"]` cards keyed `<node>/gpu<i>`. The topology
+card; Volcano's vGPU plugin, a HAMi fork, writes the same under `volcano.sh/node-vgpu-register`, and its
+`volcano.sh/vgpu-number` capacity counts shares, not cards); without either annotation, `capacity["nvidia.com/gpu"]` cards keyed `<node>/gpu<i>`. The topology
 domain is the value of the first label set of `KubernetesSettings.domain_labels` (the catalog's
 `topology_domain_labels`; default `firepool.io/topology-domain`, else `topology.kubernetes.io/zone`), the
 boot epoch `status.nodeInfo.bootID` (a node replaced under the same name gets a new one). Nodes that are
@@ -17,11 +18,12 @@ from broker.fleet.nodes import Node
 
 DOMAIN_LABELS: tuple[str, ...] = ("firepool.io/topology-domain", "topology.kubernetes.io/zone")
 REGISTER = "hami.io/node-nvidia-register"
+VOLCANO_REGISTER = "volcano.sh/node-vgpu-register"
 GPU = "nvidia.com/gpu"
 
 
 def _cards(name: str, annotations: Mapping[str, str], capacity: Mapping[str, Any]) -> tuple[list[str], str]:
-    register = annotations.get(REGISTER, "")
+    register = annotations.get(REGISTER) or annotations.get(VOLCANO_REGISTER, "")
     keys, model = [], ""
     for entry in register.split(":"):
         parts = entry.split(",")

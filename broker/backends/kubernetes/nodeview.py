@@ -19,6 +19,7 @@ from broker.backends.kubernetes.settings import KubernetesSettings
 from broker.clock import Clock
 from broker.errors import BackendError
 from broker.fleet.nodes import Node
+from broker.ports.backend import avoided_node_ids
 
 log = logging.getLogger("firepool.k8s")
 
@@ -43,7 +44,7 @@ class NodeView:
             self._nodes_failed = False
         except (BackendError, Retryable) as exc:
             # A 5xx or a dropped connection: keep the last list, the next read tries again. Forbidden without
-            # deploy/components/fleet-nodes: say it once, then placement is the scheduler's.
+            # the ClusterRole firepool-broker-nodes: say it once, then placement is the scheduler's.
             (log.debug if self._nodes_failed else log.warning)(
                 "listing nodes failed (placement keeps the last list, %d nodes): %s", len(self._nodes), exc
             )
@@ -56,9 +57,10 @@ class NodeView:
         return list(self._nodes)
 
     def avoided_nodes(self, avoid: frozenset[str]) -> list[str]:
-        """Nodes every GPU of which is to be avoided (the control plane avoids all cards of a quarantined node):
-        a new pod gets none of them, CPU pods included (required node affinity, NotIn)."""
-        return sorted(n.id for n in self._nodes if n.gpus and avoid.issuperset(n.gpus))
+        """Nodes `avoid` names (`node:<id>`, a quarantined node: GPU nodes and CPU-only ones, which the node list
+        leaves out) and nodes every GPU of which is to be avoided: a new pod gets none of them, CPU pods
+        included (required node affinity, NotIn)."""
+        return sorted({n.id for n in self._nodes if n.gpus and avoid.issuperset(n.gpus)} | avoided_node_ids(avoid))
 
     def _node_epoch(self, node: str) -> str:
         """The boot epoch the node reports now (as last read); "" for a node not (or not yet) listed."""

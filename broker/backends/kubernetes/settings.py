@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.backends.kubernetes.annotating import DEFER_S
+from broker.backends.kubernetes.kubeapi import ApiTimeouts
 from broker.backends.kubernetes.manifests import AGENT_PORT
 from broker.backends.kubernetes.nodes import DOMAIN_LABELS
 from broker.backends.kubernetes.ratelimit import RateSettings
@@ -27,3 +28,8 @@ class KubernetesSettings:
     annotate_defer_s: float = DEFER_S
     """Owner-record changes that only age (hold deadline, idle-since, job) are coalesced this long
     (broker.backends.kubernetes.annotating); identity changes are written at once."""
+    timeouts: ApiTimeouts = ApiTimeouts()
+    """Bounds on every API call and on the pod watch (broker.backends.kubernetes.kubeapi)."""
+    delete_wait_s: float = 30.0
+    """Beyond a pod's grace period, how long a delete waits for the object to go (its GPUs count as taken
+    until then); past it the delete gives up waiting and says so."""

@@ -29,9 +29,9 @@ def kubernetes_backend(clock: Clock, namespace: str | None, kubeconfig: str | No
     if not valid_label_value(broker_id) or not broker_id:
         raise ValueError(f"--broker-id {broker_id!r} must be a label value (letters, digits, '-', '_', '.')")
     ns = namespace or default_namespace()
-    api = KubeApi(api_client(Connection(namespace=ns, kubeconfig=kubeconfig)), ns)
     rate = RateSettings(qps=create_qps, burst=create_burst)
     settings = KubernetesSettings(namespace=ns, broker_id=broker_id, rate=rate)
     if domain_labels:
         settings = dataclasses.replace(settings, domain_labels=tuple(domain_labels))
+    api = KubeApi(api_client(Connection(namespace=ns, kubeconfig=kubeconfig)), ns, settings.timeouts)
     return KubernetesBackend(clock, api, settings)

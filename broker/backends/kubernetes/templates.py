@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import BackendError
+from broker.podtemplate import DEFAULT_TMP, DEFAULT_WORKSPACE, MIN_DISK, MIN_TMPFS, parse_size
 
 DEFAULT_IMAGE = "firepool/sandbox-cpu:0.1.0"
 SHARING = ("none", "hami", "volcano")
@@ -18,6 +19,7 @@ _KEYS = frozenset({
     "image", "imagePullPolicy", "resources", "standby", "serviceAccountName", "schedulerName", "nodeSelector",
     "tolerations", "affinity", "runtimeClassName", "volumes", "volumeMounts", "readOnlyRootFilesystem",
     "runAsUser", "sharing", "start_timeout_s", "topologyKey", "gpusPerNode", "start_delay_s",
+    "workspace_size", "tmp_size", "shm_size", "termination_grace_s", "queue",
 })
 
 
@@ -57,6 +59,17 @@ class PodTemplate:
     """Where a gang is kept together (podAffinity) when it fits one node."""
     gpus_per_node: int = 8
     """GPUs of one node of this pool, to decide whether a gang fits one."""
+    workspace_size: int | None = DEFAULT_WORKSPACE
+    """sizeLimit of each disk-backed emptyDir a read-only root gets (/workspace, /pkg, /run/firepool)."""
+    tmp_size: int | None = DEFAULT_TMP
+    """sizeLimit of the memory-backed /tmp a read-only root gets."""
+    shm_size: int | None = None
+    """sizeLimit of a memory-backed /dev/shm; None keeps the container runtime's (64 MiB)."""
+    termination_grace_s: int = 5
+    """A deleted pod's grace (terminationGracePeriodSeconds): SIGTERM, then SIGKILL at its end; its GPUs
+    count as taken until the object is gone."""
+    queue: str = "default"
+    """The Volcano queue of the pool's pods and gangs (PodGroup `spec.queue`); only with schedulerName volcano."""
 
 
 def _mapping(pool: str, key: str, value: Any) -> Mapping[str, Any]:
@@ -85,7 +98,7 @@ def parse_template(pool: str, raw: Mapping[str, Any]) -> PodTemplate:
     kw: dict[str, Any] = {}
     for key, attr in (("image", "image"), ("imagePullPolicy", "pull_policy"), ("serviceAccountName", "service_account"),
                       ("schedulerName", "scheduler"), ("runtimeClassName", "runtime_class"),
-                      ("topologyKey", "topology_key")):
+                      ("topologyKey", "topology_key"), ("queue", "queue")):
         if key in raw:
             kw[attr] = _text(pool, key, raw[key])
     if kw.get("pull_policy", "IfNotPresent") not in ("Always", "IfNotPresent", "Never"):
@@ -105,17 +118,27 @@ def parse_template(pool: str, raw: Mapping[str, Any]) -> PodTemplate:
         if not isinstance(raw["readOnlyRootFilesystem"], bool):
             raise TemplateError(f"pool {pool}: template.readOnlyRootFilesystem must be true or false")
         kw["read_only_root"] = raw["readOnlyRootFilesystem"]
-    for key, attr in (("runAsUser", "run_as_user"), ("gpusPerNode", "gpus_per_node")):
+    for key, attr in (("runAsUser", "run_as_user"), ("gpusPerNode", "gpus_per_node"),
+                      ("termination_grace_s", "termination_grace_s")):
         if key in raw:
             value = raw[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TemplateError(f"pool {pool}: template.{key} must be a positive integer (root is refused)")
+                raise TemplateError(f"pool {pool}: template.{key} must be a positive integer"
+                                    + (" (root is refused)" if key == "runAsUser" else ""))
             kw[attr] = value
     if "start_timeout_s" in raw:
         value = raw["start_timeout_s"]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise TemplateError(f"pool {pool}: template.start_timeout_s must be a positive number")
         kw["start_timeout_s"] = float(value)
+    for key, minimum in (("workspace_size", MIN_DISK), ("tmp_size", MIN_TMPFS), ("shm_size", MIN_TMPFS)):
+        if key in raw:
+            try:
+                kw[key] = parse_size(raw[key], key, minimum)
+            except ValueError as exc:
+                raise TemplateError(f"pool {pool}: {exc}") from None
+    if "queue" in kw and kw.get("scheduler") != "volcano":
+        raise TemplateError(f"pool {pool}: template.queue is a Volcano queue: it needs schedulerName volcano")
     sharing = raw.get("sharing")
     if sharing is None:
         scheduler = kw.get("scheduler", "")

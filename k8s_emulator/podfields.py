@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.backends.kubernetes.emulator.objects import Obj, now_iso
+from k8s_emulator.objects import Obj, now_iso
 
 AGENT_PORT_NAME = "agent"
 SECRET_KEYS = ("token", "secret")

@@ -9,16 +9,18 @@ own loopback IP (127.1.x.y, host network), as a real agent serves on its pod IP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.backends.podprocs import PodProcesses, remove_tree, starttime
+from broker.backends.podprocs import PodProcesses, remove_tree, same_process, starttime
 from broker.backends.sandboxing import (
     PodDirs,
     SandboxSpec,
@@ -31,6 +33,7 @@ from broker.backends.sandboxing import (
     python_of,
     python_prefixes,
     uses,
+    write_users,
 )
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,8 @@ class Agents:
         spec = SandboxSpec(name=pod, dirs=dirs, python=self.python, prefixes=self.prefixes, agent_dir=self.agent_dir,
                            cuda_visible_devices=cuda, uid=self.uid,
                            network="host")  # the emulated pod network: each pod IP is a host loopback address
+        if isolated:
+            write_users(spec)  # the sandbox's /etc/passwd and /etc/group, as the local backend's
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if isolated else fallback_argv(spec)
         argv[argv.index("--listen") + 1] = f"tcp:{ip}:{port}"
         argv += ["--kernels", kernels, *flags]
@@ -134,6 +139,21 @@ class Agents:
             return agent.dirs.log.read_text(errors="replace")[-600:].strip() or "(no output)"
         except OSError:
             return "(no output)"
+
+    async def stop(self, agent: AgentProcess, grace_s: float, cut: Callable[[], bool] = lambda: False) -> bool:
+        """End a container as a kubelet does: SIGTERM to its PID 1 (the agent), then, if it is still there at
+        the end of `grace_s` (or once `cut()` says so), SIGKILL (`kill`). An agent that is its sandbox's PID 1
+        installs no SIGTERM handler, so the kernel drops the SIGTERM and it runs the whole grace, as in a real
+        container."""
+        pid = same_process(agent.record.get("pid"), agent.record.get("pid_start"))
+        if pid is not None and grace_s > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace_s
+            while loop.time() < deadline and not self.exited(agent) and not cut():
+                await asyncio.sleep(0.02)
+        return await self.kill(agent)
 
     async def kill(self, agent: AgentProcess) -> bool:
         """SIGKILL the agent's sandbox, wait until every process is gone, remove its directory."""

@@ -12,15 +12,16 @@ import base64
 import contextlib
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from broker.backends.kubernetes.emulator import validation
-from broker.backends.kubernetes.emulator.objects import CLUSTER_SCOPED, KINDS, ApiError, Obj, Store
-from broker.backends.kubernetes.emulator.selectors import (
+from k8s_emulator import validation
+from k8s_emulator.faults import VERBS, Faults
+from k8s_emulator.objects import CLUSTER_SCOPED, KINDS, ApiError, Obj, Store
+from k8s_emulator.rbac import Authorizer
+from k8s_emulator.selectors import (
     Predicate,
     SelectorError,
     field_selector,
@@ -28,51 +29,10 @@ from broker.backends.kubernetes.emulator.selectors import (
     label_selector,
     merge_patch,
 )
-from broker.backends.kubernetes.emulator.watching import Watches
+from k8s_emulator.watching import Watches
 
 SUBRESOURCES = ("status", "eviction")
-VERBS = ("create", "get", "list", "watch", "update", "patch", "delete", "deletecollection", "evict")
-REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
-           422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-@dataclass
-class _Fault:
-    verb: str
-    resource: str
-    status: int
-    times: int
-    retry_after_s: int
-
-
-class Faults:
-    """Errors to answer to the next requests of a verb on a resource (thread-safe, test-facing)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: list[_Fault] = []
-
-    def fail_next(self, verb: str, resource: str, status: int, times: int = 1, retry_after_s: int = 1) -> None:
-        if verb not in VERBS:
-            raise ValueError(f"verb must be one of {VERBS}, got {verb!r}")
-        if status not in REASONS:
-            raise ValueError(f"status must be one of {sorted(REASONS)}, got {status}")
-        with self._lock:
-            self._pending.append(_Fault(verb, resource, status, times, retry_after_s))
-
-    def take(self, verb: str, resource: str) -> ApiError | None:
-        """The error to answer this request with, if one is pending (each answer uses up one time)."""
-        with self._lock:
-            for fault in self._pending:
-                if fault.verb == verb and fault.resource in (resource, "*"):
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        self._pending.remove(fault)
-                    retry = fault.retry_after_s if fault.status == 429 else None
-                    return ApiError(fault.status, REASONS[fault.status],
-                                    f"injected {fault.status} for {verb} {resource}", retry_after_s=retry)
-        return None
 
 
 @dataclass
@@ -81,6 +41,8 @@ class Api:
 
     store: Store
     faults: Faults = field(default_factory=Faults)
+    authorizer: Authorizer | None = None
+    """None: every request is allowed, with or without a token; else a token table and RBAC."""
     bookmark_interval_s: float = 1.0
     """How often a watch with allowWatchBookmarks gets a BOOKMARK (the real server: about a minute)."""
     watches: Watches = field(init=False)
@@ -110,6 +72,11 @@ class Api:
         """Compact, then end every open watch with an ERROR 410 Gone; returns how many."""
         return self.watches.expire()
 
+    def silence_watches(self) -> int:
+        """Open watch streams send nothing more (no event, no bookmark) with their connection left open;
+        returns how many."""
+        return self.watches.silence()
+
     async def _version(self, _request: web.Request) -> web.Response:
         return web.json_response({"major": "1", "minor": "31", "gitVersion": "v1.31.0-firepool-emulator",
                                   "platform": "linux/amd64"})
@@ -134,10 +101,11 @@ class Api:
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
+        group = ""
         if parts[:2] == ["api", "v1"]:
             rest = parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis":
-            rest = parts[3:]
+            group, rest = parts[1], parts[3:]
         else:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         namespace: str | None = None
@@ -159,9 +127,28 @@ class Api:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported on {request.path}")
         if verb == "create" and namespace is None:
             raise ApiError(405, "MethodNotAllowed", f"create {resource} needs a namespace")
+        if self.authorizer is not None:  # authentication, then RBAC, before anything else is looked at
+            identity = self.authorizer.identify(request.headers.get("Authorization"))
+            self.authorizer.check(identity, "create" if verb == "evict" else verb, group,
+                                  f"{resource}/{sub}" if sub else resource, namespace or None, name)
+        stall = self.faults.take_stall(verb, resource)
+        if stall is not None:
+            await stall.hold(request)
+            if request.transport is None or request.transport.is_closing():
+                raise ApiError(504, "Timeout", f"{verb} {resource} held silent")  # read by no one: it hung up
         fault = self.faults.take(verb, resource)
         if fault is not None and not (verb == "watch" and fault.code == 410):
             raise fault
+        if verb != "watch" and self.faults.take_loss(verb, resource):
+            answer = await self._serve(request, verb, resource, namespace, name, sub, None)
+            if request.transport is not None:  # done, but the answer never reaches the client
+                request.transport.abort()
+            return answer
+        return await self._serve(request, verb, resource, namespace, name, sub, fault)
+
+    async def _serve(self, request: web.Request, verb: str, resource: str, namespace: str | None, name: str | None,
+                     sub: str | None, fault: ApiError | None) -> web.StreamResponse:
+        q = request.query
         if verb == "watch":
             return await self.watches.serve(request, resource, namespace, _selector(q), expire=fault)
         if verb == "list":

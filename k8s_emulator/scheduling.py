@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from broker.backends.kubernetes.emulator.nodes import allocated_uuids, gpu_fit, gpu_request, node_gpus
-from broker.backends.kubernetes.emulator.objects import Obj
-from broker.backends.kubernetes.emulator.selectors import label_selector
+from k8s_emulator.nodes import allocated_uuids, gpu_fit, gpu_request, node_gpus
+from k8s_emulator.objects import Obj
+from k8s_emulator.selectors import label_selector
 
 
 def quantity(value: Any) -> float:

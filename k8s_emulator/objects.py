@@ -18,14 +18,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.backends.kubernetes.emulator.selectors import Predicate
+from k8s_emulator.selectors import Predicate
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
 """(resource, namespace, name); cluster-scoped objects have namespace ""."""
 
 KINDS = {"pods": "Pod", "secrets": "Secret", "nodes": "Node", "events": "Event", "configmaps": "ConfigMap",
-         "namespaces": "Namespace", "services": "Service"}
+         "namespaces": "Namespace", "services": "Service", "podgroups": "PodGroup"}
 CLUSTER_SCOPED = {"nodes", "namespaces"}
 EVENTS_KEPT = 10_000
 

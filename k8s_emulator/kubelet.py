@@ -3,8 +3,10 @@
 A pod's life: bound to a node `scheduling` chooses (PodScheduled, HAMi's GPU annotations), its image
 pulled (`pull_s` the first time on a node; an image containing `:does-not-exist` fails with ErrImagePull then
 ImagePullBackOff), its agent's secret read from its Secret volume, the agent started (Running,
-podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod kills
-the agent and waits until no process of it is left before the pod object goes away.
+podIP, container running), then Ready once the agent answers /v1/health. Deleting the pod marks it
+Terminating (deletionTimestamp, deletionGracePeriodSeconds); the kubelet sends the agent SIGTERM, then
+SIGKILL at the end of the grace, waits until no process of it is left, and only then removes the object;
+until then the pod keeps its node's resources (the scheduler counts every pod bound there).
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.backends.kubernetes.emulator import nodes as hami
-from broker.backends.kubernetes.emulator import podfields as fields
-from broker.backends.kubernetes.emulator import scheduling
-from broker.backends.kubernetes.emulator.agents import AgentProcess, Agents, ContainerError
-from broker.backends.kubernetes.emulator.objects import ApiError, Event, Obj, Store, now_iso
 from broker.errors import AgentError
 from broker.running.agent_http import HttpAgentClient
 from broker.tasks import Supervisor
+from k8s_emulator import gangs
+from k8s_emulator import nodes as hami
+from k8s_emulator import podfields as fields
+from k8s_emulator.agents import AgentProcess, Agents, ContainerError
+from k8s_emulator.objects import ApiError, Event, Obj, Store, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class Kubelet:
         self._ending: dict[str, asyncio.Task[Any]] = {}
         self._running: dict[str, AgentProcess] = {}
         self._ended: set[str] = set()
+        self.hurried = False
+        """Set (from any thread): graceful deletes, those under way too, end their pods at once (no grace)."""
         # Pod IPs walk 127.1.x.y from a random start, so two emulators on one host (parallel test runs)
         # do not hand the same IP, and so the same agent port, to two live pods.
         start = secrets.randbelow(250 * 250)
@@ -165,8 +169,9 @@ class Kubelet:
             life.cancel()
             await asyncio.gather(life, return_exceptions=True)
         agent = self._running.pop(meta["uid"], None)
-        if agent is not None:
-            await self.agents.kill(agent)
+        if agent is not None:  # a graceful delete: SIGTERM, SIGKILL at the grace's end; DELETED already: at once
+            grace = float(meta.get("deletionGracePeriodSeconds") or 0) if remove else 0.0
+            await self.agents.stop(agent, grace, cut=lambda: self.hurried)
         if remove:
             current = self._get(meta.get("namespace", ""), meta["name"])
             if current is not None and current["metadata"]["uid"] == meta["uid"]:
@@ -246,7 +251,8 @@ class Kubelet:
         said = ""
         while True:
             pod = self._mine(ns, name, uid)
-            node, uuids, why = scheduling.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0])
+            node, uuids, why = gangs.place(pod, self.store.list("nodes", "")[0], self.store.list("pods", None)[0],
+                                           lambda: self.store.list("podgroups", None)[0])
             if node is not None:
                 break
             if why != said:

@@ -3,8 +3,7 @@
 Start one, point the official client at it, and pods really run::
 
     with Emulator(tmp_path, gpus=2) as emu:            # an HTTP API on 127.0.0.1:<port>, node-0
-        config = kubernetes.client.Configuration(host=emu.url)
-        core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+        core = kubernetes.client.CoreV1Api(emu.client())   # the admin; emu.broker_client(): the broker
 
 The API (`api.py`, aiohttp on its own thread and loop) serves core/v1 pods, secrets, nodes, events,
 configmaps: create, get, list (labelSelector, fieldSelector, limit/continue), watch (resourceVersion,
@@ -13,7 +12,8 @@ strategic-merge as merge, JSON patch), delete (gracePeriodSeconds, preconditions
 `fail_next(verb, resource, status, times)` (429 with Retry-After, 500, 409, 410 ...; a 410 on
 `watch` arrives as an ERROR event in the stream, as from a real server), `compact()` (watches from
 older versions get 410 Gone), `drop_watches()` (open streams are cut mid-stream),
-`expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction).
+`expire_watches()` (open streams get an ERROR 410 mid-stream, after a compaction), `silence_watches()`,
+`stall_next()` and `lose_next()` (connections held silent, answers lost: `faults.py`).
 
 The kubelet (`kubelet.py`) binds each new pod to a node `scheduling.py` chooses (nodeSelector, required
 node affinity, taints
@@ -39,8 +39,13 @@ and tolerations, CPU and memory requests, pod affinity, GPUs), then:
   condition times and Events (Scheduled, Pulling, Pulled, Started, Failed, BackOff) carry
   microsecond timestamps, from which ready records are read;
 - with `KubeletConfig(agents=False)` skips the agent: pods go Running and Ready with a podIP at once;
-- on delete (graceful: deletionTimestamp first) kills the agent, waits until none of its processes
-  is left, then removes the pod; an agent that dies fails its pod (restartPolicy Never).
+- on delete (graceful: deletionTimestamp and deletionGracePeriodSeconds first) sends the agent SIGTERM,
+  then SIGKILL at the end of the grace, waits until none of its processes is left, then removes the pod,
+  which keeps its node's resources until then; an agent that dies fails its pod (restartPolicy Never).
+
+Requests are authenticated by a token table and authorized by RBAC (`rbac.py`): `ADMIN_TOKEN` may do
+anything, `BROKER_TOKEN` is the broker's service account with the rules of the shipped deploy/; every
+request of the broker is audited, and leaving the `with` block raises if it was refused anything.
 """
 
 from __future__ import annotations
@@ -59,12 +64,23 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.backends.kubernetes.emulator.api import Api, Faults
-from broker.backends.kubernetes.emulator.kubelet import Kubelet, KubeletConfig
-from broker.backends.kubernetes.emulator.nodes import gpu_uuid, make_node
-from broker.backends.kubernetes.emulator.objects import Obj, Store
+from k8s_emulator.api import Api
+from k8s_emulator.faults import Faults
+from k8s_emulator.kubelet import Kubelet, KubeletConfig
+from k8s_emulator.nodes import gpu_uuid, make_node
+from k8s_emulator.objects import Obj, Store
+from k8s_emulator.rbac import (
+    ADMIN_TOKEN,
+    BROKER_TOKEN,
+    Audit,
+    Authorizer,
+    Grants,
+    Identity,
+    service_account,
+    shipped_grants,
+)
 
-__all__ = ["Emulator", "KubeletConfig", "Store", "gpu_uuid", "make_node"]
+__all__ = ["ADMIN_TOKEN", "BROKER_TOKEN", "Emulator", "KubeletConfig", "Store", "gpu_uuid", "make_node"]
 
 START_TIMEOUT_S = 30.0
 
@@ -73,13 +89,27 @@ class Emulator:
     """The API server and kubelet on a thread of their own (the official client is synchronous)."""
 
     def __init__(self, state_dir: Path | None = None, *, gpus: int = 0, nodes: int = 1,
-                 kubelet: KubeletConfig | bool = True, bookmark_interval_s: float = 1.0, port: int = 0) -> None:
-        """`nodes` fake nodes node-0.. with `gpus` cards each; `kubelet=False` serves the API alone."""
+                 kubelet: KubeletConfig | bool = True, bookmark_interval_s: float = 1.0, port: int = 0,
+                 rbac: Grants | bool = True, namespace: str = "default", denials_fail: bool = True) -> None:
+        """`nodes` fake nodes node-0.. with `gpus` cards each; `kubelet=False` serves the API alone.
+
+        `rbac`: the broker's token (`BROKER_TOKEN`) is the service account `firepool-broker` of `namespace`
+        with the grants of the shipped deploy/ (True), of the given `Grants`, or every grant (False: no
+        authentication either). `ADMIN_TOKEN` may do anything. With `denials_fail`, leaving the `with`
+        block raises if the broker was refused anything (a verb missing from its Role)."""
         self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="firepool-k8semu-")
         self.state_dir = Path(state_dir if state_dir is not None else self._tmp.name)  # type: ignore[union-attr]
         self.store = Store()
         self.faults = Faults()
-        self.api = Api(self.store, self.faults, bookmark_interval_s=bookmark_interval_s)
+        self.namespace = namespace
+        self.authorizer: Authorizer | None = None
+        if rbac is not False:
+            grants = shipped_grants() if rbac is True else rbac
+            self.authorizer = Authorizer({
+                ADMIN_TOKEN: Identity("kubernetes-admin", None),
+                BROKER_TOKEN: Identity(service_account(namespace), grants, namespace)})
+        self.denials_fail = denials_fail
+        self.api = Api(self.store, self.faults, self.authorizer, bookmark_interval_s=bookmark_interval_s)
         self.kubelet_config = kubelet if isinstance(kubelet, KubeletConfig) else KubeletConfig()
         self.kubelet: Kubelet | None = Kubelet(self.store, self.state_dir, self.kubelet_config) if kubelet else None
         self.store.create("namespaces", "", {"metadata": {"name": "default"}, "spec": {"finalizers": ["kubernetes"]},
@@ -122,6 +152,33 @@ class Emulator:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+        denied = self.audit.denied if self.audit is not None else {}
+        if kind is None and self.denials_fail and denied:
+            raise AssertionError(f"the API refused the broker (RBAC, deploy/): {dict(denied)}")
+
+    @property
+    def audit(self) -> Audit | None:
+        """Every request of the broker's identity: (verb, group, resource) counts, and those refused."""
+        return self.authorizer.audit if self.authorizer is not None else None
+
+    @property
+    def broker_user(self) -> str:
+        return service_account(self.namespace)
+
+    def configuration(self, token: str = ADMIN_TOKEN) -> Any:
+        """A `kubernetes.client.Configuration` for this emulator as `token` (the admin's by default)."""
+        import kubernetes
+
+        config = kubernetes.client.Configuration(host=self.url)
+        config.api_key = {"authorization": token}
+        config.api_key_prefix = {"authorization": "Bearer"}
+        return config
+
+    def client(self, token: str = ADMIN_TOKEN) -> Any:
+        """A `kubernetes.client.ApiClient` as `token`: the test's admin by default, `BROKER_TOKEN` for a backend."""
+        import kubernetes
+
+        return kubernetes.client.ApiClient(self.configuration(token))
 
     def _serve(self, ready: threading.Event) -> None:
         try:
@@ -167,6 +224,18 @@ class Emulator:
         """Compact, then end every open watch with an ERROR 410 Gone event; returns how many were open."""
         return self.api.expire_watches()
 
+    def silence_watches(self) -> int:
+        """Open watch streams go silent, their connections left open; returns how many were open."""
+        return self.api.silence_watches()
+
+    def lose_next(self, verb: str, resource: str, times: int = 1) -> None:
+        """Carry out the next `times` requests of `verb` on `resource`, then cut the connection unanswered."""
+        self.faults.lose_next(verb, resource, times)
+
+    def stall_next(self, verb: str, resource: str, seconds: float = 3600.0, times: int = 1) -> None:
+        """Hold the next `times` requests of `verb` on `resource` open, answering nothing for `seconds`."""
+        self.faults.stall_next(verb, resource, seconds, times)
+
     def add_node(self, name: str, *, gpus: int = 0, labels: Mapping[str, str] | None = None,
                  annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
                  taints: Sequence[Mapping[str, str]] = ()) -> Obj:
@@ -187,17 +256,29 @@ class Emulator:
         self.store.update("nodes", "", name, rebooted)
         return boot
 
-    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
-        """A kubeconfig that points `kubectl` or `firepool serve --kubeconfig` at this emulator."""
+    def broker_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` as the broker's service account (the shipped Role applies)."""
+        return self.client(BROKER_TOKEN)
+
+    def kubeconfig(self, namespace: str | None = None, token: str = BROKER_TOKEN) -> dict[str, Any]:
+        """A kubeconfig that points `firepool serve --kubeconfig` (or kubectl, with `ADMIN_TOKEN`) at this
+        emulator, as the broker's service account by default."""
+        namespace = namespace or self.namespace
         return {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
                 "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-                "users": [{"name": "emulator", "user": {"token": "emulator"}}],
+                "users": [{"name": "emulator", "user": {"token": token}}],
                 "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator",
                                                               "namespace": namespace}}]}
 
     def pod(self, name: str, namespace: str = "default") -> Obj:
         """A pod as stored now (tests read it without a client)."""
         return self.store.get("pods", namespace, name)
+
+    def hurry_deletes(self) -> None:
+        """From now on a graceful delete kills its pod at once, those under way too (a test's teardown: the
+        brokers delete their idle pods on the way out, and no test of that teardown is about the grace)."""
+        if self.kubelet is not None:
+            self.kubelet.hurried = True
 
     def prepull(self, image: str, node: str | None = None) -> None:
         """Mark `image` present on `node` (every node when None): its next pods skip the pull."""

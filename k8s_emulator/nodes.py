@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.backends.kubernetes.emulator.objects import Obj
+from k8s_emulator.objects import Obj
 
 GPU = "nvidia.com/gpu"
 GPU_MEM = "nvidia.com/gpumem"

@@ -3,7 +3,8 @@
 A watch subscribes to the store atomically with its replay (or its snapshot), so no event falls
 between the two; a selector watch sees an object entering its selection as ADDED and leaving it as
 DELETED, as the real API server sends them. `drop` cuts streams mid-body; `expire` ends them with
-an ERROR 410 Gone after a compaction.
+an ERROR 410 Gone after a compaction; `silence` leaves them open with nothing more sent (a connection a
+NAT or load balancer dropped without a reset: only the client's read timeout ends it).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from broker.backends.kubernetes.emulator.objects import KINDS, ApiError, Event, Obj, Store
-from broker.backends.kubernetes.emulator.selectors import Predicate
+from k8s_emulator.objects import KINDS, ApiError, Event, Obj, Store
+from k8s_emulator.selectors import Predicate
 
 _DROP = "drop"
 _EXPIRE = "expire"
+_SILENCE = "silence"
 
 
 @dataclass(eq=False)
@@ -45,6 +47,9 @@ class Watches:
     def expire(self) -> int:
         self.store.compact()
         return self._tell(_EXPIRE)
+
+    def silence(self) -> int:
+        return self._tell(_SILENCE)
 
     def _tell(self, what: str) -> int:
         watches = list(self._open)
@@ -91,8 +96,16 @@ class Watches:
             await response.write_eof()
             return response
         deadline = loop.time() + timeout_s if timeout_s else None
+        silent = False
         try:
             while True:
+                if silent:  # a connection dropped silently on the way: nothing reaches the client, not even the end
+                    if request.transport is None or request.transport.is_closing():
+                        return response
+                    with contextlib.suppress(TimeoutError):
+                        if await asyncio.wait_for(watch.queue.get(), 0.05) == _DROP:
+                            return response
+                    continue
                 wait = self.bookmark_interval_s if bookmarks else None
                 if deadline is not None:
                     left = deadline - loop.time()
@@ -111,6 +124,9 @@ class Watches:
                     if request.transport is not None:
                         request.transport.abort()
                     return response
+                if event == _SILENCE:
+                    silent = True
+                    continue
                 if event == _EXPIRE:
                     await _send(response, "ERROR", ApiError(410, "Expired", "too old resource version: "
                                                             f"{self.store.compacted}").status())

@@ -3,7 +3,8 @@
 stdio: one process serves one user; it talks to the broker with `FIREPOOL_TOKEN` (the SDK's discovery).
 
 HTTP: clients send `Authorization: Bearer <mcp token>`; the SDK's bearer middleware asks
-`FileTokenVerifier`, which maps the token (kept only as a SHA-256 digest) to a caller name. The server
+`FileTokenVerifier`, which maps the token (kept only as a SHA-256 digest; the `--tokens` file may hold
+`sha256:` entries only) to a caller name. The server
 then talks to the broker *as that caller* with the broker credential it holds for the caller (a
 broker token file, token -> caller, the broker's own format), never with the client's token: MCP
 tokens and broker tokens are separate secrets, and a caller with no broker credential is refused.
@@ -12,7 +13,6 @@ tokens and broker tokens are separate secrets, and a caller with no broker crede
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,40 +21,45 @@ from typing import Protocol
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
+from broker.api.auth import HASH_PREFIX, TokenAuth
 from broker.client import AsyncClient
 from broker.errors import Unauthorized
+from broker.locations import read_private
 
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def read_token_file(path: Path) -> dict[str, str]:
-    """Plain token -> caller, from the broker's `--tokens` format: a value is a caller name or
-    `{"caller": NAME, "admin": BOOL}`. Hashed keys (`sha256:...`) cannot be sent on, so they are refused."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read token file {path}: {exc}") from exc
-    shape = f"token file {path} must hold a JSON object mapping non-empty plain tokens to caller names"
-    if not isinstance(data, dict):
-        raise ValueError(shape)
-    tokens: dict[str, str] = {}
-    for key, value in data.items():
-        caller = value.get("caller") if isinstance(value, dict) else value
-        if not (isinstance(key, str) and key and isinstance(caller, str) and caller):
-            raise ValueError(shape)
-        if key.startswith("sha256:"):
-            raise ValueError(f"token file {path}: {caller!r} is stored hashed; the MCP server needs its plain token")
-        tokens[key] = caller
-    return tokens
+def read_client_tokens(path: Path) -> dict[str, str]:
+    """MCP client tokens, the broker's `--tokens` format: SHA-256 hex digest -> caller. These are only
+    checked, never sent on, so `sha256:` entries (what `firepool token add` writes) serve as well as plain
+    ones. ValueError names the line or entry that is wrong, in one line."""
+    auth = TokenAuth.from_file(path)
+    return {d.removeprefix(HASH_PREFIX): who.caller for d in auth.digests if (who := auth.identity_of(d))}
+
+
+def read_broker_tokens(path: Path) -> dict[str, str]:
+    """Broker token -> caller, for the server to act as each caller. These are sent to the broker, so they
+    are kept in clear: the file must be private to its owner (InsecureFileError otherwise, as ssh refuses
+    an open key) and a hashed entry, which cannot be sent, is refused."""
+    read_private(path)
+    auth = TokenAuth.from_file(path)
+    hashed = len(auth) - len(auth.plain_tokens)
+    if hashed:
+        raise ValueError(f"broker token file {path}: {hashed} entr{'y is' if hashed == 1 else 'ies are'} stored "
+                         "hashed; this server sends each caller's broker token on, so it needs them in clear "
+                         "(keep the file mode 0600)")
+    return auth.plain_tokens
 
 
 class FileTokenVerifier:
     """The SDK's `TokenVerifier` over a token file: a known token verifies as its caller (`client_id`)."""
 
-    def __init__(self, tokens: Mapping[str, str]) -> None:
+    def __init__(self, tokens: Mapping[str, str], digests: Mapping[str, str] | None = None) -> None:
+        """`tokens`: plain token -> caller; `digests`: SHA-256 hex digest of a token -> caller."""
         self._callers = {_digest(t): c for t, c in tokens.items()}
+        self._callers.update(digests or {})
 
     async def verify_token(self, token: str) -> AccessToken | None:
         caller = self._callers.get(_digest(token))
@@ -126,8 +131,8 @@ class HttpBroker:
 class KnownCallerVerifier(FileTokenVerifier):
     """Verifies only callers the server can act for, so a token without a broker credential is a 401."""
 
-    def __init__(self, tokens: Mapping[str, str], broker: HttpBroker) -> None:
-        super().__init__(tokens)
+    def __init__(self, tokens: Mapping[str, str], broker: HttpBroker, digests: Mapping[str, str] | None = None) -> None:
+        super().__init__(tokens, digests)
         self._broker = broker
 
     async def verify_token(self, token: str) -> AccessToken | None:

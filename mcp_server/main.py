@@ -24,10 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8322)
-    p.add_argument("--tokens", help="HTTP: JSON object MCP bearer token -> caller (clients present these)")
+    p.add_argument("--tokens", help="HTTP: JSON object MCP bearer token -> caller (clients present these); "
+                                    "`sha256:<hex>` digests accepted (`firepool token add --tokens FILE`)")
     p.add_argument("--broker-tokens",
-                   help="HTTP: JSON object broker token -> caller (the broker's token file format); the server "
-                        "acts toward the broker as each verified caller with that caller's broker token")
+                   help="HTTP: JSON object broker token -> caller (the broker's token file format, plain tokens, "
+                        "mode 0600); the server acts toward the broker as each verified caller with that caller's "
+                        "broker token")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="HTTP: a browser origin allowed to call the server (repeatable), e.g. the MCP Inspector's "
                         "http://localhost:6274 in its direct mode; without it preflight requests get 401")
@@ -38,14 +40,19 @@ def http_app(args: argparse.Namespace) -> Any:
     """The Starlette app of the streamable-HTTP server (mountable; its lifespan runs the sessions)."""
     from mcp.server.auth.settings import AuthSettings
 
-    from mcp_server.identity import HttpBroker, KnownCallerVerifier, read_token_file
+    from mcp_server.identity import HttpBroker, KnownCallerVerifier, read_broker_tokens, read_client_tokens
     from mcp_server.server import build_server
 
     if not args.tokens or not args.broker_tokens:
         raise SystemExit("firepool mcp --http needs --tokens (MCP client tokens) and --broker-tokens "
                          "(the broker credentials it acts with); see docs/mcp.md")
-    broker = HttpBroker(args.url, read_token_file(Path(args.broker_tokens)))
-    verifier = KnownCallerVerifier(read_token_file(Path(args.tokens)), broker)
+    try:  # a mistake in either file is one line naming it, not a traceback
+        broker = HttpBroker(args.url, read_broker_tokens(Path(args.broker_tokens)))
+        verifier = KnownCallerVerifier({}, broker, digests=read_client_tokens(Path(args.tokens)))
+    except (OSError, ValueError) as exc:
+        where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        raise SystemExit(f"firepool mcp: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}{where}") \
+            from None
     here = f"http://{args.host}:{args.port}/mcp"
     auth = AuthSettings(issuer_url=here, resource_server_url=here, validate_token_resource=False)  # type: ignore[arg-type]
     server = build_server(broker, pool=args.pool, queue=args.queue, token_verifier=verifier, auth=auth)

@@ -12,12 +12,15 @@ from typing import Any
 
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
-from mcp_server.kernels import Kernels
+from broker.sandbox.kernels import Kernels
+
+RESOURCE_NOT_FOUND = -32002
+"""MCP 2025-11-25's "Resource not found" (the SDK answers -32602, as the 2026-07-28 draft has it: SEP-2164)."""
 
 
 class Artifact(BaseModel):
@@ -37,6 +40,9 @@ class RunResult(BaseModel):
     duration_s: float
     acquisition: str | None = Field(default=None, description="How the sandbox was obtained: warm, recycled, "
                                                               "standby, new.")
+    acquisition_reason: str | None = Field(default=None, description="Why a warmer sandbox was not used, e.g. "
+                                                                     "that another session took this one's at "
+                                                                     "the pool ceiling (its files are gone).")
     stdout_tail: str = ""
     stderr_tail: str = ""
     truncated: bool = Field(default=False, description="Output was longer than the tails: read log_uri or "
@@ -59,19 +65,6 @@ class JobStatus(BaseModel):
     next_offset: int = Field(description="Pass as `since` to continue reading.")
     output_complete: bool = Field(description="The job ended and all of its output has been returned.")
     log_uri: str
-
-
-class FileIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str = Field(min_length=1, max_length=4096, description="Path relative to the workspace.")
-    text: str | None = None
-    base64: str | None = None
-
-    @model_validator(mode="after")
-    def _one_body(self) -> FileIn:
-        if (self.text is None) == (self.base64 is None):
-            raise ValueError("give exactly one of `text` or `base64`")
-        return self
 
 
 class WriteResult(BaseModel):
@@ -116,8 +109,9 @@ class EndResult(BaseModel):
 class FirepoolMCP(MCPServer[Any]):
     """MCPServer that also rejects arguments a tool does not declare (the SDK would drop them silently),
     words argument errors for the model (field and problem, no class names or documentation URLs), answers
-    an unknown tool with the JSON-RPC error the spec asks for, and labels a workspace file with its own
-    MIME type when it is read as a resource."""
+    an unknown tool with the JSON-RPC error the spec asks for, answers a resource no template matches with
+    the resource-not-found error (-32002), and labels a workspace file with its own MIME type when it is
+    read as a resource."""
 
     kernels: Kernels
 
@@ -141,12 +135,15 @@ class FirepoolMCP(MCPServer[Any]):
             raise
 
     async def read_resource(self, uri: Any, context: Any = None) -> Any:
-        contents = await super().read_resource(uri, context)
+        try:
+            contents = await super().read_resource(uri, context)
+        except ResourceNotFoundError as exc:  # no template matches (e.g. a path the client normalised away)
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {exc}", {"uri": str(uri)}) from None
         path = file_path_of(str(uri))
         if path is None or not isinstance(contents, Iterable):
             return contents
-        return [dataclasses.replace(c, mime_type=mime_of(path)) if isinstance(c, ReadResourceContents) else c
-                for c in contents]
+        return [dataclasses.replace(c, mime_type=mime_of(path, text=isinstance(c.content, str)))
+                if isinstance(c, ReadResourceContents) else c for c in contents]
 
 
 def argument_errors(tool: str, exc: ValidationError) -> str:
@@ -174,8 +171,9 @@ def package_version() -> str:
         return "0+unknown"
 
 
-def mime_of(path: str) -> str:
-    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+def mime_of(path: str, text: bool = False) -> str:
+    """The file's MIME type by its name; an unknown one is `text/plain` when it is read as text."""
+    return mimetypes.guess_type(path)[0] or ("text/plain" if text else "application/octet-stream")
 
 
 def log_uri(session: str, job_id: str) -> str:

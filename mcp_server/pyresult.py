@@ -13,7 +13,7 @@ from typing import Any
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import BaseModel, Field
 
-from mcp_server.kernel_io import Execution, Started
+from broker.sandbox.kernel_io import Execution, Started
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 TRACE_FRAMES = 3

@@ -6,19 +6,21 @@ from __future__ import annotations
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent
 
 from broker.client import JobInfo
-from mcp_server import sandbox_code
-from mcp_server.calls import CallOutcome, Calls
+from broker.sandbox import wrappers
+from broker.sandbox.calls import CallOutcome, Calls
 from mcp_server.protocol import Artifact, ReadResult, RunResult, file_uri, log_uri, mime_of
 
 MAX_IMAGES = 3
 MAX_IMAGE_BYTES = 4 << 20
 IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
+TAKEN = "'s pod was taken by your session "
+"""In an acquisition reason: the broker gave this session's pod to another at the pool ceiling (docs/security.md)."""
 
 
 async def artifacts_of(c: Calls, session: str, outcome: CallOutcome) -> tuple[list[Artifact], list[ContentBlock]]:
     """The call's `outputs/` files: up to MAX_IMAGES images inline, the rest as resource links."""
-    artifacts = [Artifact(path=f"{sandbox_code.OUTPUTS}/{p}", size=size, mime_type=mime_of(p),
-                          uri=file_uri(session, f"{sandbox_code.OUTPUTS}/{p}")) for size, p in outcome.artifacts]
+    artifacts = [Artifact(path=f"{wrappers.OUTPUTS}/{p}", size=size, mime_type=mime_of(p),
+                          uri=file_uri(session, f"{wrappers.OUTPUTS}/{p}")) for size, p in outcome.artifacts]
     images = [a for a in artifacts if a.mime_type in IMAGE_TYPES and a.size <= MAX_IMAGE_BYTES][:MAX_IMAGES]
     blocks: list[ContentBlock] = []
     if images:
@@ -41,7 +43,7 @@ async def run_result(c: Calls, session: str, outcome: CallOutcome) -> CallToolRe
     result = RunResult(session=session, job_id=outcome.job_id, state=outcome.state, exit_code=outcome.exit_code,
                        error_class=outcome.error_class, timed_out=outcome.timed_out,
                        duration_s=round(outcome.duration_s, 4), acquisition=outcome.acquisition,
-                       stdout_tail=outcome.stdout.text, stderr_tail=outcome.stderr.text,
+                       acquisition_reason=outcome.reason, stdout_tail=outcome.stdout.text, stderr_tail=outcome.stderr.text,
                        truncated=outcome.stdout.truncated or outcome.stderr.truncated, via=outcome.via,
                        log_uri=None if in_kernel else log_uri(session, outcome.job_id), artifacts=artifacts)
     text = (f"session {session} · " + ("beside the live kernel" if in_kernel else f"job {outcome.job_id}")
@@ -49,6 +51,8 @@ async def run_result(c: Calls, session: str, outcome: CallOutcome) -> CallToolRe
             + (f" · exit {outcome.exit_code}" if outcome.exit_code is not None else "")
             + (" · TIMED OUT" if outcome.timed_out else "")
             + f" · {outcome.acquisition or '-'} sandbox · {outcome.duration_s:.2f}s")
+    if outcome.reason and TAKEN in outcome.reason:  # the model must know its earlier files are gone
+        text += f"\n({outcome.reason.split('; ')[0]}: its workspace was emptied)"
     if result.stdout_tail:
         text += "\n--- stdout ---\n" + result.stdout_tail
     if result.stderr_tail:

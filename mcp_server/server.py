@@ -19,13 +19,15 @@ from pydantic import Field
 
 from broker.client import AsyncClient
 from broker.errors import FirepoolError
-from mcp_server import pyresult, sandbox_code
+from broker.sandbox import wrappers
+from broker.sandbox.kernel_io import KernelDied, KernelGone, KernelStartFailed
+from broker.sandbox.kernels import Kernels
+from broker.sandbox.paths import OutsideWorkspace, inside_workspace
+from broker.tools import specs
+from mcp_server import pyresult
 from mcp_server.identity import Broker
-from mcp_server.kernel_io import KernelDied, KernelGone, KernelStartFailed
-from mcp_server.kernels import Kernels
 from mcp_server.protocol import (
     EndResult,
-    FileIn,
     FirepoolMCP,
     InstallResult,
     JobStatus,
@@ -42,14 +44,25 @@ from mcp_server.sessions import SessionArg, Sessions, progress_of
 
 __all__ = ["FirepoolMCP", "build_server"]
 
-MAX_WRITE_BYTES = 1536 * 1024
-"""write_files travels as job arguments (Linux caps their total near 2 MiB)."""
-
 INSTRUCTIONS = """Firepool runs your commands in an isolated sandbox (a warm GPU/CPU pod) that stays warm
 for the whole conversation. Every tool takes an optional `session` and echoes it in its result: pass
 that value back on every later call so the same sandbox (files, installed packages, Python variables)
 is reused. Use a new session name for an unrelated task; call end_session when done. Files written to
 `outputs/` come back from the call (images inline)."""
+
+
+def _inside(path: str, what: str) -> str:
+    """A workspace path argument, or the tool error that says why it is refused (before any job runs)."""
+    try:
+        return inside_workspace(path, what)
+    except OutsideWorkspace as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _described(name: str, mcp_note: str = "") -> str:
+    """A shared tool's description (broker.tools.specs, what the LLM definitions say too), and what only the
+    MCP form of the tool adds."""
+    return f"{specs.SPECS[name].description} {mcp_note}".strip()
 
 
 def _tool(title: str, **hints: bool) -> dict[str, Any]:
@@ -69,26 +82,22 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
     calls, session_of, helper = sessions.calls, sessions.of, sessions.helper
 
     @mcp.tool(**_tool("Run a shell command in the sandbox", read_only_hint=False,
-                      destructive_hint=True, idempotent_hint=False, open_world_hint=True))
+                      destructive_hint=True, idempotent_hint=False, open_world_hint=True),
+              description=_described("run_in_sandbox", "Files written to outputs/ come back (images inline). "
+                                                       "Pass the result's `session` back on later calls."))
     async def run_in_sandbox(
-        command: Annotated[str, Field(min_length=1, max_length=100_000, description="Shell command (bash -c).")],
+        command: specs.Command,
         session: SessionArg = None,
-        cwd: Annotated[str | None, Field(default=None, max_length=4096,
-                                         description="Directory relative to the workspace.")] = None,
-        env: Annotated[dict[str, str] | None, Field(default=None, description="Extra environment variables.")] = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="Kill the command after this many "
-                                                                     "seconds; the partial output comes back "
-                                                                     "with timed_out true.")] = 600,
+        cwd: specs.Cwd = None,
+        env: specs.Env = None,
+        timeout_s: specs.CommandTimeout = specs.DEFAULT_TIMEOUT_S,
         background: Annotated[bool, Field(description="Return at once with job_id; follow with "
                                                       "job_status.")] = False,
         ctx: Context | None = None,
     ) -> Annotated[CallToolResult, RunResult]:
-        """Run a shell command in the session's warm sandbox and return its exit code and output.
-        The workspace (the starting directory) keeps its files for the whole session; files written
-        to outputs/ come back (images inline). Pass the result's `session` back on later calls."""
         sid = session_of(session, ctx)
         _, c = calls()
-        argv = sandbox_code.shell(command, cwd or "")
+        argv = wrappers.shell(command, _inside(cwd, "cwd") if cwd else "")
         try:
             if background:
                 # A background job needs the pod the live kernel holds: the kernel saves and ends first.
@@ -102,19 +111,13 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
 
     @mcp.tool(**_tool("Run Python in a live kernel (state kept across calls)",
                       read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-                      open_world_hint=True))
+                      open_world_hint=True), description=_described("python_exec"))
     async def python_exec(
-        code: Annotated[str, Field(min_length=1, max_length=100_000, description="Python source.")],
+        code: specs.Code,
         session: SessionArg = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="Interrupt the code after this many "
-                                                                     "seconds (the kernel and its state stay).")] = 600,
+        timeout_s: specs.CodeTimeout = specs.DEFAULT_TIMEOUT_S,
         ctx: Context | None = None,
     ) -> Annotated[CallToolResult, pyresult.PythonResult]:
-        """Run Python in the session's live kernel (an IPython kernel in the sandbox): every object stays in
-        memory between calls, models on the GPU and open files included. The final expression's value,
-        images (matplotlib), DataFrames (as markdown) and other rich output come back as content. An idle
-        kernel ends after the pool's keep-alive; the next call restores what could be pickled and says
-        which names were lost."""
         sid = session_of(session, ctx)
         caller, c = calls()
         try:
@@ -172,38 +175,32 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
                 "cancel_requested": bool(job.raw.get("cancel_requested"))}
 
     @mcp.tool(**_tool("Write files into the workspace", read_only_hint=False,
-                      destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+                      destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+              description=_described("write_files"))
     async def write_files(
-        files: Annotated[list[FileIn], Field(min_length=1, max_length=200)],
+        files: specs.Files,
         session: SessionArg = None,
         ctx: Context | None = None,
     ) -> WriteResult:
-        """Write files (UTF-8 `text` or `base64`) into the session's workspace; parents are created."""
         sid = session_of(session, ctx)
-        size = sum(len(f.text or "") + len(f.base64 or "") for f in files)
-        if size > MAX_WRITE_BYTES:
-            raise ToolError(f"write_files carries at most {MAX_WRITE_BYTES} bytes per call ({size} given): "
-                            "split it over several calls")
-        for f in files:
-            if f.base64 is not None:
-                try:
-                    base64.b64decode(f.base64, validate=True)
-                except ValueError as exc:
-                    raise ToolError(f"{f.path}: `base64` is not valid base64") from exc
+        try:
+            specs.check_files(files)
+        except ValueError as exc:  # OutsideWorkspace among them
+            raise ToolError(str(exc)) from None
         _, c = calls()
         answer, _ = await helper(c, "write", {"files": [f.model_dump(exclude_none=True) for f in files]}, sid, ctx)
         return WriteResult(session=sid, written=answer["written"])
 
     @mcp.tool(**_tool("Read a file from the workspace", read_only_hint=True,
-                      open_world_hint=False))
+                      open_world_hint=False), description=_described("read_file"))
     async def read_file(
-        path: Annotated[str, Field(min_length=1, max_length=4096, description="Relative to the workspace.")],
+        path: specs.FilePath,
         session: SessionArg = None,
-        offset: Annotated[int, Field(ge=0)] = 0,
-        max_bytes: Annotated[int, Field(ge=1, le=1 << 20)] = 64 * 1024,
+        offset: specs.Offset = 0,
+        max_bytes: specs.MaxBytes = specs.DEFAULT_READ_BYTES,
         ctx: Context | None = None,
     ) -> Annotated[CallToolResult, ReadResult]:
-        """Read (part of) a file of the session's workspace; images also come back as image content."""
+        _inside(path, "path")
         sid = session_of(session, ctx)
         _, c = calls()
         answer, _ = await helper(c, "read", {"files": [{"path": path, "offset": offset, "max_bytes": max_bytes}]},
@@ -220,14 +217,14 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         return read_result(result, item["base64"])
 
     @mcp.tool(**_tool("List workspace files", read_only_hint=True,
-                      open_world_hint=False))
+                      open_world_hint=False), description=_described("list_files"))
     async def list_files(
-        path: Annotated[str, Field(min_length=1, max_length=4096)] = ".",
+        path: specs.DirPath = ".",
         session: SessionArg = None,
-        depth: Annotated[int, Field(ge=1, le=10)] = 2,
+        depth: specs.Depth = specs.DEFAULT_LIST_DEPTH,
         ctx: Context | None = None,
     ) -> ListResult:
-        """List files under a directory of the session's workspace (paths relative to the workspace)."""
+        _inside(path, "path")
         sid = session_of(session, ctx)
         _, c = calls()
         answer, _ = await helper(c, "list", {"path": path, "depth": depth}, sid, ctx)
@@ -267,6 +264,23 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
         return {"session": sid, "pool": name, "accelerator": spec.get("accelerator"),
                 "gpus_per_pod": spec.get("gpus"), "acquisition": outcome.acquisition, "pod": outcome.pod,
                 "live_kernel": outcome.via == "kernel", **answer}
+
+    @mcp.tool(**_tool("Expose a port of the sandbox", read_only_hint=True, open_world_hint=False))
+    async def expose_port(port: Annotated[int, Field(ge=1, le=65535, description="The port a server started in "
+                                                     "the sandbox listens on (127.0.0.1 or 0.0.0.0).")],
+                          session: SessionArg = None, ctx: Context | None = None) -> dict[str, Any]:
+        """A URL for a server you started in the sandbox (in the background, e.g. `python -m http.server
+        8000 &` or a dev server, TensorBoard, Gradio): `url` is a short-lived signed link the user opens in a
+        browser, `port_url` the same server for clients that send the caller's token. The sandbox must be
+        running (start the server first); the link works for this caller only."""
+        sid = session_of(session, ctx)
+        _, c = calls()
+        try:
+            link = await c.client.port_link(sid, port)
+        except FirepoolError as exc:
+            raise ToolError(f"{exc.error_class}: {exc.message}") from exc
+        return {"session": sid, "port": port, "url": link["url"], "expires_at": link["expires_at"],
+                "port_url": link["port_url"], "host_url": link.get("host_url")}
 
     @mcp.tool(**_tool("End the session and retire its sandbox", read_only_hint=False,
                       destructive_hint=True, idempotent_hint=True, open_world_hint=False))

@@ -17,9 +17,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from broker.errors import FirepoolError
-from mcp_server.calls import CallOutcome, Calls, PoolChoice, Progress
+from broker.sandbox.calls import CallOutcome, Calls, PoolChoice, Progress
+from broker.sandbox.kernels import Kernels
 from mcp_server.identity import Broker
-from mcp_server.kernels import Kernels
 
 SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 

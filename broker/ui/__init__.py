@@ -11,15 +11,24 @@ from fastapi import FastAPI
 
 from broker.api.auth import TokenAuth
 from broker.control import ControlPlane
+from broker.ports.ui_sessions import UiSessionStore
 from broker.ui.routes import Dashboard, add_ui_routes
-from broker.ui.session import Sessions
+from broker.ui.session import Sessions, SessionSettings
 
 
-def mount_ui(app: FastAPI, cp: ControlPlane, auth: TokenAuth) -> Dashboard:
-    return add_ui_routes(app, cp, Sessions(auth))
+def mount_ui(app: FastAPI, cp: ControlPlane, auth: TokenAuth, store: UiSessionStore,
+             settings: SessionSettings) -> Dashboard:
+    return add_ui_routes(app, cp, Sessions(auth, store, cp.clock, settings))
 
 
 def start_ui(app: FastAPI) -> None:
     ui: Dashboard | None = getattr(app.state, "ui", None)
     if ui is not None:
         ui.start()
+
+
+async def end_stale_sessions(app: FastAPI) -> int:
+    """End the dashboard sessions of tokens no longer in the tokens file, and expired ones (at start and
+    after a reload of the tokens file); how many ended."""
+    ui: Dashboard | None = getattr(app.state, "ui", None)
+    return 0 if ui is None else await ui.sessions.purge()

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -25,6 +25,7 @@ from broker.api.schemas import job_view
 from broker.clock import Clock
 from broker.control import ControlPlane
 from broker.jobs import Job
+from broker.ui.commands import display_command
 from broker.warmth.poolview import caller_pool_view
 
 log = logging.getLogger("firepool.ui")
@@ -37,6 +38,8 @@ NEWEST_JOBS = 20
 more jobs finished than the hub saw leave the live set (they started and ended between two ticks)."""
 SENT_RECENT = 50
 """Finished jobs sent per event besides the live ones: a Jobs page shows 50 rows."""
+COMMAND_CHARS = 1000
+"""A job row's command is cut here: a snapshot carries up to 50 finished rows besides the live ones."""
 CATCH_ALL_TICKS = 10
 """Read the newest jobs at least every this many ticks anyway (a job cancelled while queued is not counted
 as finished by the executor)."""
@@ -85,14 +88,27 @@ def scope(data: dict[str, Any], who: Identity) -> dict[str, Any]:
 
 
 def job_row(job: Job, reason: str | None) -> dict[str, Any]:
-    """The fields of a job the tables show (a job view without command, env and attempts' detail)."""
+    """The fields of a job the tables show: its command as `display_command` words it, no env, no attempts."""
     view = job_view(job, reason)
     acq = view.get("acquisition") or []
     return {"id": job.id, "state": view["state"], "caller": job.caller, "pool": job.spec.pool,
             "lease_tag": job.spec.lease_tag, "path": acq[0]["path"] if acq else None,
             "reason": acq[0].get("reason") if acq else None, "waiting_reason": reason,
             "exit_code": job.exit_code, "error_class": job.error_class, "retries": job.retries,
-            "submitted_at": job.timings.get("submitted_at"), "finished_at": job.timings.get("finished_at")}
+            "command": shown_command(job.spec.command),
+            "submitted_at": job.timings.get("submitted_at"), "started_at": started_at(job.timings),
+            "finished_at": job.timings.get("finished_at")}
+
+
+def started_at(timings: Mapping[str, float]) -> float | None:
+    """When the job's command began: its first instruction (else its hand-off to the pod)."""
+    return timings.get("first_instruction_at") or timings.get("handed_off_at")
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """`display_command`, cut at COMMAND_CHARS (the table truncates further, the full text is the title)."""
+    text = display_command(argv)
+    return text if len(text) <= COMMAND_CHARS else text[:COMMAND_CHARS - 1] + "…"
 
 
 class Hub:

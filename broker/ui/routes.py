@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.resources import files
 from typing import Any
@@ -16,18 +17,21 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from broker import __version__
+from broker.api.access import Part, may_read, readable_job
 from broker.api.auth import Identity
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, Forbidden, NotFound, Unauthorized
-from broker.jobs import JobState
+from broker.jobs import TERMINAL, JobState
 from broker.ui import actions, views
-from broker.ui.live import TOPICS, Hub, Timeline
+from broker.ui.live import TOPICS, Hub, Timeline, started_at
 from broker.ui.session import Sessions, form
 from broker.ui.templating import filters
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 KEEPALIVE_S = 15.0
+FAVICON = files("broker.ui").joinpath("static", "favicon.svg")
+"""Also answered at /favicon.ico: a browser asks there for any page that names no icon (the API's too)."""
 
 
 class Dashboard:
@@ -39,6 +43,7 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("broker.ui", "templates"), autoescape=select_autoescape(),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.filters.update(filters())
+        self.env.globals["terminal"] = sorted(str(s) for s in TERMINAL)
         self.started = False
 
     def start(self) -> None:
@@ -52,6 +57,7 @@ class Dashboard:
     def render(self, request: Request, name: str, who: Identity | None, status: int = 200,
                **context: Any) -> HTMLResponse:
         template = self.env.get_template(name)
+        context.setdefault("now", self.cp.clock.now())
         html = template.render(who=who, csrf=self.sessions.csrf(request) if who else "", version=__version__,
                                path=request.url.path, notice=request.query_params.get("notice"), **context)
         return HTMLResponse(html, status_code=status, headers=_headers())
@@ -85,7 +91,7 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
     def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
             ui.start()
-            who = sessions.identity(request)
+            who = await sessions.identity(request)
             if who is None:
                 return ui.login(request, status=200 if request.url.path == "/ui/" else 401)
             try:
@@ -113,12 +119,14 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
         rows, cursor = await views.jobs_page(cp, who, f, before)
         return ui.render(request, "jobs.html", who, title="Jobs", live="jobs", rows=rows, f=f, before=before,
                          next_url="/ui/jobs?" + urlencode({**f.query(), "before": cursor}) if cursor else None,
-                         states=list(JobState), paths=views.PATHS, pools=sorted(cp.catalog.pools))
+                         states=list(JobState), paths=views.PATHS, pools=sorted(cp.catalog.pools),
+                         back=request.url.path + (f"?{request.url.query}" if request.url.query else ""))
 
     async def job_page(request: Request, who: Identity) -> Response:
         job_id = request.path_params["job_id"]
-        j = await views.job(cp, who, job_id)
-        return ui.render(request, "job.html", who, title=f"Job {j.id}", live="jobs", job=views.job_detail(cp, j))
+        j = await readable_job(cp.book, who, job_id, Part.METADATA)
+        return ui.render(request, "job.html", who, title=f"Job {j.id}", live="jobs", job=views.job_detail(cp, j),
+                         output=may_read(who, j.caller, Part.OUTPUT), started=started_at(j.timings))
 
     async def sessions_page(request: Request, who: Identity) -> Response:
         groups = views.sessions(cp, who)
@@ -145,35 +153,50 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
     async def latency_page(request: Request, who: Identity) -> Response:
         return ui.render(request, "latency.html", who, title="Latency", live=None, lat=await views.latency(cp, who))
 
+    async def terminal_page(request: Request, who: Identity) -> Response:
+        tag, queue = request.path_params["tag"], request.query_params.get("queue") or "default"
+        cp.streams.pod(who.caller, tag, queue)  # only the caller's own live session: anything else is the 404
+        nonce = secrets.token_urlsafe(18)
+        response = ui.render(request, "terminal.html", who, title=f"Terminal: {tag}", live=None, tag=tag,
+                             queue=queue, nonce=nonce)
+        # xterm.js adds <style> elements: admitted by this response's nonce, scripts still 'self' only.
+        response.headers["Content-Security-Policy"] = CSP.replace("style-src 'self'", f"style-src 'self' 'nonce-{nonce}'")
+        return response
+
     for path, fn in (("/", pools_page), ("/jobs", jobs_list), ("/jobs/{job_id}", job_page),
-                     ("/sessions", sessions_page), ("/pods", pods_page), ("/latency", latency_page)):
+                     ("/sessions", sessions_page), ("/sessions/{tag}/terminal", terminal_page),
+                     ("/pods", pods_page), ("/latency", latency_page)):
         router.add_api_route(path, page(fn), methods=["GET"], response_class=HTMLResponse)
 
     @router.post("/login")
     async def login(request: Request) -> Response:
         fields = await form(request)
-        try:
-            sessions.check_token(fields.get("token", ""))
-        except Unauthorized:
-            return ui.login(request, "That token is not known to this broker.")
         nxt = fields.get("next", "/ui/")
         response = RedirectResponse(nxt if nxt.startswith("/ui/") and "//" not in nxt else "/ui/", status_code=303)
-        sessions.sign_in(response, request, fields["token"])
+        try:
+            await sessions.sign_in(response, request, fields.get("token", ""))
+        except Unauthorized:
+            return ui.login(request, "That token is not known to this broker.")
         return response
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
         sessions.check_csrf(request, (await form(request)).get("csrf"))
         response = RedirectResponse("/ui/", status_code=303)
-        sessions.sign_out(response)
+        await sessions.sign_out(request, response)
         return response
 
-    async def admin_form(request: Request) -> dict[str, str]:
-        who = sessions.identity(request)
+    async def owner_form(request: Request) -> tuple[Identity, dict[str, str]]:
+        """A signed-in caller's form: this broker's Origin (`form`), then the session's CSRF token."""
+        who = await sessions.identity(request)
         if who is None:
             raise Unauthorized("sign in first")
         fields = await form(request)
         sessions.check_csrf(request, fields.get("csrf"))
+        return who, fields
+
+    async def admin_form(request: Request) -> dict[str, str]:
+        who, fields = await owner_form(request)
         if not who.admin:
             raise Forbidden("only callers marked admin in the tokens file may act from the dashboard")
         return fields
@@ -200,15 +223,31 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
         return _back(fields.get("back", "/ui/"), f"Draining {done['pool']}: {len(done['retired'])} retired, "
                      f"{len(done['retiring_at_release'])} at release")
 
+    @router.post("/jobs/{job_id}/cancel")
+    async def cancel_job(request: Request, job_id: str) -> Response:
+        who, fields = await owner_form(request)
+        job = await actions.cancel_own_job(cp, who.caller, job_id)
+        said = ("cancelled" if job.state is JobState.CANCELLED else "told to stop" if not job.terminal
+                else f"already ended {job.state}")
+        return _back(fields.get("back", f"/ui/jobs/{job.id}"), f"Job {job.id} {said}")
+
+    @router.post("/sessions/end")
+    async def end_session(request: Request) -> Response:
+        who, fields = await owner_form(request)
+        done = await actions.end_own_session(cp, who.caller, fields.get("queue") or "default", fields.get("tag", ""))
+        return _back(fields.get("back", "/ui/sessions"),
+                     f"Ended session {done['tag']}: {len(done['cancelled_jobs'])} jobs cancelled, "
+                     f"{len(done['retired_pods'])} pods retired now, {len(done['retiring_at_release'])} at release")
+
     @router.get("/timeline.json")
     async def timeline_json(request: Request) -> Response:
-        if sessions.identity(request) is None:
+        if await sessions.identity(request) is None:
             raise Unauthorized("sign in first")
         return JSONResponse({p: timeline.series(p) for p in cp.catalog.pools}, headers=_headers())
 
     @router.get("/events")
     async def events(request: Request, topics: str = "pools") -> Response:
-        who = sessions.identity(request)
+        who = await sessions.identity(request)
         if who is None:
             raise Unauthorized("sign in first")
         ui.start()
@@ -218,12 +257,17 @@ def add_ui_routes(app: FastAPI, cp: ControlPlane, sessions: Sessions) -> Dashboa
 
     @router.get("/jobs/{job_id}/log")
     async def job_log(request: Request, job_id: str) -> Response:
-        who = sessions.identity(request)
+        who = await sessions.identity(request)
         if who is None:
             raise Unauthorized("sign in first")
-        j = await views.job(cp, who, job_id)
+        j = await readable_job(cp.book, who, job_id, Part.OUTPUT)  # the owner's alone, as REST (access.py)
         return StreamingResponse(_log(cp, j.caller, j.id), media_type="text/event-stream",
                                  headers={**_headers(), "X-Accel-Buffering": "no"})
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response(FAVICON.read_bytes(), media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/ui", include_in_schema=False)
     async def ui_root() -> Response:

@@ -8,6 +8,7 @@ pods and sessions only; an admin sees every caller's.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -15,10 +16,9 @@ from typing import Any
 from broker.api.auth import Identity
 from broker.api.schemas import job_view
 from broker.control import ControlPlane
-from broker.errors import NotFound
 from broker.jobs import Job, JobState
 from broker.stats import LATENCY_BUCKETS
-from broker.ui.live import job_row, scope
+from broker.ui.live import job_row, scope, shown_command
 
 PAGE = 50
 PODS_PAGE = 200
@@ -26,6 +26,8 @@ PATH_SCAN = 2000
 """Most jobs read to fill one page filtered by acquisition path (the path is not a column)."""
 LATENCY_JOBS = 2000
 """The Latency page summarises the caller's (or, for an admin, everyone's) newest jobs."""
+QUANTILES = (50, 90, 99)
+"""Start-latency percentiles the Latency page gives per acquisition path."""
 PATHS = ("warm", "recycled", "standby", "new", "custom_image")
 PHASES = (("accept", "submitted_at", "queued_at"), ("dispatch", "queued_at", "committed_at"),
           ("hand-off", "committed_at", "handed_off_at"), ("first instruction", "handed_off_at", "first_instruction_at"),
@@ -89,16 +91,6 @@ async def jobs_page(cp: ControlPlane, who: Identity, f: JobFilter, before: str |
             return rows, cursor
 
 
-async def job(cp: ControlPlane, who: Identity, job_id: str) -> Job:
-    """The job if `who` may see it; another caller's job is not found, as in the REST API."""
-    if not who.admin:
-        return await cp.get(who.caller, job_id)
-    found = await cp.book.get(job_id) if 1 <= len(job_id) <= 64 and job_id.isalnum() else None
-    if found is None:
-        raise NotFound(f"no job {job_id!r}", {"job": job_id})
-    return found
-
-
 def job_detail(cp: ControlPlane, j: Job) -> dict[str, Any]:
     view = job_view(j, cp.waiting_reason(j.id))
     timings = view.get("timings", {})
@@ -126,6 +118,8 @@ def pods_page(cp: ControlPlane, who: Identity, pool: str | None, state: str | No
     proofs = cp.stats.reset_proofs
     for row in rows:
         row["resets"] = list(proofs.get(str(row["name"]), []))
+        job = cp.book.live.get(str(row["job"])) if row.get("job") else None
+        row["command"] = shown_command(job.spec.command) if job is not None else None
     return rows, len(views)
 
 
@@ -142,7 +136,8 @@ def sessions(cp: ControlPlane, who: Identity) -> list[dict[str, Any]]:
         g["last_use"] = max(g["last_use"], pod.idle_since)
         g["hold_until"] = max(g["hold_until"], pod.hold_until)
         if pod.job:
-            g["jobs"].append(pod.job)
+            job = cp.book.live.get(pod.job)
+            g["jobs"].append({"id": pod.job, "command": shown_command(job.spec.command) if job else None})
     for g in groups.values():
         g["workspace_bytes"] = None
     return sorted(groups.values(), key=lambda g: -g["last_use"])
@@ -165,6 +160,7 @@ async def latency(cp: ControlPlane, who: Identity) -> dict[str, Any]:
     found = await cp.book.io(lambda: cp.store.list_jobs(caller=caller, limit=LATENCY_JOBS))
     bounds = [*map(str, LATENCY_BUCKETS), "+Inf"]
     hist: dict[str, list[int]] = {p: [0] * len(bounds) for p in PATHS}
+    samples: dict[str, list[float]] = {}
     points: list[tuple[float, bool]] = []
     for j in found:
         t = j.timings
@@ -173,7 +169,9 @@ async def latency(cp: ControlPlane, who: Identity) -> dict[str, Any]:
         path = str(j.acquisition[0].path)
         if path not in hist:
             hist[path] = [0] * len(bounds)
-        hist[path][bisect.bisect_left(LATENCY_BUCKETS, t["first_instruction_at"] - t["submitted_at"])] += 1
+        seconds = t["first_instruction_at"] - t["submitted_at"]
+        hist[path][bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        samples.setdefault(path, []).append(seconds)
         points.append((t["submitted_at"], path == "warm"))
     share: dict[str, list[float]] = {"at": [], "warm": [], "n": []}
     if points:
@@ -191,5 +189,15 @@ async def latency(cp: ControlPlane, who: Identity) -> dict[str, Any]:
                 share["at"].append(round(lo + (i + 0.5) * width, 1))
                 share["warm"].append(round(100 * w / n, 1))
                 share["n"].append(n)
+    order = {p: i for i, p in enumerate(PATHS)}
+    quantiles = [{"path": p, "n": len(xs), **{f"p{q}": percentile(xs, q) for q in QUANTILES}}
+                 for p, xs in sorted(samples.items(), key=lambda kv: (order.get(kv[0], len(PATHS)), kv[0]))]
     return {"bounds": bounds, "hist": {p: h for p, h in hist.items() if any(h)}, "share": share,
-            "jobs": len(points), "read": len(found)}
+            "jobs": len(points), "read": len(found), "quantiles": quantiles}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile (a value that occurred: p99 of 10 jobs is the slowest)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]

@@ -12,10 +12,11 @@ from mcp import Client
 from mcp_types import ImageContent, TextContent
 
 from broker.clock import VirtualClock
-from mcp_server import idle, pyresult
-from mcp_server.calls import choose_pool
-from mcp_server.kernel_io import Execution, Started
-from mcp_server.kernels import Kernels, LiveKernel
+from broker.sandbox import idle
+from broker.sandbox.calls import choose_pool
+from broker.sandbox.kernel_io import Execution, Started
+from broker.sandbox.kernels import Kernels, LiveKernel
+from mcp_server import pyresult
 from mcp_server.server import build_server
 from tests.unit.test_mcp_server import NoBroker
 
@@ -86,7 +87,7 @@ class RecordingKernels(Kernels):
 
 
 def _kernel(kernels: Kernels, session: str, client: PoolsOnly, last_used: float) -> LiveKernel:
-    k = LiveKernel(caller="alice", session=session, pool="gpu", client=client, job=None, kc=None,  # type: ignore[arg-type]
+    k = LiveKernel(caller="alice", session=session, pool="gpu", client=client, job=None, kernel=None,  # type: ignore[arg-type]
                    last_used=last_used)
     kernels._live[("alice", session)] = k
     return k

@@ -7,9 +7,36 @@
   const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 
   function text(el, value) { if (el && el.textContent !== value) el.textContent = value; }
-  function esc(s) { const d = document.createElement("span"); d.textContent = s == null ? "" : String(s); return d.innerHTML; }
+  function esc(s) {  // safe in text and in double-quoted attributes
+    const d = document.createElement("span");
+    d.textContent = s == null ? "" : String(s);
+    return d.innerHTML.replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+  }
   function utc(ts) { return ts ? new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 19) : "—"; }
   function status(msg) { text($("#live-status"), msg); }
+  // The same words as the server's filters (broker/ui/templating.py): a live update reads like the page.
+  function duration(s) {
+    if (s == null) return "—";
+    if (s < 1) return Math.round(s * 1000) + " ms";
+    if (s < 120) return s.toFixed(2) + " s";
+    if (s < 7200) return (s / 60).toFixed(1) + " min";
+    return (s / 3600).toFixed(1) + " h";
+  }
+  function elapsed(started, finished, now) {
+    if (!started) return "—";
+    if (finished) return duration(Math.max(0, finished - started));
+    return "running for " + duration(Math.max(0, now - started));
+  }
+  function placeable(shapes) {
+    const keys = Object.keys(shapes || {});
+    if (!keys.length) return "—";
+    const digits = (k) => /^[0-9]+$/.test(k);
+    keys.sort((a, b) => (digits(a) !== digits(b) ? (digits(a) ? -1 : 1) :
+      digits(a) ? Number(a) - Number(b) : (a < b ? -1 : a > b ? 1 : 0)));
+    const shape = (k) => (k === "node" ? "whole nodes" : digits(k) ? k + (k === "1" ? " GPU" : " GPUs") : k);
+    return keys.map((k) => shape(k) + ": " + shapes[k]).join(", ");
+  }
+  function nowS() { return Date.now() / 1000; }
 
   // ---------------------------------------------------------------- pools
   function heldBy(map) {
@@ -22,6 +49,7 @@
         const f = cell.dataset.field;
         if (f === "held_by") text(cell, heldBy(p.held_by));
         else if (f === "last_plan") text(cell, p.last_plan ? "create " + p.last_plan.create + ", retire " + p.last_plan.retire + ": " + p.last_plan.reason : "none yet");
+        else if (f === "largest_placeable") text(cell, placeable(p.largest_placeable));
         else if (f === "budget") continue;
         else if (f in p) text(cell, String(p[f]));
       }
@@ -36,14 +64,37 @@
     return "—";
   }
   function stateCell(s) { return '<span class="state state-' + esc(s.toLowerCase()) + '">' + esc(s) + "</span>"; }
-  function jobRow(j) {
+  function csrf() { const i = $('input[name="csrf"]'); return i ? i.value : ""; }
+  function cancelForm(j) {
+    return '<form method="post" action="/ui/jobs/' + encodeURIComponent(j.id) + '/cancel"><input type="hidden" name="csrf" value="' +
+      esc(csrf()) + '"><input type="hidden" name="back" value="' + esc(location.pathname + location.search) +
+      '"><button type="submit" data-action="cancel">Cancel</button></form>';
+  }
+  function jobRow(j, me) {
     const tr = document.createElement("tr");
     tr.dataset.job = j.id;
     tr.innerHTML = '<td><a href="/ui/jobs/' + encodeURIComponent(j.id) + '">' + esc(j.id) + "</a></td>" +
       '<td data-field="state">' + stateCell(j.state) + "</td><td>" + esc(j.caller) + "</td><td>" + esc(j.pool) +
       "</td><td>" + esc(j.lease_tag || "—") + '</td><td data-field="path">' + esc(j.path || "—") +
-      '</td><td data-field="outcome">' + esc(outcome(j)) + "</td><td>" + esc(utc(j.submitted_at)) + "</td>";
+      '</td><td data-field="outcome">' + esc(outcome(j)) + '</td><td data-field="command" class="cmd"><code title="' +
+      esc(j.command) + '">' + esc(j.command) + '</code></td><td data-field="duration" data-started="' +
+      esc(j.started_at || "") + '" data-finished="' + esc(j.finished_at || "") + '">' +
+      esc(elapsed(j.started_at, j.finished_at, nowS())) + "</td><td>" + esc(utc(j.submitted_at)) +
+      '</td><td data-field="action">' + (j.caller === me && !TERMINAL.has(j.state) ? cancelForm(j) : "") + "</td>";
     return tr;
+  }
+  function setDuration(cell, j) {
+    if (!cell) return;
+    cell.dataset.started = j.started_at || "";
+    cell.dataset.finished = j.finished_at || "";
+    text(cell, elapsed(j.started_at, j.finished_at, nowS()));
+  }
+  function tickDurations() {  // "running for" counts up between live updates
+    for (const cell of $$('[data-field="duration"][data-started]')) {
+      if (cell.dataset.started && !cell.dataset.finished) {
+        text(cell, elapsed(Number(cell.dataset.started), null, nowS()));
+      }
+    }
   }
   function matches(table, j) {
     const d = table.dataset;
@@ -62,11 +113,14 @@
           if (st && st.textContent !== j.state) st.innerHTML = stateCell(j.state);
           text($('[data-field="path"]', row), j.path || "—");
           text($('[data-field="outcome"]', row), outcome(j));
+          setDuration($('[data-field="duration"]', row), j);
+          const act = $('[data-field="action"]', row);
+          if (act && TERMINAL.has(j.state) && act.firstChild) act.textContent = "";
         } else if (table.dataset.firstPage === "yes" && matches(table, j)) {
           const first = body.firstElementChild;
           if (first && first.classList.contains("empty")) first.remove();
           const newest = body.firstElementChild;
-          if (!newest || !newest.dataset.job || newest.dataset.job < j.id) body.prepend(jobRow(j));
+          if (!newest || !newest.dataset.job || newest.dataset.job < j.id) body.prepend(jobRow(j, table.dataset.me));
         }
       }
     }
@@ -134,19 +188,28 @@
   }
 
   // ---------------------------------------------------------------- charts
+  const TICKS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+    172800, 604800];
+  function ticks(u, splits) {  // HH:MM:SS within two days, MM-DD HH:MM beyond
+    const wide = splits.length > 1 && splits[splits.length - 1] - splits[0] >= 172800;
+    return splits.map((v) => new Date(v * 1000).toISOString().slice(wide ? 5 : 11, wide ? 16 : 19).replace("T", " "));
+  }
   function css(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
   function plot(el, series, data, yLabel) {
     if (!window.uPlot || !el) return null;
     const width = Math.max(300, Math.min(900, el.parentElement.clientWidth || 600));
     const opts = {
       width: width, height: 180,
-      axes: [{ stroke: css("--fg"), grid: { stroke: css("--line") } },
+      // x: one line per tick (UTC, as the tables), ticks at least 90 px and a whole second apart: uPlot's
+      // default put the date under the first tick and packed the ticks so the first two labels overlapped.
+      axes: [{ stroke: css("--fg"), grid: { stroke: css("--line") }, space: 90, incrs: TICKS, values: ticks },
              { stroke: css("--fg"), grid: { stroke: css("--line") }, label: yLabel }],
       series: [{}].concat(series.map((s, i) => ({ label: s, stroke: css("--p" + (i + 1)), width: 2,
         dash: i === 0 ? undefined : i === 1 ? [6, 3] : [2, 3] }))),
     };
     el.textContent = "";
-    return new window.uPlot(opts, data, el);
+    el.uplot = new window.uPlot(opts, data, el);
+    return el.uplot;
   }
   function timelines() {
     const node = $("#timeline-data");
@@ -192,5 +255,6 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     live(); logStream(); timelines(); share(); confirms(); keys();
+    if ($('[data-field="duration"][data-started]')) setInterval(tickDurations, 1000);
   });
 })();

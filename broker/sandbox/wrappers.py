@@ -1,11 +1,12 @@
 """What the MCP tools run inside a session's sandbox: a command wrapper and a file helper (Python runs in
-the session's live kernel: `mcp_server.kernels`). They are plain job commands (`sh -c`, `python3 -c`):
+the session's live kernel: `broker.sandbox.kernels`). They are plain job commands (`sh -c`, `python3 -c`):
 the MCP server needs nothing from the broker but its REST API, and the pod agent's workspace rules (kept within a session, wiped at its
 boundary) give the session its files, packages and Python state.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -52,19 +53,50 @@ if [ -n "$__fp_new" ]; then printf '\036firepool-artifacts\n%s\n' "$__fp_new" >&
 exit $__fp_rc
 """
 
+STDIN_WRAPPER = ('if [ -n "$1" ]; then cd -- "$1" || exit 2; fi; __fp_n=$2; shift 2; __fp_in=; '
+                 'while [ "$__fp_n" -gt 0 ]; do __fp_in+=$1; shift; __fp_n=$((__fp_n - 1)); done; '
+                 'if [ -n "$__fp_in" ]; then exec "$@" < <(base64 -d <<<"$__fp_in"); else exec "$@"; fi')
+"""Runs its arguments after the stdin chunks in directory $1 with stdin from the $2 base64 chunks that follow (a
+session command, `POST /v1/sessions/{tag}/commands`, with a directory or stdin; the plain path starts no extra
+shell). execve takes one argument of at most 128 KiB, so stdin travels in chunks."""
+STDIN_CHUNK = 96 << 10
+"""Base64 characters an argument of the stdin wrapper carries."""
+
+
+def with_stdin(tail: Sequence[str], cwd: str | None, stdin: bytes | None) -> list[str]:
+    """The session command `tail` run through STDIN_WRAPPER in `cwd` with `stdin`."""
+    data = base64.b64encode(stdin).decode() if stdin else ""
+    chunks = [data[i:i + STDIN_CHUNK] for i in range(0, len(data), STDIN_CHUNK)]
+    return ["bash", "-c", STDIN_WRAPPER, "firepool", cwd or "", str(len(chunks)), *chunks, *tail]
+
+
+def stdin_wrapped(args: Sequence[str]) -> tuple[str, bool, list[str]] | None:
+    """(cwd, whether stdin was given, the command) of a `with_stdin` argv; None for anything else."""
+    if len(args) < 7 or list(args[:4]) != ["bash", "-c", STDIN_WRAPPER, "firepool"] or not args[5].isdigit():
+        return None
+    n = int(args[5])
+    tail = list(args[6 + n:])
+    return (args[4], n > 0, tail) if tail else None
+
+
 # One operation on the session's workspace; the answer is one JSON line after RESULT_MARK on stdout.
 FILES = r'''
 import base64, json, os, shutil, subprocess, sys
 ws = os.environ.get("FIREPOOL_WORKSPACE") or os.environ.get("HOME") or "."
 op = sys.argv[1]
 args = json.loads("".join(sys.argv[2:]))
-def resolve(p):
-    return os.path.normpath(os.path.join(ws, p))
+root = os.path.realpath(ws)
 def answer(obj, rc=0):
     sys.stdout.write("\x1efirepool-result " + json.dumps(obj) + "\n")
     sys.exit(rc)
 def fail(kind, message):
     answer({"error": kind, "message": message}, 0)
+def resolve(p):
+    full = os.path.normpath(os.path.join(ws, p))
+    real = os.path.realpath(full)
+    if real != root and not real.startswith(root.rstrip("/") + "/"):
+        fail("OutsideWorkspace", f"{p} leads outside the workspace (through a symlink or '..'): give a path inside it")
+    return full
 if op == "write":
     done = []
     for item in args["files"]:
@@ -72,7 +104,7 @@ if op == "write":
         data = base64.b64decode(item["base64"]) if "base64" in item else item["text"].encode()
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "wb") as f:
+            with open(path, "ab" if item.get("append") else "wb") as f:
                 f.write(data)
         except OSError as exc:
             fail("WriteFailed", f"{item['path']}: {exc.strerror or exc}")
@@ -121,6 +153,23 @@ elif op == "list":
         if depth >= args.get("depth", 2) - 1:
             dirs[:] = []
     answer({"entries": entries, "truncated": False})
+elif op == "remove":
+    done = []
+    for p in args["paths"]:
+        path = resolve(p)
+        if os.path.realpath(path) == root:
+            fail("OutsideWorkspace", "the workspace itself cannot be removed (remove what is in it)")
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        except FileNotFoundError:
+            fail("FileNotFound", f"no such path: {p}")
+        except OSError as exc:
+            fail("RemoveFailed", f"{p}: {exc.strerror or exc}")
+        done.append(p)
+    answer({"removed": done})
 elif op == "install":
     target = os.path.join(ws, ".firepool", "site")
     os.makedirs(target, exist_ok=True)

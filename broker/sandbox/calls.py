@@ -2,7 +2,7 @@
 
 A timeout is a result (`timed_out: true` with the partial output), not an exception; a cancelled tool
 call cancels its job before the cancellation propagates, so nothing keeps running in the sandbox.
-While the session has a live Python kernel (see `mcp_server.kernels`) the kernel job holds the
+While the session has a live Python kernel (see `broker.sandbox.kernels`) the kernel job holds the
 session's pod, so the call runs as a subprocess of the kernel instead, with the same result.
 """
 
@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from broker.client import AsyncClient, JobInfo
-from mcp_server import sandbox_code
+from broker.sandbox import wrappers
 
 if TYPE_CHECKING:
-    from mcp_server.kernels import Kernels
+    from broker.sandbox.kernels import Kernels
 
 TAIL_BYTES = 8 * 1024
 """Inline output per stream; the full log stays readable as a resource and through job_status."""
+ERR_END_BYTES = 256 * 1024
+"""The end of stderr a call reads: its tail and the artifact block the wrapper writes last."""
 PROGRESS_EVERY_S = 2.0
 """How often a running call reports progress (with the last output line)."""
 GRACE_S = 20.0
@@ -57,6 +59,8 @@ class CallOutcome:
     duration_s: float
     timed_out: bool
     artifacts: list[tuple[int, str]] = field(default_factory=list)
+    reason: str | None = None
+    """Why a warmer sandbox was not used (the job's acquisition reason)."""
     via: str = "job"
     """`job`: a broker job of its own; `kernel`: a subprocess of the session's live kernel (job_id is the
     kernel job's, and there is no job log of this call to read back)."""
@@ -68,11 +72,12 @@ class CallOutcome:
                artifacts: list[tuple[int, str]]) -> CallOutcome:
         return cls(job_id=job.id, state=job.state, exit_code=job.exit_code, error_class=job.error_class,
                    acquisition=job.path, pod=job.acquisition[0].get("pod") if job.acquisition else None,
-                   stdout=stdout, stderr=stderr, duration_s=duration_s, timed_out=timed_out, artifacts=artifacts)
+                   stdout=stdout, stderr=stderr, duration_s=duration_s, timed_out=timed_out, artifacts=artifacts,
+                   reason=job.acquisition[0].get("reason") if job.acquisition else None)
 
 
-def tail_of(data: bytes) -> Tail:
-    return Tail(data[-TAIL_BYTES:].decode(errors="replace"), len(data))
+def tail_of(data: bytes, total: int | None = None) -> Tail:
+    return Tail(data[-TAIL_BYTES:].decode(errors="replace"), len(data) if total is None else total)
 
 
 def last_line(data: bytes) -> str:
@@ -130,7 +135,7 @@ class Calls:
         """Run `argv` in the session's sandbox to its end (or its timeout) and collect its output."""
         live = self.kernels.live(self.caller, session) if self.kernels is not None else None
         if live is not None and self.kernels is not None:
-            from mcp_server.kernel_io import KernelGone
+            from broker.sandbox.kernel_io import KernelGone
 
             try:
                 return await self._in_kernel(live, argv, timeout_s, env)
@@ -170,10 +175,22 @@ class Calls:
         return job, job.error_class == "Timeout"
 
     async def collect(self, job: JobInfo, began: float, timed_out: bool) -> CallOutcome:
-        out, err = await asyncio.gather(self.client.read_log(job.id, "stdout"), self.client.read_log(job.id, "stderr"))
-        text, artifacts = sandbox_code.split_artifacts(err.decode(errors="replace"))
-        stderr = text.encode()
-        return CallOutcome.of_job(job, tail_of(out), tail_of(stderr), time.monotonic() - began, timed_out, artifacts)
+        # Only the ends are kept as the logs stream by (the server may run inside the broker: `serve --mcp`);
+        # the wrapper's artifact block closes stderr, so the end of stderr holds it.
+        (out, out_bytes), (err, err_bytes) = await asyncio.gather(
+            self._end_of(job.id, "stdout", TAIL_BYTES), self._end_of(job.id, "stderr", ERR_END_BYTES))
+        text, artifacts = wrappers.split_artifacts(err.decode(errors="replace"))
+        stderr = Tail(text.encode()[-TAIL_BYTES:].decode(errors="replace"),
+                      err_bytes - (len(err) - len(text.encode())))
+        return CallOutcome.of_job(job, tail_of(out, out_bytes), stderr, time.monotonic() - began, timed_out, artifacts)
+
+    async def _end_of(self, job_id: str, stream: str, keep: int) -> tuple[bytes, int]:
+        """The last `keep` bytes of a finished job's stream, and its length."""
+        end, total = b"", 0
+        async for chunk in self.client.stream_logs(job_id, stream, follow=False):
+            end = (end + chunk)[-keep:]
+            total += len(chunk)
+        return end, total
 
     async def _in_kernel(self, live: Any, argv: Sequence[str], timeout_s: float,
                          env: dict[str, str] | None) -> CallOutcome:
@@ -185,7 +202,7 @@ class Calls:
                                error_class="Timeout" if ex.timed_out else "KernelError", acquisition="warm",
                                pod=_pod(live.job), stdout=tail_of(b""), stderr=tail_of(why.encode()),
                                duration_s=ex.duration_s, timed_out=ex.timed_out, via="kernel")
-        text, artifacts = sandbox_code.split_artifacts(res["stderr"])
+        text, artifacts = wrappers.split_artifacts(res["stderr"])
         rc = res["exit_code"]
         timed_out = bool(res["timed_out"])
         state = "SUCCEEDED" if rc == 0 and not timed_out else "FAILED"
@@ -194,7 +211,7 @@ class Calls:
         stderr = Tail(text[-TAIL_BYTES:], len(text.encode()))
         return CallOutcome(job_id=live.job.id, state=state, exit_code=None if timed_out else rc, error_class=error_class,
                            acquisition="warm", pod=_pod(live.job), stdout=stdout, stderr=stderr,
-                           duration_s=res["duration_s"], timed_out=timed_out, artifacts=artifacts[:sandbox_code.MAX_ARTIFACTS],
+                           duration_s=res["duration_s"], timed_out=timed_out, artifacts=artifacts[:wrappers.MAX_ARTIFACTS],
                            via="kernel", full_stdout=res["stdout"])
 
     async def _cancel_quietly(self, job_id: str) -> None:
@@ -206,14 +223,14 @@ class Calls:
     async def helper(self, op: str, args: dict[str, Any], session: str, *, timeout_s: float = 120.0,
                      progress: Progress | None = None) -> tuple[dict[str, Any], CallOutcome]:
         """Run one file-helper operation; its JSON answer and the call's outcome."""
-        outcome = await self.run(sandbox_code.files_op(op, args), session, timeout_s=timeout_s, progress=progress)
+        outcome = await self.run(wrappers.files_op(op, args), session, timeout_s=timeout_s, progress=progress)
         if outcome.full_stdout is not None:
             stdout = outcome.full_stdout
         elif outcome.stdout.truncated:
             stdout = (await self.client.read_log(outcome.job_id, "stdout")).decode(errors="replace")
         else:
             stdout = outcome.stdout.text
-        answer = sandbox_code.parse_result(stdout)
+        answer = wrappers.parse_result(stdout)
         if answer is None:
             answer = {"error": "HelperFailed",
                       "message": f"the sandbox helper ended {outcome.state} ({outcome.error_class}) without "

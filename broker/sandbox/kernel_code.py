@@ -9,6 +9,7 @@ replaced did: modules by name, functions and classes by source, values by pickle
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 
@@ -19,7 +20,7 @@ MAX_INLINE_STATE = 32 << 20
 """A saved namespace up to this size also travels back to the server (the pod may be reclaimed)."""
 
 HELPERS = r'''
-import base64, importlib, inspect, json, linecache, os, pickle, signal, subprocess, sys, textwrap, threading
+import base64, codecs, importlib, inspect, json, linecache, os, pickle, signal, subprocess, sys, textwrap, threading
 import time, types
 from IPython import get_ipython  # not the builtin: that exists only while a cell runs (the watchdog runs between)
 
@@ -105,19 +106,34 @@ def _watchdog(limit):
                 os._exit(0)
 
 
-def run(argv, env, timeout):
-    """Run a tool's command as a subprocess in the workspace, in its own process group."""
+def _feed(pipe, data):
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass  # it exited without reading all of it
+
+
+def run(argv, env, timeout, stdin=None, live=False):
+    """Run a tool's command as a subprocess in the workspace, in its own process group. `stdin`: base64 bytes
+    fed to it; `live`: its output goes out as this cell's stream messages as it comes (and not in the result)."""
     full = dict(BASE_ENV)
     full.update(env or {})
     began = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=WS, env=full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=WS, env=full, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    if stdin:
+        threading.Thread(target=_feed, args=(proc.stdin, base64.b64decode(stdin)), daemon=True).start()
     got = {"stdout": [bytearray(), 0], "stderr": [bytearray(), 0]}
     def pump(name, pipe):
         buf = got[name]
+        out, text = getattr(sys, name), codecs.getincrementaldecoder("utf-8")("replace")
         for chunk in iter(lambda: pipe.read1(65536), b""):
             buf[1] += len(chunk)
-            if len(buf[0]) < MAX_KEEP:
+            if live:
+                out.write(text.decode(chunk))
+                out.flush()
+            elif len(buf[0]) < MAX_KEEP:
                 buf[0] += chunk[:MAX_KEEP - len(buf[0])]
     threads = [threading.Thread(target=pump, args=(n, p), daemon=True)
                for n, p in (("stdout", proc.stdout), ("stderr", proc.stderr))]
@@ -234,5 +250,6 @@ def call(func: str, *args: object) -> str:
     return f"__import__({MODULE!r}).last = __import__({MODULE!r}).{func}({argv})\n"
 
 
-def run_call(argv: Sequence[str], env: dict[str, str] | None, timeout_s: float) -> str:
-    return call("run", list(argv), env or {}, timeout_s)
+def run_call(argv: Sequence[str], env: dict[str, str] | None, timeout_s: float, stdin: bytes | None = None,
+             live: bool = False) -> str:
+    return call("run", list(argv), env or {}, timeout_s, base64.b64encode(stdin).decode() if stdin else None, live)

@@ -1,9 +1,12 @@
-"""A live ipykernel per MCP session: started as a kernel job in the session's sandbox, driven over ZeroMQ.
+"""A live ipykernel per MCP session: a kernel of the broker's Jupyter gateway in the session's sandbox,
+driven with the SDK's kernel client (`broker.kernel_client`: HTTP and one websocket to the broker).
 
-The kernel job (`kernel: true`, lease_tag = the session) is what the Jupyter provisioner submits; its
-connection line is parsed with the provisioner's own `find_connection`. While it lives it holds the
-session's pod, so the other tools' commands run as subprocesses of the kernel (`run_argv`) in the same
-workspace. An idle kernel ends by the rules in `mcp_server.idle`, after saving its namespace; the next
+The gateway runs it as a kernel job (`kernel: true`) in the session (`KERNEL_FIREPOOL_SESSION`), the MCP
+server's queue (`KERNEL_FIREPOOL_QUEUE`) and without recycling another conversation's sandbox
+(`KERNEL_FIREPOOL_RECYCLE=0`); the MCP server never sees the kernel's ports or keys, so it needs no route
+to the pods. The kernel job's id (reported by the kernel itself) is what calls name and what the server
+asks the broker about when the kernel goes quiet. While it lives it holds the session's pod, so the other tools' commands run as subprocesses of the kernel (`run_argv`) in the same
+workspace. An idle kernel ends by the rules in `broker.sandbox.idle`, after saving its namespace; the next
 call starts a new kernel, restores what was saved and says so.
 """
 
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,35 +23,33 @@ import anyio
 
 from broker.client import AsyncClient, JobInfo
 from broker.errors import FirepoolError
-from mcp_server import idle, kernel_code
-from mcp_server.kernel_io import (
+from broker.kernel_client import AsyncKernel, KernelDisconnected, KernelTimeout
+from broker.sandbox import idle, kernel_code
+from broker.sandbox.kernel_io import (
     Ended,
     Execution,
     KernelDied,
     KernelGone,
     KernelStartFailed,
     Started,
-    absorb,
     cancel_quietly,
-    close_client,
-    read_connection,
 )
 
 if TYPE_CHECKING:
-    from jupyter_client.asynchronous.client import AsyncKernelClient
-
-    from mcp_server.calls import Calls
+    from broker.sandbox.calls import Calls
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
+OnStream = Callable[[str, str], None]
+"""Called with ("stdout" | "stderr", text) as a cell prints."""
 
-KERNEL_COMMAND = ["python3", "-m", "firepool_agent.kernel", "--ip", "127.0.0.1"]
 START_TIMEOUT_S = 120.0
-"""Submit -> connection line; a kernel job queued behind a busy pod counts too."""
+"""Start request -> the gateway's answer; a kernel job queued behind a busy pod counts too."""
 REACH_TIMEOUT_S = 30.0
-"""Connection line -> kernel_info answered: a kernel that reported its ports answers within this, or the
-server cannot reach them (it used to wait START_TIMEOUT_S again, with a misleading message)."""
+"""The gateway's answer -> kernel_info answered over the websocket."""
+JOB_ID = "__import__('os').environ.get('FIREPOOL_JOB_ID', '')"
+"""Asked of the kernel once started: the kernel job it runs in."""
 DRAIN_S = 10.0
 """After an interrupt, how long the interrupted request may take to end before the kernel is stopped."""
 SAVE_TIMEOUT_S = 60.0
@@ -65,7 +65,7 @@ class LiveKernel:
     pool: str
     client: AsyncClient
     job: JobInfo
-    kc: AsyncKernelClient
+    kernel: AsyncKernel
     last_used: float
     busy: int = 0
     dead: bool = False
@@ -113,38 +113,28 @@ class Kernels:
         return k
 
     async def _start(self, calls: Calls, caller: str, session: str) -> LiveKernel:
-        from jupyter_client.asynchronous.client import AsyncKernelClient
-
         pool = await calls.pool_name()
         pressure = await self._pressure(calls.client, pool)
-        job = await calls.submit(KERNEL_COMMAND, session, timeout_s=None, kernel=True)
-        kc: AsyncKernelClient | None = None
+        env = {"KERNEL_FIREPOOL_SESSION": session, "KERNEL_FIREPOOL_QUEUE": calls.queue,
+               "KERNEL_FIREPOOL_RECYCLE": "0"}
         try:
-            try:
-                info = await asyncio.wait_for(read_connection(calls.client, job.id), START_TIMEOUT_S)
-                kc = AsyncKernelClient()
-                kc.load_connection_info(info)
-                kc.start_channels(hb=False)
-                try:
-                    await kc.wait_for_ready(timeout=REACH_TIMEOUT_S)
-                except RuntimeError as exc:
-                    raise KernelStartFailed(f"KernelUnreachable: kernel job {job.id} reported its ports "
-                                            f"({info.get('ip')}:{info.get('shell_port')}, ...) but did not answer "
-                                            f"within {REACH_TIMEOUT_S:.0f} s (a pod network the server "
-                                            "cannot reach?)") from exc
-            except TimeoutError as exc:
-                raise KernelStartFailed(f"kernel job {job.id} was not reachable within {START_TIMEOUT_S:.0f} s "
-                                        "(queued behind another job of the session, or a slow start)") from exc
-            except RuntimeError as exc:  # jupyter_client: the kernel died while starting
-                raise KernelStartFailed(f"kernel job {job.id}: {exc}") from exc
-            job = await calls.client.get(job.id)
+            kernel = await asyncio.wait_for(
+                AsyncKernel.start(calls.client, pool=pool, env=env, ready_timeout=REACH_TIMEOUT_S), START_TIMEOUT_S)
+        except (KernelTimeout, KernelDisconnected) as exc:  # before TimeoutError: KernelTimeout is one
+            raise KernelStartFailed(f"KernelUnreachable: the kernel started but did not answer over the broker's "
+                                    f"websocket within {REACH_TIMEOUT_S:.0f} s ({exc})") from exc
+        except TimeoutError as exc:
+            raise KernelStartFailed(f"the session's kernel was not up within {START_TIMEOUT_S:.0f} s (queued "
+                                    "behind another job of the session, or a slow start)") from exc
+        try:
+            probe = await kernel.execute("", silent=True, user_expressions={"j": JOB_ID}, timeout=REACH_TIMEOUT_S)
+            job_id = str(probe.user_expressions["j"]["data"]["text/plain"]).strip("'\"")
+            job = await calls.client.get(job_id)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                if kc is not None:
-                    close_client(kc)
-                await cancel_quietly(calls.client, job.id)
+                await self._shutdown(calls.client, kernel, None)
             raise
-        k = LiveKernel(caller=caller, session=session, pool=pool, client=calls.client, job=job, kc=kc,
+        k = LiveKernel(caller=caller, session=session, pool=pool, client=calls.client, job=job, kernel=kernel,
                        last_used=self.clock())
         ended = self._ended.pop((caller, session), None)
         setup = kernel_code.setup_code("FIREPOOL_WORKSPACE", idle.watchdog_seconds(pressure, self.watchdog_margin))
@@ -175,7 +165,7 @@ class Kernels:
 
     async def execute(self, k: LiveKernel, code: str, *, silent: bool = False,
                       user_expressions: dict[str, str] | None = None, timeout_s: float,
-                      progress: Progress | None = None) -> Execution:
+                      progress: Progress | None = None, on_stream: OnStream | None = None) -> Execution:
         """Run one cell; a timeout or a cancelled call interrupts the kernel and waits for it to settle."""
         async with k.lock:
             if k.dead:
@@ -183,11 +173,11 @@ class Kernels:
             k.busy += 1
             began = time.monotonic()
             ex = Execution()
+            msg_id = ""
             try:
-                msg_id = k.kc.execute(code, silent=silent, store_history=not silent,
-                                      user_expressions=user_expressions or {}, allow_stdin=False)
+                msg_id = await k.kernel.request_execute(code, silent=silent, user_expressions=user_expressions)
                 try:
-                    await self._collect(k, msg_id, ex, began + timeout_s, progress, timeout_s)
+                    await self._collect(k, msg_id, ex, began + timeout_s, progress, timeout_s, on_stream)
                 except TimeoutError:
                     ex.timed_out = True
                     await self._interrupt(k, msg_id, ex)
@@ -204,6 +194,7 @@ class Kernels:
                         await self._interrupt(k, msg_id, ex)
                     raise
             finally:
+                k.kernel.forget(msg_id)
                 k.busy -= 1
                 k.last_used = self.clock()
                 ex.duration_s = time.monotonic() - began
@@ -212,18 +203,22 @@ class Kernels:
     async def _interrupt(self, k: LiveKernel, msg_id: str, ex: Execution) -> None:
         ex.interrupted = True
         try:
-            await k.client.signal(k.job.id, "INT")
+            await k.kernel.interrupt()
             await self._collect(k, msg_id, ex, time.monotonic() + DRAIN_S)
         except (TimeoutError, KernelDied, FirepoolError) as exc:
             log.warning("kernel %s did not settle after an interrupt (%s): stopping it", k.job.id, exc)
             await self.stop(k)
 
     async def _collect(self, k: LiveKernel, msg_id: str, ex: Execution, deadline: float,
-                       progress: Progress | None = None, total: float | None = None) -> None:
+                       progress: Progress | None = None, total: float | None = None,
+                       on_stream: OnStream | None = None) -> None:
+        """The request's messages until its reply and its idle status are in (TimeoutError at `deadline`;
+        KernelDied when the kernel job ended)."""
         reply: dict[str, Any] | None = None
+        idle_seen = False
         began = silent_since = time.monotonic()
         next_report = began + PROGRESS_EVERY_S
-        while True:
+        while not (idle_seen and reply is not None):
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError
@@ -233,25 +228,29 @@ class Kernels:
                 await progress(now - began, total, f"running {now - began:.0f}s" + (f": {last}" if last else ""))
                 next_report = now + PROGRESS_EVERY_S
             try:
-                msg = await k.kc.get_iopub_msg(timeout=min(ALIVE_CHECK_S, deadline - now))
-            except queue.Empty:
-                reply = reply or await self._reply(k, msg_id, 0)
-                if reply is not None:
-                    break  # the reply is in and iopub stayed quiet: its idle status was missed (slow joiner)
+                msg = await k.kernel.next_reply(msg_id, min(deadline, now + ALIVE_CHECK_S,
+                                                            next_report if progress is not None else deadline))
+            except KernelTimeout:
+                if reply is not None and time.monotonic() - silent_since >= ALIVE_CHECK_S:
+                    break  # the reply is in and iopub stayed quiet: its idle status was lost
                 if time.monotonic() - silent_since >= ALIVE_CHECK_S:
                     job = await k.client.get(k.job.id)
                     if job.terminal:
                         raise KernelDied(job) from None
                     silent_since = time.monotonic()
                 continue
+            except KernelDisconnected:
+                # The gateway closes the websocket when the kernel job ends: say how it ended.
+                raise KernelDied(await k.client.get(k.job.id, wait_s=5.0)) from None
             silent_since = time.monotonic()
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if absorb(ex, msg):
-                break
-        reply = reply or await self._reply(k, msg_id, max(0.0, deadline - time.monotonic()) or 1.0)
-        if reply is None:
-            raise TimeoutError
+            if msg.get("channel") == "shell":
+                reply = msg
+            elif ex.absorb(msg):
+                idle_seen = True
+            elif on_stream is not None and msg.get("msg_type") == "stream":
+                content = msg.get("content") or {}
+                on_stream(str(content.get("name", "stdout")), str(content.get("text", "")))
+        assert reply is not None
         content = reply.get("content", {})
         ex.status = content.get("status", "ok")
         ex.execution_count = content.get("execution_count")
@@ -259,21 +258,14 @@ class Kernels:
         if ex.status == "error" and ex.error is None:
             ex.error = {k_: content.get(k_) for k_ in ("ename", "evalue", "traceback")}
 
-    async def _reply(self, k: LiveKernel, msg_id: str, timeout: float) -> dict[str, Any] | None:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                msg: dict[str, Any] = await k.kc.get_shell_msg(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                return None
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                return msg
-
     async def run_argv(self, k: LiveKernel, argv: list[str], env: dict[str, str] | None,
-                       timeout_s: float, grace_s: float) -> tuple[Execution, dict[str, Any] | None]:
-        """Run a tool's command as a subprocess of the kernel; its result dict, or None when it did not end."""
-        ex = await self.execute(k, kernel_code.run_call(argv, env, timeout_s), silent=True,
-                                user_expressions={"r": kernel_code.LAST}, timeout_s=timeout_s + grace_s)
+                       timeout_s: float, grace_s: float, *, stdin: bytes | None = None,
+                       on_stream: OnStream | None = None) -> tuple[Execution, dict[str, Any] | None]:
+        """Run a tool's command as a subprocess of the kernel; its result dict, or None when it did not end.
+        With `on_stream` its output comes as it is printed (the execution's stdout/stderr), not in the dict."""
+        code = kernel_code.run_call(argv, env, timeout_s, stdin, live=on_stream is not None)
+        ex = await self.execute(k, code, silent=True, user_expressions={"r": kernel_code.LAST},
+                                timeout_s=timeout_s + grace_s, on_stream=on_stream)
         if ex.error is not None or ex.timed_out:
             return ex, None
         result: dict[str, Any] = ex.expression("r")
@@ -305,8 +297,17 @@ class Kernels:
     async def stop(self, k: LiveKernel) -> None:
         k.dead = True
         self._live.pop((k.caller, k.session), None)
-        close_client(k.kc)
-        await cancel_quietly(k.client, k.job.id)
+        await self._shutdown(k.client, k.kernel, k.job.id)
+
+    @staticmethod
+    async def _shutdown(client: AsyncClient, kernel: AsyncKernel, job_id: str | None) -> None:
+        """Shut the gateway kernel down (its job ends); the job is cancelled too when the gateway had lost it."""
+        try:
+            await kernel.shutdown()
+        except Exception as exc:  # noqa: BLE001 - best effort: the broker may be gone
+            log.debug("shutting kernel %s down: %s", kernel.id, exc)
+        if job_id is not None:
+            await cancel_quietly(client, job_id)
 
     def forget(self, caller: str, session: str) -> None:
         """Drop a saved namespace (the session ended: its state is gone by definition)."""

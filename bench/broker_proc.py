@@ -24,6 +24,7 @@ class BenchBroker:
         self.dir = Path(tempfile.mkdtemp(prefix="fp-bench-"))
         self.tokens = {c: secrets.token_hex(16) for c in callers}
         (self.dir / "tokens.json").write_text(json.dumps({t: c for c, t in self.tokens.items()}))
+        (self.dir / "tokens.json").chmod(0o600)  # plain tokens: `firepool mcp --broker-tokens` refuses an open file
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

@@ -6,12 +6,13 @@ the figure has no target. Results go to bench/results/<name>.json with the machi
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,18 @@ def report(name: str, rows: Sequence[Row], *, json_out: bool, extra: dict[str, A
     print(f"(raw results: {RESULTS / (name + '.json')}; machine: {payload['machine']['cpus']} CPUs, "
           f"Python {payload['machine']['python']})")
     return 0
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the block (the SDK and Jupyter read them), then what was there before."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

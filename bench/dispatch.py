@@ -181,7 +181,7 @@ async def _dispatch(store: SqlJobStore, n: int, pods: int, *, finish: bool) -> t
     clock = RealClock()
     counting = _CountingStore(store)
     backend = FakeBackend(clock)
-    cp = ControlPlane(clock=clock, store=counting, backend=backend, logs=MemoryLogStore(),
+    cp = ControlPlane(clock=clock, store=counting, backend=backend, logs=MemoryLogStore(clock.now),
                       catalog=_catalog(pods), tuning=Tuning())
     tag = "lifecycle" if finish else "dispatch"
     await cp.start()

@@ -61,7 +61,7 @@ class Sim:
         self.clock = VirtualClock()
         self.store = MemoryJobStore()
         self.cp = ControlPlane(clock=self.clock, store=self.store, backend=FakeBackend(self.clock, start_delay=start_delay),
-                               logs=MemoryLogStore(), catalog=Catalog(pools={pool.name: pool}))
+                               logs=MemoryLogStore(self.clock.now), catalog=Catalog(pools={pool.name: pool}))
         self.partial_seen = 0
 
     async def spin(self) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.broker_proc import BenchBroker
-from bench.common import Row, at_most, median, percentile, report
+from bench.common import Row, at_most, environment, median, percentile, report
 
 TAG = "bench-jupyter"
 POOLS = """
@@ -238,20 +238,11 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser.add_argument("--starts", type=int, default=10, help="kernel starts from the warm sandbox")
     parser.add_argument("--executes", type=int, default=200, help="execute round trips")
     args = parser.parse_args(argv)
-    saved = {k: os.environ.get(k) for k in ("FIREPOOL_URL", "FIREPOOL_TOKEN", "JUPYTER_DATA_DIR",
-                                            "JUPYTER_RUNTIME_DIR")}
-    with BenchBroker(pools=POOLS) as broker, broker.client() as client, tempfile.TemporaryDirectory() as home:
-        os.environ.update({"FIREPOOL_URL": broker.url, "FIREPOOL_TOKEN": broker.tokens["bench"],
-                           "JUPYTER_DATA_DIR": os.path.join(home, "data"),
-                           "JUPYTER_RUNTIME_DIR": os.path.join(home, "runtime")})
-        try:
-            found = asyncio.run(_measure(args.starts, args.executes, broker.url, client, broker.dir / "state"))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with BenchBroker(pools=POOLS) as broker, broker.client() as client, tempfile.TemporaryDirectory() as home, \
+            environment({"FIREPOOL_URL": broker.url, "FIREPOOL_TOKEN": broker.tokens["bench"],
+                         "JUPYTER_DATA_DIR": os.path.join(home, "data"),
+                         "JUPYTER_RUNTIME_DIR": os.path.join(home, "runtime")}):
+        found = asyncio.run(_measure(args.starts, args.executes, broker.url, client, broker.dir / "state"))
     ms = 1000.0
     start = median(found["start"])
     rtt50, rtt90 = percentile(found["rtt"], 50) * ms, percentile(found["rtt"], 90) * ms

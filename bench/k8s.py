@@ -3,7 +3,9 @@
 Create→ready breakdown of new pods (scheduled, image pulled, container started, agent answered, as the
 backend's ready records see them: the emulated kubelet's share) and the create call's total; paced
 creates with injected 429s; then warm claims through `firepool serve --backend kubernetes`: the broker
-share of a warm claim (submitted → handed off to the agent) and claims/s of concurrent callers.
+share of a warm claim (submitted → handed off to the agent) and claims/s of concurrent callers. API calls
+(every request of the broker's service account, as the emulator's audit counts them) per warm claim and per
+pod lifecycle (create → agent answered → delete → object gone): the load a broker puts on a real API server.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,18 +24,13 @@ from bench.broker_proc import BenchBroker
 from bench.common import Row, at_least, at_most, percentile, report
 
 
-def _kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emu",
-        "clusters": [{"name": "emu", "cluster": {"server": server}}],
-        "users": [{"name": "emu", "user": {"token": "emulator"}}],
-        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu", "namespace": "default"}}]}))
+def _kubeconfig(path: Path, emu: Any) -> Path:
+    """The broker's kubeconfig: its service-account token, so the shipped Role applies."""
+    path.write_text(json.dumps(emu.kubeconfig("default")))
     return path
 
 
-async def _creates(url: str, pods: int, paced: int) -> dict[str, Any]:
-    import kubernetes
-
+async def _creates(emu: Any, pods: int, paced: int) -> dict[str, Any]:
     from broker.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
     from broker.backends.kubernetes.kubeapi import KubeApi
     from broker.backends.kubernetes.ratelimit import RateSettings
@@ -41,22 +39,26 @@ async def _creates(url: str, pods: int, paced: int) -> dict[str, Any]:
     from broker.ports.backend import PodRequest
 
     def backend(rate: RateSettings) -> KubernetesBackend:
-        api = KubeApi(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url)), "default")
+        api = KubeApi(emu.broker_client(), "default")
         return KubernetesBackend(RealClock(), api, KubernetesSettings(broker_id="bench", rate=rate))
 
     pool = parse_pool({"name": "cpu", "template": {"image": "firepool/sandbox-cpu:0.1.0"}})
     b = backend(RateSettings())
-    walls, stages = [], []
+    walls, stages, calls = [], [], [0, 0, 0]
     try:
         for i in range(pods):
             t0 = time.perf_counter()
             info = await b.create(PodRequest(name=f"cpu-seq-{i}", pool=pool))
             walls.append(time.perf_counter() - t0)
             stages.append(info.details["ready"])
-        for i in range(pods):
-            await b.delete(f"cpu-seq-{i}")
+            if i == 0:  # the first create also starts the watch and lists nodes: counted apart
+                calls[0] = _calls(emu)
+        calls[1] = _calls(emu)
+        await asyncio.gather(*(b.delete(f"cpu-seq-{i}") for i in range(pods)))  # each ends when its pod is gone
+        calls[2] = _calls(emu)
     finally:
         await b.close()
+    lifecycle = (calls[1] - calls[0]) / max(1, pods - 1) + (calls[2] - calls[1]) / pods
     qps = 10.0
     b = backend(RateSettings(qps=qps, burst=2, backoff_s=0.05))
     try:
@@ -66,28 +68,33 @@ async def _creates(url: str, pods: int, paced: int) -> dict[str, Any]:
         await asyncio.gather(*(b.delete(f"cpu-par-{i}") for i in range(paced)))
     finally:
         await b.close()
-    return {"walls": walls, "stages": stages, "paced_s": paced_s, "qps": qps}
+    return {"walls": walls, "stages": stages, "paced_s": paced_s, "qps": qps, "lifecycle_calls": lifecycle}
 
 
-def _api_writes(url: str | None) -> int:
+def _calls(emu: Any) -> int:
+    """API requests the broker's identity made so far (the emulator's audit; 0 without a cluster)."""
+    return int(emu.audit.calls(emu.broker_user)) if emu is not None else 0
+
+
+def _api_writes(emu: Any) -> int:
     """The API server's resourceVersion: the emulator counts every write with it (0 without a cluster)."""
-    if url is None:
+    if emu is None:
         return 0
     import kubernetes
 
-    core: Any = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url)))
+    core: Any = kubernetes.client.CoreV1Api(emu.client())
     try:
         return int(core.list_namespaced_pod("default", limit=1).metadata.resource_version)
     finally:
         core.api_client.close()
 
 
-def _warm_claims(url: str | None, state: Path, jobs: int, callers: int) -> dict[str, Any]:
-    """Warm jobs of `callers` concurrent callers on the kubernetes backend (`url`: the API) or the local one."""
+def _warm_claims(emu: Any, state: Path, jobs: int, callers: int) -> dict[str, Any]:
+    """Warm jobs of `callers` concurrent callers on the kubernetes backend (`emu`: the API) or the local one."""
     names = tuple(f"c{i}" for i in range(callers))
     extra: tuple[str, ...] = ()
-    if url is not None:
-        config = _kubeconfig(state / "kubeconfig.json", url)
+    if emu is not None:
+        config = _kubeconfig(state / "kubeconfig.json", emu)
         extra = ("--backend", "kubernetes", "--kubeconfig", str(config), "--broker-id", "bench-broker")
     pools = f"pools:\n  - {{name: cpu, max_count: {callers + 1}, max_idle_count: {callers + 1}}}\n"
     share: list[float] = []
@@ -106,19 +113,31 @@ def _warm_claims(url: str | None, state: Path, jobs: int, callers: int) -> dict[
         with ThreadPoolExecutor(callers) as pool:
             list(pool.map(lambda c: run(c, 2), names))  # every caller's pod exists and is warm
             time.sleep(1.5)  # owner records of the warm-up written (broker.backends.kubernetes.annotating)
-            writes = _api_writes(url)
+            writes, calls = _api_writes(emu), _calls(emu)
             t0 = time.perf_counter()
             results = list(pool.map(lambda c: run(c, jobs // callers), names))
             elapsed = time.perf_counter() - t0
-            writes = _api_writes(url) - writes
+            writes, calls = _api_writes(emu) - writes, _calls(emu) - calls
     for job in (j for r in results for j in r):
         t = job["timings"]
         share.append(t["handed_off_at"] - t["submitted_at"])
         path = job["acquisition"][0]["path"]
         paths[path] = paths.get(path, 0) + 1
     done = sum(len(r) for r in results)
-    return {"share": share, "paths": paths, "rate": done / elapsed, "jobs": done, "writes": writes / done,
+    return {"share": share, "paths": paths, "rate": done / elapsed, "jobs": done, "writes": writes / done, "calls": calls / done,
             "elapsed": elapsed}
+
+
+def _emulator() -> Any:
+    """The API emulator is test support, never installed with the broker: a checkout has it beside bench/."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.append(root)
+    try:
+        from k8s_emulator import Emulator
+    except ImportError as exc:
+        raise SystemExit("firepool bench k8s needs a source checkout (it drives k8s_emulator/ beside bench/)") from exc
+    return Emulator
 
 
 def main(argv: list[str], json_out: bool = False) -> int:
@@ -128,12 +147,12 @@ def main(argv: list[str], json_out: bool = False) -> int:
     parser.add_argument("--jobs", type=int, default=120, help="warm jobs over all callers")
     parser.add_argument("--callers", type=int, default=4)
     args = parser.parse_args(argv)
-    from broker.backends.kubernetes.emulator import Emulator
+    Emulator = _emulator()
 
     with tempfile.TemporaryDirectory(prefix="firepool-bench-k8s-") as tmp, Emulator(Path(tmp) / "k8s") as emu:
         emu.fail_next("create", "pods", 429, times=2, retry_after_s=0)
-        made = asyncio.run(_creates(emu.url, args.pods, args.paced))
-        warm = _warm_claims(emu.url, Path(tmp), args.jobs, args.callers)
+        made = asyncio.run(_creates(emu, args.pods, args.paced))
+        warm = _warm_claims(emu, Path(tmp), args.jobs, args.callers)
     local = _warm_claims(None, Path(tempfile.gettempdir()), args.jobs, args.callers)  # the same on this machine
     ms = 1000.0
 
@@ -158,6 +177,9 @@ def main(argv: list[str], json_out: bool = False) -> int:
         Row("B16", "warm claim broker share p90", share90, "ms", "-"),
         Row("B16", f"  API writes per warm claim ({warm['elapsed']:.1f} s of claims)", warm["writes"], "writes",
             "-"),
+        Row("B16", "  API calls per warm claim (the broker's requests, any verb)", warm["calls"], "calls", "-"),
+        Row("B16", "API calls per pod lifecycle (create -> agent answered -> delete -> object gone)",
+            made["lifecycle_calls"], "calls", "-"),
         Row("B16", "  same claims on the local backend: broker share p50", percentile(local["share"], 50) * ms, "ms",
             "-"),
         Row("B16", "  kubernetes minus local, broker share p50", share50 - percentile(local["share"], 50) * ms, "ms",

@@ -107,7 +107,7 @@ def rows(sizes: tuple[int, ...], repeats: int) -> tuple[list[Row], dict[str, Any
         return [
             Row(
                 "G4",
-                "Ray gang submit->first task: ray not installed (pip install 'firepool[ray]')",
+                "Ray gang submit->first task: ray not installed (pip install -e '.[ray]' in the checkout)",
                 None,
                 "s",
                 "8.6 s (N=2) - 13.1 s (N=8)",

@@ -39,7 +39,7 @@ class Sim:
         self.clock = VirtualClock()
         self.store = MemoryJobStore()
         self.backend = FakeBackend(self.clock, gpus=gpus, start_delay=POD_START_S)
-        self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=MemoryLogStore(),
+        self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=MemoryLogStore(self.clock.now),
                                catalog=Catalog(pools={p.name: p for p in pools}, budgets=budgets or {}),
                                tuning=Tuning(), capacity=capacity)
         self.t0 = self.clock.now()

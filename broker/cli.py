@@ -15,6 +15,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 from broker import cli_commands as cmds
+from broker.cli_e2b import add_e2b_parser
+from broker.cli_ports import add_port_parser
+from broker.cli_sessions import add_session_parsers
 from broker.errors import FirepoolError
 from broker.locations import DEFAULT_PORT
 from broker.pools import CatalogError
@@ -79,8 +82,21 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--jwt-claim", default="sub", help="the JWT claim that names the caller")
     p.add_argument("--metrics-caller-labels", action="store_true",
                    help="publish per-caller series (holds by owner) on /metrics (off: no caller names there)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; beyond loopback it needs --tls-cert "
+                                                       "and --tls-key, or --insecure-http")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain (PEM; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    p.add_argument("--forwarded-allow-ips", metavar="IPS",
+                   help="behind a reverse proxy: trust its X-Forwarded-Proto/-For from these comma-separated "
+                        "addresses (uvicorn's option; docs/security.md)")
+    p.add_argument("--insecure-http", action="store_true",
+                   help="allow plain HTTP on a non-loopback --host (tokens and cookies in clear); logged, and "
+                        "/healthz says transport http-insecure")
+    p.add_argument("--ui-session-max-age", type=float, default=12 * 3600.0, metavar="SECONDS",
+                   help="a dashboard session ends this long after sign-in, however busy")
+    p.add_argument("--ui-session-idle", type=float, default=3600.0, metavar="SECONDS",
+                   help="a dashboard session unused this long ends")
     p.add_argument("--virtual-gpus", type=int, default=None, help="pretend this many GPUs exist (no NVML)")
     p.add_argument("--virtual-nodes", type=int, default=None,
                    help="split virtual GPUs into this many nodes (with --virtual-gpus-per-node; docs/fleet.md)")
@@ -103,6 +119,29 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--package-max-extracted", type=int, default=2_000_000_000,
                    help="bytes a package may write when unpacked (zip-bomb guard)")
     p.add_argument("--package-push-timeout", type=float, default=300.0, help="seconds to push a package to a pod")
+    p.add_argument("--log-max-age", type=float, default=7 * 86400.0,
+                   help="seconds a job's logs are kept (0: no age limit); docs/security.md, Output budget")
+    p.add_argument("--log-max-bytes-per-caller", type=int, default=10 << 30,
+                   help="bytes of logs kept per caller, oldest removed first (0: no byte budget)")
+    p.add_argument("--log-max-bytes", type=int, default=0,
+                   help="bytes of logs kept for every caller together, oldest removed first (0: no total)")
+    p.add_argument("--port-range", default="1024-65535", metavar="LOW-HIGH",
+                   help="ports of a session's sandbox the port proxy reaches (docs/ports.md)")
+    p.add_argument("--port-domain", metavar="DOMAIN", help="also serve session ports at {port}-{tag}.DOMAIN "
+                   "(a wildcard DNS name pointing at the broker) for apps that must sit at / (docs/ports.md)")
+    p.add_argument("--port-link-ttl", type=float, default=300.0, metavar="SECONDS",
+                   help="how long a signed port link may be opened (its cookie then lasts --ui-session-max-age)")
+    p.add_argument("--port-max-body-bytes", type=int, default=1 << 30, help="largest request body the port proxy "
+                   "passes to a sandbox server (413 above)")
+    p.add_argument("--port-max-ws-message", type=int, default=8 << 20, help="largest websocket message the port "
+                   "proxy passes either way (closed with 1009 above)")
+    p.add_argument("--log-sweep-interval", type=float, default=300.0, help="seconds between log retention sweeps")
+    p.add_argument("--gateway-max-kernels", type=int, default=8,
+                   help="Jupyter gateway kernels (/api/kernels) a caller may run at once; one more gets 429")
+    p.add_argument("--gateway-cull-idle", type=float, default=3600.0, metavar="SECONDS",
+                   help="shut down a gateway kernel with no websocket open and no message this long (0: never)")
+    p.add_argument("--gateway-allowed-envs", default="", metavar="NAMES",
+                   help="comma-separated client env names passed to gateway kernels besides KERNEL_*")
     p.set_defaults(fn=cmds.cmd_serve)
 
 
@@ -172,6 +211,9 @@ def _listing_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=cmds.cmd_pods)
 
+    add_port_parser(sub, _subparser, _client_opts)
+    add_session_parsers(sub, _subparser, _client_opts)
+
     p = _subparser(sub, "quarantine", "GPUs and nodes taken out of placement after hardware failures (admin)")
     p.set_defaults(fn=None)
     qsub = p.add_subparsers(dest="quarantine_command", metavar="COMMAND")
@@ -185,6 +227,24 @@ def _listing_parsers(sub: Any) -> None:
     q.set_defaults(fn=cmds.cmd_quarantine_release)
 
 
+def _shell_parser(sub: Any) -> None:
+    p = _subparser(sub, "shell", "attach your terminal to a shell in session TAG's sandbox (starts the session "
+                                 "when it has none); exits with the shell's exit code")
+    _client_opts(p)
+    p.add_argument("tag", help="the session's lease tag")
+    p.add_argument("--pool", default="cpu", help="where to start the session when it is not live")
+    p.add_argument("--queue", default="default", help="the session's queue")
+    p.add_argument("-c", "--command", help="run this shell command instead of an interactive shell")
+    p.set_defaults(fn=_cmd_shell)
+
+
+def _cmd_shell(args: argparse.Namespace) -> int:
+    from broker.cli_shell import shell  # the websocket client loads only for this command
+
+    with cmds._client(args) as client:
+        return shell(client, args.tag, pool=args.pool, queue=args.queue, command=args.command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firepool", description="A broker of warm, isolated GPU sandboxes.",
                                      formatter_class=HelpFormatter)
@@ -194,11 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _submit_parser(sub)
     _listing_parsers(sub)
+    _shell_parser(sub)
 
+    from mcp_server.client_config import add_config_parser
     from mcp_server.main import add_arguments as mcp_arguments
 
-    p = _subparser(sub, "mcp", "MCP server (stdio, or streamable HTTP with --http): a warm sandbox per conversation")
+    p = _subparser(sub, "mcp", "MCP server (stdio, or streamable HTTP with --http): a warm sandbox per conversation; "
+                               "`firepool mcp config --client NAME` prints a client's configuration")
     mcp_arguments(p)
+    add_config_parser(p, HelpFormatter)
     p.set_defaults(fn=cmds.cmd_mcp)
 
     p = _subparser(sub, "token", "manage the broker's tokens file")
@@ -207,10 +271,20 @@ def build_parser() -> argparse.ArgumentParser:
     t = _subparser(tsub, "add", "create a token for a caller: print it once, store only its hash")
     t.add_argument("name", help="the caller the token authenticates")
     t.add_argument("--admin", action="store_true", help="the caller sees every caller's pods, jobs and /metrics")
+    t.add_argument("--e2b", action="store_true", help="shape the token as E2B's API keys (e2b_<40 hex>): for "
+                                                      "E2B_API_KEY (docs/e2b.md); any token works there")
     t.add_argument("--tokens", metavar="FILE", help="tokens file to add to, created if missing (default: "
                                                     "tokens.json in the state dir)")
     t.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
     t.set_defaults(fn=cmds.cmd_token_add)
+    t = _subparser(tsub, "rm", "remove every token of a caller (a running broker drops them at SIGHUP or restart, "
+                               "ending their dashboard sessions)")
+    t.add_argument("name", help="the caller whose tokens go")
+    t.add_argument("--tokens", metavar="FILE", help="tokens file (default: tokens.json in the state dir)")
+    t.add_argument("--state-dir", help="default: $FIREPOOL_STATE_DIR, else $XDG_DATA_HOME/firepool")
+    t.set_defaults(fn=cmds.cmd_token_rm)
+
+    add_e2b_parser(sub, _subparser, _client_opts)
 
     p = _subparser(sub, "cache", "operator's shared read-only caches (a pool's shared_paths)")
     p.set_defaults(fn=None)

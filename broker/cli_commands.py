@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from broker.client import Client, JobInfo
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
-              "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation", "dispatch", "throughput")
+              "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation", "dispatch", "throughput",
+              "output-flood", "one-door", "sandbox-sdk", "e2b")
 """The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124
@@ -53,15 +54,30 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from broker import startup_checks
     from broker.api.jwt_auth import JwtSettings
+    from broker.api.portlinks import PortSettings, parse_range
+    from broker.gateway.kernels import GatewaySettings
     from broker.pools import load_catalog
+    from broker.running.logretention import LogRetention
     from broker.running.packages import PackageLimits
     from broker.server import KubernetesTarget, ServeSettings, serve
+    from broker.ui.session import SessionSettings
 
     if args.pools:
         load_catalog(read_file("--pools", args.pools), source=args.pools)  # a CatalogError here is reported before anything starts
-    if args.tokens:
-        read_file("--tokens", args.tokens)
+    try:  # each a one-line message naming the flag, before anything starts
+        if args.tokens:
+            read_file("--tokens", args.tokens)
+            startup_checks.tokens_file(Path(args.tokens))
+        if args.db:
+            startup_checks.db_url(args.db)
+        exposure = startup_checks.exposure(args.host, args.tls_cert, args.tls_key, args.insecure_http)
+        low, high = parse_range(args.port_range)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.ui_session_max_age <= 0 or args.ui_session_idle <= 0:
+        raise UsageError("--ui-session-max-age and --ui-session-idle are positive numbers of seconds")
     if args.jwks and not args.jwt_audience:
         raise UsageError("--jwks needs --jwt-audience (the audience every accepted JWT must carry)")
     state_dir = state_dir_for(args.state_dir)
@@ -74,6 +90,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
     if args.max_request_bytes < 4096:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
+    if min(args.log_max_age, args.log_max_bytes_per_caller, args.log_max_bytes) < 0 or not args.log_sweep_interval > 0:
+        raise UsageError("--log-max-age, --log-max-bytes-per-caller and --log-max-bytes are 0 (no limit) or more; "
+                         "--log-sweep-interval is above 0")
+    if args.port_max_body_bytes < 0 or args.port_max_ws_message < 1024 or not 0 < args.port_link_ttl <= 86400:
+        raise UsageError("--port-max-body-bytes is 0 or more, --port-max-ws-message at least 1024, "
+                         "--port-link-ttl in (0, 86400] seconds")
     virtual_gpus, per_node = virtual_fleet(args.virtual_gpus, args.virtual_nodes, args.virtual_gpus_per_node)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -87,7 +109,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
         metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes,
-        kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id))
+        kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id),
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
+        forwarded_allow_ips=args.forwarded_allow_ips, insecure_http=exposure.insecure_http,
+        ui_sessions=SessionSettings(max_age_s=args.ui_session_max_age, idle_s=args.ui_session_idle),
+        log_retention=LogRetention(max_age_s=args.log_max_age or None,
+                                   max_bytes_per_caller=args.log_max_bytes_per_caller or None,
+                                   max_bytes_total=args.log_max_bytes or None,
+                                   sweep_every_s=args.log_sweep_interval),
+        ports=PortSettings(low=low, high=high, domain=args.port_domain or None, link_ttl_s=args.port_link_ttl,
+                           max_link_ttl_s=max(3600.0, args.port_link_ttl), max_body_bytes=args.port_max_body_bytes,
+                           max_ws_message=args.port_max_ws_message),
+        gateway=GatewaySettings(max_kernels=args.gateway_max_kernels, cull_idle_s=args.gateway_cull_idle,
+                                allowed_envs=tuple(n for n in args.gateway_allowed_envs.split(",") if n)))
     return serve(settings)
 
 
@@ -124,13 +158,30 @@ def cmd_token_add(args: argparse.Namespace) -> int:
     if path.is_dir():
         raise UsageError(f"--tokens {path}: is a directory, not a file")
     try:
-        token = add_token(path, args.name, admin=args.admin)
+        token = add_token(path, args.name, admin=args.admin, e2b=getattr(args, "e2b", False))
     except ValueError as exc:
         raise UsageError(f"--tokens {path}: {exc}") from None
     print(token)
     print(f"stored a hash of this token for caller {args.name!r}{' (admin)' if args.admin else ''} in {path}; "
           "it is shown only now. Serve with `firepool serve --tokens " f"{path}`; a running broker reads the "
           "file at start.", file=sys.stderr)
+    return 0
+
+
+def cmd_token_rm(args: argparse.Namespace) -> int:
+    """Remove a caller's tokens; the broker drops them (and their dashboard sessions) at SIGHUP or restart."""
+    from broker.api.auth import remove_tokens
+
+    path = Path(args.tokens) if args.tokens else state_dir_for(args.state_dir) / "tokens.json"
+    read_file("--tokens", str(path))
+    try:
+        removed = remove_tokens(path, args.name)
+    except ValueError as exc:
+        raise UsageError(f"--tokens {exc}") from None
+    if not removed:
+        raise UsageError(f"--tokens {path}: no token for caller {args.name!r}")
+    print(f"removed {removed} token(s) of caller {args.name!r} from {path}; send the broker SIGHUP (or restart "
+          "it) to drop them and end their dashboard sessions", file=sys.stderr)
     return 0
 
 

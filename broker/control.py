@@ -24,7 +24,7 @@ from broker.events import Event, EventLog
 from broker.fleet.quotas import QuotasSpec, QuotaTree
 from broker.health.monitor import HealthMonitor
 from broker.health.quarantine import Quarantine
-from broker.jobs import ErrorClass, Job, JobSpec, JobState, transition
+from broker.jobs import SIGNALS, ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
 from broker.ports.agent import LogChunk
@@ -35,9 +35,12 @@ from broker.ports.quarantine import MemoryQuarantineStore, QuarantineStore
 from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
-from broker.running.executing import SIGNALS, Executor
+from broker.running.executing import Executor
+from broker.running.kernelconns import KernelConnections
 from broker.running.kernelwarm import KernelWarmth
+from broker.running.logretention import LogRetention, LogSweeper
 from broker.running.packages import PackageStore
+from broker.running.sessionstreams import SessionStreams
 from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.borrowing import Borrowing
@@ -67,7 +70,8 @@ class Tuning:
 class ControlPlane:
     def __init__(self, *, clock: Clock, store: JobStore, backend: Backend, logs: LogStore, catalog: Catalog,
                  tuning: Tuning = Tuning(), capacity: CapacitySource | None = None,
-                 packages: PackageStore | None = None, quarantine: QuarantineStore | None = None) -> None:
+                 packages: PackageStore | None = None, quarantine: QuarantineStore | None = None,
+                 log_retention: LogRetention = LogRetention()) -> None:
         self.clock = clock
         self.store = store
         self.backend = backend
@@ -76,6 +80,7 @@ class ControlPlane:
         self.packages = packages
         self.stats = Stats()
         self.tasks = Supervisor()
+        self.log_sweeper = LogSweeper(clock, logs, log_retention)
         self.tracker = Tracker(catalog.pools, catalog.caller_limits, catalog.quotas)
         self.events = EventLog(store, clock)
         self.quota_tree: QuotaTree | None = None
@@ -97,6 +102,10 @@ class ControlPlane:
                                  delivery=PackageDelivery(packages) if packages is not None else None,
                                  kernels=self.kernels, health=self.health)
         self.dispatcher.executor = self.executor
+        self.connections = KernelConnections(clock=clock, jobs=self.book, launched=self.executor.launched,
+                                             leases=self.tracker, agents=backend)
+        self.streams = SessionStreams(self.tracker, backend, self.book.live)
+        """Kernel jobs' connection info, fetched from their agents for their owners (`broker.api.access`)."""
         self.controller.events = self.events
         self.health.quarantine.events = self.events
         self.dispatcher.events = self.events
@@ -126,6 +135,7 @@ class ControlPlane:
             self.tasks.spawn("kernel warmth", self.kernels.run())
             self.tasks.spawn("event log", self.events.run())
             self.tasks.spawn("node epochs", self._watch_nodes())
+            self.tasks.spawn("log retention", self.log_sweeper.run())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:
@@ -136,7 +146,7 @@ class ControlPlane:
         log_ready(self.recovery, self.started_at, self.dispatching_at)
 
     async def _watch_nodes(self) -> None:
-        """Read the nodes (a backend that lists them anew: kubernetes) and judge their boot epochs, forever."""
+        """Read the nodes (a backend that lists them anew: a cluster) and judge their boot epochs, forever."""
         refresh = getattr(self.backend, "refresh_nodes", None)
         while True:
             await self.clock.sleep(self.tuning.node_check_s)
@@ -163,7 +173,7 @@ class ControlPlane:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
         job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree,
                     runs_images=bool(getattr(self.backend, "runs_images", False)),
-                    set_ceilings=self.controller.set_ceilings)
+                    set_ceilings=self.controller.set_ceilings, set_largest=self.controller.set_largest)
         await self._check_package(caller, spec)
         stored = await self.book.insert(job)
         created = stored.id == job.id
@@ -273,11 +283,13 @@ class ControlPlane:
         return self.dispatcher.waiting_reason.get(job_id)
 
     async def read_log(self, caller: str, job_id: str, *, stream: str = "combined", offset: int = 0,
-                       max_bytes: int = 1 << 20, wait_s: float = 0.0, attempt: int | None = None) -> LogChunk:
-        """Output of an attempt (the latest by default): live from the agent while it runs, stored after."""
+                       max_bytes: int = 1 << 20, wait_s: float = 0.0, attempt: int | None = None,
+                       known: Job | None = None) -> LogChunk:
+        """Output of an attempt (the latest by default): live from the agent while it runs, stored after.
+        `known`: the ended job as this caller just read it (spares reading it again)."""
         if stream not in STREAMS:
             raise InvalidRequest(f"stream must be one of {STREAMS}", {"field": "stream"})
-        job = await self.get(caller, job_id)
+        job = known if known is not None and known.terminal and known.id == job_id else await self.get(caller, job_id)
         if not job.attempts:
             return LogChunk(b"", offset, job.terminal)
         chosen = job.attempts[-1] if attempt is None else next((a for a in job.attempts if a.n == attempt), None)
@@ -291,9 +303,11 @@ class ControlPlane:
                 except FirepoolError:
                     pass  # reset already took the agent's copy: the stored one is complete
         if self.logs.blocking:
-            data = await asyncio.to_thread(self.logs.read, chosen.id, stream, offset, max_bytes)
+            data = await asyncio.to_thread(self.logs.read, job.caller, chosen.id, stream, offset, max_bytes)
         else:
-            data = self.logs.read(chosen.id, stream, offset, max_bytes)
+            data = self.logs.read(job.caller, chosen.id, stream, offset, max_bytes)
+        if not data and offset == 0:
+            self.log_sweeper.check(job.caller, job.id, chosen.launched_at, chosen.finished_at)
         done = job.terminal or chosen.finished_at is not None
         return LogChunk(data, offset + len(data), done and len(data) < max_bytes)
 
@@ -307,10 +321,10 @@ class ControlPlane:
                                            topology_domain_labels=catalog.topology_domain_labels,
                                            quotas=catalog.quotas)
         self._reload_quotas(catalog.quotas)
-        pace = getattr(self.backend, "set_create_rate", None)  # a backend that paces creates (kubernetes)
+        pace = getattr(self.backend, "set_create_rate", None)  # a backend that paces creates (a cluster's)
         if pace is not None:
             pace(catalog.create_rate.qps, catalog.create_rate.burst)
-        relabel = getattr(self.backend, "set_domain_labels", None)  # a backend that reads node labels (kubernetes)
+        relabel = getattr(self.backend, "set_domain_labels", None)  # a backend that reads node labels (a cluster's)
         if relabel is not None:
             relabel(catalog.topology_domain_labels)
         self.tracker.update_pools(self.catalog.pools)
@@ -366,12 +380,15 @@ class ControlPlane:
     def pods_view(self, pool: str | None = None) -> list[dict[str, Any]]:
         now = self.clock.now()
         out = []
-        # A backend that records how its pods came up (kubernetes: scheduled, pulled, started, answered).
+        # A backend that records how its pods came up (a cluster's: scheduled, pulled, started, answered).
         ready_record = getattr(self.backend, "ready_record", None)
         for pod in self.tracker.snapshot():
             if pool is not None and pod.pool != pool:
                 continue
             view = pod.snapshot()
+            if view["caller"] is None and pod.job is not None and (job := self.book.live.get(pod.job)) is not None:
+                # A pod takes its session's key at release: while it runs a job, the job says whose it is.
+                view.update(caller=job.caller, lease_tag=job.spec.lease_tag or None, queue=job.spec.queue)
             view["held"] = pod.held(now)
             view["isolated"] = self.backend_isolated
             if ready_record is not None and (ready := ready_record(pod.name)) is not None:

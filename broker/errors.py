@@ -4,10 +4,12 @@
     ├── InvalidRequest (422)      ├── UnknownField (422)   └── UnknownPool (400), Unschedulable (400)
     ├── ImageNotAllowed (403: not in the pool's allowlist)  ImagesUnsupported (400: backend runs no images)
     ├── Unauthorized (401)        ├── NotFound (404)       └── Conflict (409)
+    │                                 └── KernelNotReady (409, retryable), KernelEnded (409), NotAKernel (409)
     ├── PackageError (4xx)        └── QuotaExceeded (429)
     │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
     │   └── PayloadTooLarge (413: compressed or extracted limit)
     ├── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
+    │                                  └── AgentError, PortClosed (502: nothing serves the port)
     └── at the API's door: MethodNotAllowed (405), RequestTooLarge (413), UnsupportedMediaType (415),
         InternalError (500: an unhandled exception, logged with its traceback)
 
@@ -95,6 +97,26 @@ class Conflict(FirepoolError):
     status = 409
 
 
+class LogsSwept(FirepoolError):
+    """The job's logs were removed by log retention (past its age, or its caller's bytes)."""
+
+    status = 410
+
+
+class KernelNotReady(Conflict):
+    """The kernel job has no reachable kernel yet (queued, starting): ask again, or with `wait_s`."""
+
+    retryable = True
+
+
+class KernelEnded(Conflict):
+    """The kernel job ended: its kernel is gone, and so are its keys."""
+
+
+class NotAKernel(Conflict):
+    """The job was not submitted with `kernel: true`: it has no kernel connection."""
+
+
 class PackageError(FirepoolError):
     status = 400
 
@@ -139,6 +161,10 @@ class AgentError(BackendError):
     """A pod agent could not be reached or refused a request."""
 
 
+class PortClosed(BackendError):
+    """Nothing in the session's sandbox serves the port (yet): retryable, a server may be starting."""
+
+
 class MethodNotAllowed(FirepoolError):
     """The route exists but not for this method; the response's `Allow` header lists those it serves."""
 
@@ -170,3 +196,11 @@ def all_error_classes() -> dict[str, type[FirepoolError]]:
         found[cls.__name__] = cls
         stack.extend(cls.__subclasses__())
     return found
+
+
+class TooManyKernels(QuotaExceeded):
+    """The caller already runs the gateway's per-caller number of kernels: shut one down first."""
+
+
+class SessionBusy(Conflict):
+    """Another live gateway kernel of the caller holds this session (a session runs one job at a time)."""

@@ -72,6 +72,7 @@ class EventLog:
         self.clock = clock
         self._pending: list[Event] = []
         self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
         self.emitted = 0
         self.by_kind: dict[str, int] = {}
         """Events emitted since start, by kind (the /metrics counter)."""
@@ -105,18 +106,20 @@ class EventLog:
             self._pending[:0] = batch
 
     async def flush(self) -> None:
-        """Write every pending event (on a worker thread when the store blocks)."""
-        if not self._pending:
-            return
-        if not self.store.blocking:
-            self._write_now()
-            return
-        batch, self._pending = self._pending, []
-        try:
-            await asyncio.to_thread(self.store.add_events, batch)
-        except FirepoolError as exc:
-            log.warning("writing %d events failed; kept for the next try: %s", len(batch), exc)
-            self._pending[:0] = batch
+        """Write every pending event (on a worker thread when the store blocks). One flush at a time: a reader
+        that flushes while the writer's batch is in flight returns once that batch is stored, not before."""
+        async with self._flushing:
+            if not self._pending:
+                return
+            if not self.store.blocking:
+                self._write_now()
+                return
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self.store.add_events, batch)
+            except FirepoolError as exc:
+                log.warning("writing %d events failed; kept for the next try: %s", len(batch), exc)
+                self._pending[:0] = batch
 
     async def run(self) -> None:
         """Write events as they come (a supervised task)."""

@@ -104,6 +104,8 @@ class ErrorClass(enum.StrEnum):
     """The GPU failed (Xid, ECC, NVML health): the job is re-queued elsewhere without spending a retry."""
 
 
+SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
+"""What a caller may send a running job (the agent's signal endpoint takes these names)."""
 PREEMPT_AGING = 1
 """Priority a job gains per preemption (design §4: preempt_count aging, so it climbs out of the danger zone)."""
 
@@ -136,10 +138,10 @@ class JobSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields later features add (package, requirements, kernel); stored with the spec."""
     recycle: bool = True
-    """May a new session take the caller's idle pod of another session (emptying that session's workspace)
-    before a standby or a new pod? Either way the pod then stays with the new session. False protects
-    sessions that live side by side (MCP conversations): only at the pool's ceiling does the caller's least
-    recently used session hand its pod over. Claim.recycle (broker.claiming.tracking) says why both exist."""
+    """In a `retire` or `hint` pool, may a new session take the caller's idle pod of another session (emptying
+    that session's workspace) before a standby or a new pod? False protects sessions that live side by side
+    (MCP conversations): only at the pool's ceiling does the caller's least recently used session hand its pod
+    over, which is a `boundary` pool's rule for every job. Claim.recycle (broker.claiming.tracking) says more."""
     image: str = ""
     """A custom container image from the pool's allowlist (broker.images); empty: the pool's own."""
     topology: str = ""

@@ -101,7 +101,24 @@ def discover(url: str | None = None, token: str | None = None, state_dir: str | 
     token = token or env.get("FIREPOOL_TOKEN") or ""
     if not token:
         try:
-            token = (state / TOKEN_FILE).read_text().strip()
+            token = read_private(state / TOKEN_FILE).strip()
+        except InsecureFileError:
+            raise
         except OSError:
             token = ""
     return Discovery(url=url.rstrip("/"), token=token, source=source, hint=hint)
+
+
+class InsecureFileError(PermissionError):
+    """A file holding a secret in clear that others may read: refused, as ssh refuses an open key."""
+
+
+def read_private(path: Path) -> str:
+    """The text of a file that holds a token in clear (one that must be sent on, so it cannot be stored
+    hashed); InsecureFileError when its group or others may read or write it."""
+    with path.open() as f:
+        mode = os.fstat(f.fileno()).st_mode & 0o777
+        if mode & 0o077:
+            raise InsecureFileError(1, f"permissions {mode:04o} are too open for a file holding tokens in clear; "
+                                       f"`chmod 600` it", str(path))
+        return f.read()

@@ -32,6 +32,7 @@ from pydantic import (
 
 from broker.fleet.quotas import QuotaProblem, QuotasSpec
 from broker.fleet.quotas import check as check_quotas
+from broker.podtemplate import check_template, check_volumes
 from broker.startmodel import from_template as venue_delay_of
 
 ReuseTag = Literal["boundary", "hint", "retire"]
@@ -67,8 +68,9 @@ def _variable_names(env: Mapping[str, str]) -> Mapping[str, str]:
 
 
 def _template(template: Mapping[str, Any]) -> Mapping[str, Any]:
-    # A bad `venue_delay` (the modelled cold start, broker.startmodel) would otherwise
-    # surface only when a pod starts; the catalog refuses it with its key path instead.
+    # A bad `venue_delay` (the modelled cold start, broker.startmodel) or pod value (`memory: 256Potatoes`,
+    # broker.podtemplate, checked with the pool's name in _checked) would otherwise surface only when a pod
+    # starts, and the pool's jobs would wait for ever; the catalog refuses it with its key path instead.
     venue_delay_of(template)
     return template
 
@@ -153,6 +155,9 @@ class PoolSpec:
     """Custom images a job of this pool may name (`image`): shell globs over the whole reference, e.g.
     `registry.example/team/*`; empty allows none. A mutable tag runs on a single-use pod; a digest-pinned
     image's pod serves only its caller's jobs of that image (broker.images)."""
+    max_output_bytes: Annotated[int, Strict(), Field(ge=4096, le=1 << 40)] = 64 << 20
+    """Bytes kept per stream (combined, stdout, stderr) of an attempt; past it the log ends with a marker line and
+    the rest is dropped, in the pod and again in the broker's log store (docs/security.md, "Output budget")."""
 
     @property
     def hold_seconds(self) -> float:
@@ -313,6 +318,11 @@ def _checked(spec: PoolSpec, raw: Mapping[str, Any], where: str) -> PoolSpec:
         spec = dataclasses.replace(spec, accelerator="gpu")
     if spec.max_count < spec.min_count:
         raise CatalogError(f"{where}: max_count {spec.max_count} is below min_count {spec.min_count}")
+    try:  # the pool's own cpus are the template's default: a pool of `cpus: 0` has no CPU to give a pod
+        check_template(spec.template, spec.cpus)
+        check_volumes(spec.keep_paths, spec.wipe_paths, spec.shared_paths)
+    except ValueError as exc:
+        raise CatalogError(f"{where if repr(spec.name) in where else f'{where} ({spec.name})'}: {exc}") from None
     return spec
 
 

@@ -15,23 +15,28 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from broker.api.auth import TokenAuth, local_caller, local_token
+from broker.api.exposure import Exposure
 from broker.api.jwt_auth import JwtSettings, JwtVerifier
+from broker.api.portlinks import PortSettings, load_key
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.errors import FirepoolError
+from broker.gateway.kernels import GatewaySettings
 from broker.locations import BROKER_FILE, DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
+from broker.running.logretention import LogRetention
 from broker.running.packages import FilePackageStore, PackageLimits
+from broker.ui.session import SessionSettings
 
 log = logging.getLogger("firepool.server")
 
@@ -81,6 +86,26 @@ class ServeSettings:
     """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
     kubernetes: KubernetesTarget = KubernetesTarget()
     """Where the kubernetes backend creates pods."""
+    tls_cert: Path | None = None
+    """`--tls-cert`: serve HTTPS with this certificate chain (PEM), with `tls_key`."""
+    tls_key: Path | None = None
+    forwarded_allow_ips: str | None = None
+    """`--forwarded-allow-ips`: trust X-Forwarded-Proto/For from these proxy addresses (uvicorn's option)."""
+    insecure_http: bool = False
+    """`--insecure-http`: the operator accepts plain HTTP on a non-loopback address."""
+    ui_sessions: SessionSettings = SessionSettings()
+    """Dashboard sessions: absolute and idle lifetimes (docs/dashboard.md)."""
+    log_retention: LogRetention = LogRetention()
+    """How long and how much of each caller's logs the state dir keeps."""
+    ports: PortSettings = PortSettings()
+    """The port proxy: allowed ports, host form, body and message caps (docs/ports.md); its key is read
+    from the state dir at start."""
+    gateway: GatewaySettings = GatewaySettings()
+    """The Jupyter gateway's per-caller kernel limit, idle culling and client envs (broker.gateway)."""
+
+    @property
+    def exposure(self) -> Exposure:
+        return Exposure(self.host, tls=self.tls_cert is not None, insecure_http=self.insecure_http)
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -165,7 +190,7 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
 
     return ControlPlane(clock=clock, store=store, backend=backend, logs=logs, catalog=catalog,
                         tuning=settings.tuning, capacity=build_capacity(settings), packages=packages,
-                        quarantine=SqlQuarantineStore(store.engine))
+                        quarantine=SqlQuarantineStore(store.engine), log_retention=settings.log_retention)
 
 
 def write_address(settings: ServeSettings, port: int) -> Path:
@@ -176,7 +201,8 @@ def write_address(settings: ServeSettings, port: int) -> Path:
         host = f"[{host}]"
     path = settings.state_dir / BROKER_FILE
     tmp = path.with_name(f".{BROKER_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"url": f"http://{host}:{port}", "pid": os.getpid()}))
+    scheme = "https" if settings.tls_cert is not None else "http"
+    tmp.write_text(json.dumps({"url": f"{scheme}://{host}:{port}", "pid": os.getpid()}))
     os.replace(tmp, path)
     return path
 
@@ -230,23 +256,50 @@ def settle_heap() -> None:
 def serve(settings: ServeSettings) -> int:
     """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
     from broker.api.app import create_app
-    from broker.ui import start_ui
+    from broker.store.sql import SqlJobStore
+    from broker.store.ui_sessions import SqlSessionStore
+    from broker.ui import end_stale_sessions, start_ui
 
     auth = build_auth(settings)
     cp = build_control_plane(settings)
+    exposure = settings.exposure
+    assert isinstance(cp.store, SqlJobStore)  # build_control_plane opens a SQL store
     app = create_app(cp, auth, metrics_caller_labels=settings.metrics_caller_labels,
-                     max_request_bytes=settings.max_request_bytes)
+                     max_request_bytes=settings.max_request_bytes, exposure=exposure,
+                     ui_sessions=SqlSessionStore(cp.store.engine), ui_session_settings=settings.ui_sessions,
+                     ports=replace(settings.ports, key=load_key(settings.state_dir)),
+                     gateway_settings=settings.gateway)
     mcp_lifespan = _mount_mcp(app, auth, settings) if settings.mcp else None
+    if exposure.transport == "http-insecure":
+        log.warning("serving PLAIN HTTP on %s (--insecure-http): bearer tokens and dashboard cookies cross the "
+                    "network in clear; /healthz says transport http-insecure", settings.host)
+    chores: set[asyncio.Task[Any]] = set()
+
+    def on_hangup() -> None:
+        """SIGHUP: re-read the catalog and the tokens file; sessions of tokens that left the file end."""
+        reload_catalog(cp, settings)
+        if settings.tokens_file is None:
+            return
+        try:
+            auth.reload(settings.tokens_file)
+        except ValueError as exc:
+            log.error("tokens reload failed, keeping the running tokens: %s", exc)
+            return
+        log.info("tokens reloaded: %d token(s)", len(auth))
+        task = asyncio.get_running_loop().create_task(_end_sessions(app, end_stale_sessions))
+        chores.add(task)
+        task.add_done_callback(chores.discard)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
         await cp.start()
         settle_heap()
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
+        await _end_sessions(app, end_stale_sessions)  # tokens removed while the broker was down end theirs
         log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
                  cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
         watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_catalog, cp, settings)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         try:
             if mcp_lifespan is None:
                 yield
@@ -255,12 +308,16 @@ def serve(settings: ServeSettings) -> int:
                     yield
         finally:
             watchdog.cancel()
+            await app.state.gateway.close()  # its kernels' jobs run on, for the next broker to adopt
             await cp.stop(delete_idle_pods=not settings.keep_pods)
             await asyncio.to_thread(cp.store.close)
 
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                            ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+                            proxy_headers=settings.forwarded_allow_ips is not None,
+                            forwarded_allow_ips=settings.forwarded_allow_ips)
     server = _Server(config, settings)
     try:
         server.run()  # SIGINT/SIGTERM end it gracefully: uvicorn handles them and returns
@@ -281,7 +338,18 @@ def _mount_mcp(app: object, auth: TokenAuth, settings: ServeSettings) -> Any:
         log.warning("/mcp/ serves only the callers whose tokens are stored in plain text; hashed ones get a 401 "
                     "there (run `firepool mcp --http` with a token per caller instead)")
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    return mount(app, broker_url=f"http://{host}:{settings.port}", tokens=tokens, host=settings.host)
+    scheme = "https" if settings.tls_cert is not None else "http"  # its certificate must name this host
+    return mount(app, broker_url=f"{scheme}://{host}:{settings.port}", tokens=tokens, host=settings.host)
+
+
+async def _end_sessions(app: Any, end: Callable[[Any], Awaitable[int]]) -> None:
+    try:
+        ended = await end(app)
+    except FirepoolError as exc:  # the store is down: the per-request check still refuses those sessions
+        log.warning("could not end stale dashboard sessions now: %s", exc)
+        return
+    if ended:
+        log.info("ended %d dashboard session(s) of removed tokens or past their expiry", ended)
 
 
 async def _stop_on_failure(cp: ControlPlane, server: object) -> None:

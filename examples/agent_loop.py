@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _failing import run_main  # noqa: E402
 from _table import LoopProgress, print_table  # noqa: E402
 
 from broker.client import Client, JobInfo  # noqa: E402
@@ -28,7 +29,16 @@ TOOL = ("import os, time, pathlib; time.sleep({body}); p = pathlib.Path('notes.t
 
 
 def agent(fp: Client, name: str, pool: str, rows: list[tuple[str, JobInfo]], lock: threading.Lock,
-          rng: random.Random, plan: list[int], think: float, progress: LoopProgress) -> None:
+          rng: random.Random, plan: list[int], think: float, progress: LoopProgress,
+          failures: list[BaseException]) -> None:
+    try:
+        agent_steps(fp, name, pool, rows, lock, rng, plan, think, progress)
+    except Exception as exc:  # the main thread reports it once (a thread's own traceback would not stop the loop)
+        failures.append(exc)
+
+
+def agent_steps(fp: Client, name: str, pool: str, rows: list[tuple[str, JobInfo]], lock: threading.Lock,
+                rng: random.Random, plan: list[int], think: float, progress: LoopProgress) -> None:
     tag = f"{name}-{rng.randrange(1 << 30):x}"
     step = 0
     for iteration, calls in enumerate(plan):
@@ -58,16 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     rngs = [random.Random(args.seed + i) for i in range(args.agents)]
     plans = [[rng.randint(2, 4) for _ in range(3)] for rng in rngs]  # tool calls per iteration, drawn up front
     total = sum(map(sum, plans))
-    with Client(args.url, args.token) as fp, LoopProgress(f"agent loop: {args.agents} agents", total) as progress:
-        threads = [threading.Thread(target=agent, args=(fp, f"agent{i}", args.pool, rows, lock, rngs[i], plans[i],
-                                                        args.think, progress))
-                   for i in range(args.agents)]
-        started = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        makespan = time.monotonic() - started
+    failures: list[BaseException] = []
+    with Client(args.url, args.token) as fp:
+        fp.whoami()  # no broker, or a refused token: one error here, before any thread starts
+        with LoopProgress(f"agent loop: {args.agents} agents", total) as progress:
+            threads = [threading.Thread(target=agent, args=(fp, f"agent{i}", args.pool, rows, lock, rngs[i],
+                                                            plans[i], args.think, progress, failures))
+                       for i in range(args.agents)]
+            started = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            makespan = time.monotonic() - started
+    if failures:
+        raise failures[0]
     rows.sort(key=lambda r: r[1].timings.get("submitted_at", 0.0))
     print_table(f"agent loop: {args.agents} agents, makespan {makespan:.1f} s", rows)
     firsts = {r[1].raw.get("lease_tag") for r in rows}
@@ -79,4 +94,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _failing import run_main  # noqa: E402
 from _table import LoopProgress, print_table  # noqa: E402
 
 from broker.client import Client, JobInfo  # noqa: E402
@@ -51,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, JobInfo]] = []
     started = time.monotonic()
     total = args.iterations * (args.rollouts + 3)
-    with Client(args.url, args.token) as fp, LoopProgress(f"RL loop: {args.iterations} iterations", total) as progress:
-        for it in range(args.iterations):
-            for kind, n in (("rollout", args.rollouts), ("eval", 2), ("update", 1)):
-                for i, job in enumerate(stage(fp, args.pool, tag, kind, n, rng, it, progress)):
-                    rows.append((f"it{it} {kind}{i}", job))
+    with Client(args.url, args.token) as fp:
+        fp.whoami()  # no broker, or a refused token: one error before the loop starts
+        with LoopProgress(f"RL loop: {args.iterations} iterations", total) as progress:
+            for it in range(args.iterations):
+                for kind, n in (("rollout", args.rollouts), ("eval", 2), ("update", 1)):
+                    for i, job in enumerate(stage(fp, args.pool, tag, kind, n, rng, it, progress)):
+                        rows.append((f"it{it} {kind}{i}", job))
     makespan = time.monotonic() - started
     print_table(f"RL loop: {args.iterations} iterations x ({args.rollouts} rollouts, 2 evals, 1 update), "
                 f"makespan {makespan:.1f} s", rows)
@@ -67,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

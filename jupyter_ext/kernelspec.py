@@ -46,7 +46,7 @@ def install(spec: dict[str, Any], name: str, *, user: bool = False, prefix: str 
     try:
         from jupyter_client.kernelspec import KernelSpecManager
     except ImportError as exc:
-        raise InvalidRequest("jupyter_client is not installed: pip install 'firepool[jupyter]'") from exc
+        raise InvalidRequest("jupyter_client is not installed: pip install -e '.[jupyter]' in the checkout") from exc
     if not _NAME.match(name):
         raise InvalidRequest(f"kernel name {name!r} must be lowercase letters, digits, '.', '_' or '-'",
                              {"field": "name"})
@@ -93,7 +93,7 @@ def _manager() -> Any:
     try:
         from jupyter_client.kernelspec import KernelSpecManager
     except ImportError as exc:
-        raise InvalidRequest("jupyter_client is not installed: pip install 'firepool[jupyter]'") from exc
+        raise InvalidRequest("jupyter_client is not installed: pip install -e '.[jupyter]' in the checkout") from exc
     return KernelSpecManager()
 
 
@@ -139,12 +139,34 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_pool(pool: str, url: str | None, token: str | None = None, *, timeout: float = 5.0) -> str | None:
+    """Ask the broker whether it has `pool`. An unknown pool raises UnknownPool naming the pools it has; a broker
+    that cannot be asked (not running, refused token) returns the one-line warning to print, and the install goes
+    on: the kernel starts later, maybe against a broker started by then."""
+    from broker.client import Client
+    from broker.errors import FirepoolError, UnknownPool
+    from broker.retrying import NO_RETRY
+
+    try:
+        with Client(url, token, timeout=timeout, retry=NO_RETRY) as client:
+            pools = [str(p.get("name")) for p in client.pools()]
+    except FirepoolError as exc:
+        return f"firepool: warning: pool {pool!r} not checked ({exc.error_class}: {exc.message}); installing anyway"
+    if pool not in pools:
+        raise UnknownPool(f"the broker at {client.url} has no pool {pool!r} (its pools: {', '.join(pools) or 'none'}); "
+                          f"nothing installed", {"pool": pool, "pools": pools})
+    return None
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     from broker.locations import discover
 
     url = discover(args.url, "-").url
     name = args.name or f"firepool-{args.pool}".lower()
     spec = kernel_json(args.pool, url=url, display_name=args.display_name, lease_tag=args.tag, ip=args.ip)
+    warning = check_pool(args.pool, url)
+    if warning:
+        print(warning, file=sys.stderr)
     prefix = sys.prefix if args.sys_prefix else args.prefix
     destination = install(spec, name, user=args.user, prefix=prefix)
     print(f"installed kernelspec {name} ({spec['display_name']}) in {destination}")

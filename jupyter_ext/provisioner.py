@@ -1,8 +1,8 @@
 """`FirepoolProvisioner`: a jupyter_client kernel provisioner whose kernel is a broker job in a warm sandbox.
 
 Launch submits a kernel job (`kernel: true`, lease_tag = the kernel id or the notebook path) to the pool
-and reads the connection line the pod's launcher writes to the job's stdout, which only this caller can
-read. Signals, terminate and kill go through the broker (`POST /v1/jobs/{id}/signal`); a restart is a
+and asks the broker for the kernel's connection info (`GET /v1/jobs/{id}/kernel`, `AsyncClient.kernel`),
+which only this caller, the job's owner, can read; no key is ever in the job's log. Signals, terminate and kill go through the broker (`POST /v1/jobs/{id}/signal`); a restart is a
 new kernel job with the same tag, so it lands on the same warm sandbox. The broker's token stays here: the
 kernel sees only what the broker injects (its pod's GPUs, the workspace, the verified caller).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -21,10 +21,8 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Float, Unicode
 
 from broker.client import AsyncClient, JobInfo
-from broker.errors import Conflict, FirepoolError, NotFound
+from broker.errors import Conflict, FirepoolError, KernelEnded, NotFound
 
-MARKER = b"FIREPOOL-KERNEL "
-"""The launcher's connection line (see `firepool_agent.kernel`)."""
 CONNECTION_KEYS = ("ip", "transport", "shell_port", "iopub_port", "stdin_port", "control_port", "hb_port",
                    "signature_scheme")
 SIGNAL_NAMES = {signal.SIGINT: "INT", signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGHUP: "HUP",
@@ -35,15 +33,14 @@ TAG_LIMIT = 255
 
 
 class KernelStartError(RuntimeError):
-    """The kernel job ended, or never reported its connection line, before the kernel was reachable."""
+    """The kernel job ended, or never reported its connection info, before the kernel was reachable."""
 
 
-def parse_connection(line: bytes) -> KernelConnectionInfo:
-    """The connection info of a launcher line, the key as bytes (as jupyter_client compares it)."""
-    raw = json.loads(line[len(MARKER):].decode())
+def parse_connection(raw: Mapping[str, Any]) -> KernelConnectionInfo:
+    """The connection info the broker served, the key as bytes (as jupyter_client compares it)."""
     missing = [k for k in (*CONNECTION_KEYS, "key") if k not in raw]
     if missing:
-        raise KernelStartError(f"the kernel's connection line lacks {', '.join(missing)}")
+        raise KernelStartError(f"the kernel's connection info lacks {', '.join(missing)}")
     info: KernelConnectionInfo = {k: raw[k] for k in CONNECTION_KEYS}  # type: ignore[assignment]
     info["key"] = raw["key"].encode()
     if raw.get("curve_publickey") and raw.get("curve_secretkey"):
@@ -51,15 +48,6 @@ def parse_connection(line: bytes) -> KernelConnectionInfo:
         info["curve_publickey"] = str(raw["curve_publickey"])
         info["curve_secretkey"] = str(raw["curve_secretkey"])
     return info
-
-
-def find_connection(buffer: bytes) -> KernelConnectionInfo | None:
-    """The connection info once a whole marker line is in `buffer`, else None."""
-    start = buffer.find(MARKER)
-    if start < 0 or (start > 0 and buffer[start - 1:start] != b"\n"):
-        return None
-    end = buffer.find(b"\n", start)
-    return None if end < 0 else parse_connection(buffer[start:end])
 
 
 def session_tag(mode: str, kernel_id: str, env: dict[str, str]) -> str:
@@ -92,7 +80,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
     queue = Unicode("default", config=True, help="The broker queue of kernel jobs.")
     ip = Unicode("127.0.0.1", config=True,
                  help="Address the kernel binds in its pod (127.0.0.1 on the local backend, 0.0.0.0 in a cluster).")
-    start_timeout = Float(120.0, config=True, help="Seconds to wait for the kernel's connection line.")
+    start_timeout = Float(120.0, config=True, help="Seconds to wait for the kernel's connection info.")
     max_lifetime = Float(None, allow_none=True, config=True,
                          help="The kernel job's timeout_s: a hard cap on one kernel's life, which also bounds "
                               "a kernel whose Jupyter server died without shutting it down (default: none).")
@@ -105,7 +93,7 @@ class FirepoolProvisioner(KernelProvisionerBase):
     last_job: JobInfo | None = None
     """The kernel job as the broker last reported it (pool, pod, acquisition path)."""
     launch_s: float | None = None
-    """The last launch's submit -> connection line, seconds (the benchmark's phase)."""
+    """The last launch's submit -> connection info, seconds (the benchmark's phase)."""
 
     # ---------------------------------------------------------------- plumbing
 
@@ -162,9 +150,11 @@ class FirepoolProvisioner(KernelProvisionerBase):
         try:
             job = await self.client().submit(cmd, self.pool, lease_tag=self._tag, queue=self.queue, kernel=True,
                                              env=self.kernel_env(env), timeout_s=self.max_lifetime)
-        except FirepoolError:
+        except FirepoolError as exc:
             await self._close()  # the manager calls no cleanup after a failed start
-            raise
+            # One error a notebook user can act on (no broker, unknown pool, refused token), of the broker's
+            # class, without the HTTP client's exception chained under it.
+            raise start_error(exc, self.pool) from None
         self._exit, self._polled_at, self.last_job = None, 0.0, job
         try:
             info = await asyncio.wait_for(self._read_connection(job.id), self.start_timeout)
@@ -307,22 +297,26 @@ class FirepoolProvisioner(KernelProvisionerBase):
                 self.log.warning("kernel job %s not reachable on reattach: %s", self.job_id, exc)
 
 
+def start_error(exc: FirepoolError, pool: str) -> FirepoolError:
+    """The broker's error for a kernel that could not be submitted, its message saying what was started."""
+    error = type(exc)(f"Firepool kernel in pool {pool!r} not started: {exc.message}", exc.details)
+    error.status = exc.status
+    return error
+
+
 def _text(key: Any) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
 
 
 async def read_connection(client: Any, job_id: str) -> KernelConnectionInfo:
-    """Follow a kernel job's stdout until its connection line; KernelStartError if the job ends first."""
-    buffer = b""
-    stream = client.stream_logs(job_id, "stdout", follow=True)
+    """The kernel's connection info from the broker's owner-only endpoint once the kernel is up (the caller's
+    own timeout bounds the wait); KernelStartError if the job ends first."""
     try:
-        async for chunk in stream:
-            buffer += chunk
-            info = find_connection(buffer)
-            if info is not None:
-                return info
-    finally:
-        await stream.aclose()
+        raw = await client.kernel(job_id, timeout=None)
+    except KernelEnded:
+        pass
+    else:
+        return parse_connection(raw)
     job = await client.get(job_id)
     raise KernelStartError(f"kernel job {job_id} ended ({job.state}, {job.error_class or 'exit'} "
                            f"{job.exit_code}) before its kernel started: "

@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -14,24 +15,36 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from broker import __version__
 from broker.api import door
+from broker.api.access import Part, readable_job
 from broker.api.auth import Identity, TokenAuth
+from broker.api.command_routes import add_command_routes
+from broker.api.e2b.layer import E2BLayer
+from broker.api.exposure import Exposure
 from broker.api.health_routes import add_health_routes
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
-from broker.api.schemas import ErrorView, JobRequest, JobView, SignalRequest, job_view
+from broker.api.port_routes import add_port_routes
+from broker.api.portlinks import PortSettings
+from broker.api.portproxy import PortProxy
+from broker.api.schemas import ErrorView, JobRequest, JobView, KernelView, SignalRequest, job_view
+from broker.api.terminal_routes import add_terminal_routes
 from broker.control import ControlPlane
 from broker.errors import FirepoolError, Forbidden, InvalidRequest, UnknownField
 from broker.events import caller_view
+from broker.gateway.kernels import GatewaySettings
+from broker.gateway.routes import Gateway, add_gateway_routes
 from broker.jobs import JobState
 from broker.ports.logs import STREAMS
+from broker.ports.ui_sessions import MemorySessionStore, UiSessionStore
 from broker.ui import mount_ui
+from broker.ui.session import SessionSettings
 from broker.warmth.poolview import caller_pool_view
 from firepool_agent.limits import MAX_LOG_OFFSET
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorView}, 403: {"model": ErrorView}, 404: {"model": ErrorView}, 422: {"model": ErrorView},
     400: {"model": ErrorView},
-    "default": {"model": ErrorView, "description": "Any other failure (405, 409, 413, 415, 429, 5xx), "
+    "default": {"model": ErrorView, "description": "Any other failure (405, 409, 410, 413, 415, 429, 5xx), "
                 "in the same error shape"},
 }
 TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
@@ -113,7 +126,10 @@ Who = Annotated[Identity, Depends(current_identity)]
 
 
 def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool = False,
-               max_request_bytes: int = door.DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+               max_request_bytes: int = door.DEFAULT_MAX_REQUEST_BYTES, exposure: Exposure = Exposure(),
+               ui_sessions: UiSessionStore | None = None, ui_session_settings: SessionSettings | None = None,
+               ports: PortSettings | None = None, gateway_settings: GatewaySettings | None = None,
+               ) -> FastAPI:
     app = FastAPI(title="Firepool", version=__version__,
                   description="A broker of warm, isolated GPU sandboxes for agentic and RL workloads.")
     door.install(app, max_request_bytes)
@@ -132,7 +148,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none",
-                "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools)}
+                "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools), "transport": exposure.transport}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics(who: Who) -> Response:
@@ -183,13 +199,23 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         job = await cp.signal(who, job_id, body.signal)
         return JSONResponse(job_view(job))
 
+    @app.get("/v1/jobs/{job_id}/kernel", responses={200: {"model": KernelView}, **ERRORS})
+    async def kernel(job_id: str, who: Who, wait_s: Annotated[float, Query(ge=0, le=300)] = 0.0) -> JSONResponse:
+        """A kernel job's connection info (address, ports, HMAC key, CurveZMQ keys), for its owner only: 404
+        for anyone else, admins included; 409 KernelNotReady (retryable) until the kernel is up, or after
+        `wait_s` seconds of waiting for it; 409 KernelEnded once the job ended."""
+        job = await readable_job(cp.book, who, job_id, Part.OUTPUT)
+        info = await cp.connections.connection(job, wait_s)
+        return JSONResponse({"job": job.id, "connection": info}, headers={"Cache-Control": "no-store"})
+
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
-    async def logs(job_id: str, who: Caller, stream: str = "combined", follow: bool = True,
+    async def logs(job_id: str, who: Who, stream: str = "combined", follow: bool = True,
                    attempt: Annotated[int | None, Query(ge=0, le=1 << 31)] = None,
                    offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> StreamingResponse:
         if stream not in STREAMS:
             raise InvalidRequest(f"stream must be one of {', '.join(STREAMS)}", {"field": "stream"})
-        first = await cp.read_log(who, job_id, stream=stream, offset=offset, attempt=attempt,
+        owner = (await readable_job(cp.book, who, job_id, Part.OUTPUT)).caller  # the owner alone (access.py)
+        first = await cp.read_log(owner, job_id, stream=stream, offset=offset, attempt=attempt,
                                   wait_s=0.0)
 
         async def body() -> AsyncIterator[bytes]:
@@ -204,7 +230,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                         return
                     await asyncio.sleep(0.05)  # reads from the store do not block; the agent's do
                 try:
-                    chunk = await cp.read_log(who, job_id, stream=stream, offset=chunk.next_offset,
+                    chunk = await cp.read_log(owner, job_id, stream=stream, offset=chunk.next_offset,
                                               attempt=attempt, wait_s=5.0 if follow else 0.0)
                 except FirepoolError:
                     return
@@ -242,7 +268,20 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         return {"events": [e.to_json() if who.admin else caller_view(e) for e in found],
                 "next": found[-1].id if found else after_id}
 
+    add_command_routes(app, cp, cp.book.wait_change, current_caller, ERRORS)  # a session's command, streamed
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
-    mount_ui(app, cp, auth)  # the dashboard at /ui/ (docs/dashboard.md)
+    settings = ui_session_settings or SessionSettings()
+    settings = replace(settings, secure=settings.secure or exposure.secure_cookies)
+    mount_ui(app, cp, auth, ui_sessions or MemorySessionStore(), settings)  # the dashboard at /ui/ (docs/dashboard.md)
     add_health_routes(app, cp, current_identity, ERRORS)
+    app.state.gateway = Gateway(cp, cp.connections, lambda: cp.catalog, gateway_settings or GatewaySettings(),
+                                lambda: list(cp.book.live.values()))
+    add_gateway_routes(app, app.state.gateway, ERRORS)  # the Jupyter gateway at /api/ (broker.gateway)
+    add_terminal_routes(app, cp, auth)  # a websocket: the owner's shell in a session sandbox
+    port_settings = ports or PortSettings()
+    add_port_routes(app, cp.streams, auth, port_settings, ERRORS)
+    # Outermost: a session port's requests and websockets never meet the door's JSON checks (docs/ports.md).
+    app.add_middleware(PortProxy, streams=cp.streams, auth=auth, settings=port_settings, ui=settings)
+    # Outermost too: the E2B SDKs' control plane and envd (multipart, connect+json) under /e2b (docs/e2b.md).
+    app.add_middleware(E2BLayer, cp=cp, gateway=app.state.gateway, auth=auth, port_domain=port_settings.domain)
     return app

@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.api.jwt_auth import JwtVerifier
 from broker.errors import Unauthorized
+from broker.locations import read_private
 
 log = logging.getLogger("firepool.auth")
 
@@ -63,12 +64,39 @@ def _entry(key: object, value: object) -> tuple[bytes, Identity, bool]:
     return hashlib.sha256(key.encode()).digest(), identity, True
 
 
+class TokenFileError(ValueError):
+    """A tokens-file entry the broker cannot use: which one (by position, never by its key) and why."""
+
+    def __init__(self, n: int, key: object, message: str) -> None:
+        super().__init__(f"entry {n}: {message}")
+        self.n, self.key, self.reason = n, key, message
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What a dashboard session is bound to: the verified identity, the digest of the token presented
+    (`sha256:<hex>` for a tokens-file token, `jwt:<hex>` for a JWT) and, for a JWT, its expiry."""
+
+    identity: Identity
+    digest: str
+    expires_at: float | None = None
+
+
 class TokenAuth:
     def __init__(self, tokens: Mapping[str, Any], jwt: JwtVerifier | None = None) -> None:
-        entries = [_entry(k, v) for k, v in tokens.items()]
-        self._entries = [(digest, identity) for digest, identity, _ in entries]
-        self._plain = {k: v.caller for (k, (_, v, plain)) in zip(tokens, entries, strict=True) if plain}
+        entries = []
+        for n, (key, value) in enumerate(tokens.items(), 1):
+            try:
+                entries.append(_entry(key, value))
+            except ValueError as exc:
+                raise TokenFileError(n, key, str(exc)) from None
+        self._set(tokens, entries)
         self.jwt = jwt
+
+    def _set(self, tokens: Mapping[str, Any], entries: list[tuple[bytes, Identity, bool]]) -> None:
+        self._entries = [(digest, identity) for digest, identity, _ in entries]
+        self._by_digest = {HASH_PREFIX + digest.hex(): identity for digest, identity in self._entries}
+        self._plain = {k: v.caller for (k, (_, v, plain)) in zip(tokens, entries, strict=True) if plain}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -78,12 +106,26 @@ class TokenAuth:
         """Entries stored in plain text (token -> caller): the only ones a proxy such as /mcp/ can forward."""
         return dict(self._plain)
 
+    @property
+    def digests(self) -> frozenset[str]:
+        """The `sha256:<hex>` digest of every token in the file (what dashboard sessions are bound to)."""
+        return frozenset(self._by_digest)
+
+    def identity_of(self, digest: str) -> Identity | None:
+        """The identity a token digest maps to now, or None once the token left the file. The digest comes
+        from the broker's own session store, not from a caller, so a dictionary lookup is safe here."""
+        return self._by_digest.get(digest)
+
     def caller(self, authorization: str | None) -> str:
         """The verified caller of an `Authorization` header, or Unauthorized."""
         return self.identify(authorization).caller
 
     def identify(self, authorization: str | None) -> Identity:
         """The verified identity of an `Authorization` header, or Unauthorized."""
+        return self.credential(authorization).identity
+
+    def credential(self, authorization: str | None) -> Credential:
+        """The verified identity of an `Authorization` header and what it was proven with, or Unauthorized."""
         if not authorization:
             raise Unauthorized("missing bearer token")
         scheme, _, token = authorization.partition(" ")
@@ -91,7 +133,8 @@ class TokenAuth:
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("expected 'Authorization: Bearer <token>'")
         if self.jwt is not None and token.count(".") == 2:  # a JWT; static tokens have no dots
-            return Identity(self.jwt.caller(token))
+            caller, expires_at = self.jwt.verify(token)
+            return Credential(Identity(caller), "jwt:" + hashlib.sha256(token.encode()).hexdigest(), expires_at)
         presented = hashlib.sha256(token.encode()).digest()
         found: Identity | None = None
         for digest, identity in self._entries:  # every entry, no early exit: the time says nothing
@@ -99,49 +142,91 @@ class TokenAuth:
                 found = identity
         if found is None:
             raise Unauthorized("unknown token")
-        return found
+        return Credential(found, HASH_PREFIX + presented.hex())
+
+    def reload(self, path: Path) -> None:
+        """Re-read the tokens file in place (every holder of this object sees the new file); a bad file
+        raises ValueError and the running tokens stay."""
+        fresh = TokenAuth.from_file(path, self.jwt)
+        self._entries, self._by_digest, self._plain = fresh._entries, fresh._by_digest, fresh._plain
 
     @classmethod
     def from_file(cls, path: Path, jwt: JwtVerifier | None = None) -> TokenAuth:
         data = read_tokens_file(path)
-        auth = cls(data, jwt)
+        try:
+            auth = cls(data, jwt)
+        except TokenFileError as exc:
+            raise ValueError(f"token file {path}{_line_of(path, exc.key)}: {exc}") from None
         if auth._plain:
             log.warning("%s holds %d token(s) in plain text: replace them with `firepool token add` "
                         "(stores only a hash)", path, len(auth._plain))
         return auth
 
 
+def _line_of(path: Path, key: object) -> str:
+    """` line N` where the entry's key is written, for a message that points at it (never quoting it)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    at = text.find(json.dumps(key))
+    return f" line {text.count(chr(10), 0, at) + 1}" if at >= 0 else ""
+
+
 def read_tokens_file(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read token file {path}: {exc}") from exc
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read token file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"token file {path} line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
+    except ValueError as exc:
+        raise ValueError(f"token file {path}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"token file {path} must hold a JSON object token -> caller")
     return data
 
 
-def add_token(path: Path, caller: str, *, admin: bool = False) -> str:
-    """Create a token for `caller`, store only its digest in the tokens file (created 0600), return it."""
+def add_token(path: Path, caller: str, *, admin: bool = False, e2b: bool = False) -> str:
+    """Create a token for `caller`, store only its digest in the tokens file (created 0600), return it.
+    `e2b`: shaped as E2B's API keys, `e2b_<40 hex>` (an ordinary token all the same)."""
     if not caller or not caller.isprintable() or len(caller) > 128:
         raise ValueError("a caller name is 1 to 128 printable characters")
     data = read_tokens_file(path) if path.exists() else {}
     TokenAuth(data)  # refuse to add to a file the broker would refuse anyway
-    token = secrets.token_urlsafe(32)
+    token = "e2b_" + secrets.token_hex(20) if e2b else secrets.token_urlsafe(32)
     data[token_digest(token)] = {"caller": caller, "admin": True} if admin else caller
+    _write_tokens(path, data)
+    return token
+
+
+def remove_tokens(path: Path, caller: str) -> int:
+    """Remove every token of `caller` from the tokens file; return how many went. A running broker drops
+    them (and ends their dashboard sessions) at its next SIGHUP or start."""
+    data = read_tokens_file(path)
+    TokenAuth(data)
+    kept = {k: v for k, v in data.items() if (v.get("caller") if isinstance(v, dict) else v) != caller}
+    if len(kept) < len(data):
+        _write_tokens(path, kept)
+    return len(data) - len(kept)
+
+
+def _write_tokens(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)  # whole or not at all: a running broker never reads half a file
-    return token
 
 
 def local_token(state_dir: Path) -> str:
-    """The embedded broker's token for the local user, created once in the state dir (mode 0600)."""
+    """The embedded broker's token for the local user, created once in the state dir (mode 0600). It stays in
+    clear because local clients (the SDK, the CLI, Jupyter) send it: a file others may read is refused."""
     path = state_dir / "token"
     try:
-        return path.read_text().strip()
+        return read_private(path).strip()
     except FileNotFoundError:
         pass
     token = secrets.token_urlsafe(32)

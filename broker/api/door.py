@@ -2,7 +2,8 @@
 
 `RequestLimits` (ASGI middleware) refuses, before a route reads anything: a JSON body over
 `max_request_bytes` (413, counted as it arrives, so a chunked body is cut off too), a body that is not
-JSON (415), and a path or query string with NUL or invalid UTF-8 (422). Package uploads stream to disk
+JSON (415), and a path or query string with NUL or invalid UTF-8 (422; a websocket handshake too, answered
+with that error where the server supports denial responses, as uvicorn does). Package uploads stream to disk
 under their own cap (broker.api.package_routes) and skip the JSON checks. `install` maps every other
 failure to the same shape: unknown route 404, wrong method 405 with `Allow`, an unreadable body 422,
 an unhandled exception 500 (logged with its traceback).
@@ -38,6 +39,8 @@ DEFAULT_MAX_REQUEST_BYTES = 2 << 20
 gets the precise 422 from admission; far larger bodies are cut off here, unread."""
 RAW_BODY_PREFIXES = ("/v1/packages/",)
 """Routes that take a raw body under their own limit (a zip, streamed to disk)."""
+RAW_BODY_PATHS = frozenset({"/v1/packages"})
+"""`/v1/packages` without a digest too: it gets the package routes' typed 422, not the 415 "must be JSON"."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 Scope = MutableMapping[str, Any]
@@ -73,6 +76,10 @@ def _query_problem(scope: Scope) -> str | None:
     return None
 
 
+def _raw_body(path: str) -> bool:
+    return path.startswith(RAW_BODY_PREFIXES) or path.rstrip("/") in RAW_BODY_PATHS
+
+
 def _is_json(content_type: str) -> bool:
     media = content_type.split(";")[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -92,6 +99,12 @@ class RequestLimits:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no body to bound (frames are each route's); the URL checks hold
+            problem = _query_problem(scope)
+            if problem is not None and "websocket.http.response" in scope.get("extensions", {}):
+                await receive()  # websocket.connect
+                await error_response(InvalidRequest(problem, {"field": "url"}))(scope, receive, send)
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -103,7 +116,7 @@ class RequestLimits:
         length = headers.get("content-length")
         has_body = "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
         if (scope["method"] not in _BODY_METHODS and not has_body) or \
-                str(scope.get("path", "")).startswith(RAW_BODY_PREFIXES):
+                _raw_body(str(scope.get("path", ""))):
             await self.app(scope, receive, send)
             return
         if length is not None and length.strip().isdigit() and int(length) > self.max_request_bytes:

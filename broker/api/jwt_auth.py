@@ -57,6 +57,10 @@ class JwtVerifier:
 
     def caller(self, token: str) -> str:
         """The caller named by a valid token's claim, or Unauthorized saying what failed."""
+        return self.verify(token)[0]
+
+    def verify(self, token: str) -> tuple[str, float]:
+        """(the caller, the token's `exp`) of a valid token, or Unauthorized saying what failed."""
         s = self.settings
         try:
             claims = jwt.decode(token, self._key(token), algorithms=ALGORITHMS, audience=s.audience, issuer=s.issuer,
@@ -72,4 +76,4 @@ class JwtVerifier:
         name = claims.get(s.claim)
         if not isinstance(name, str) or not name:
             raise Unauthorized(f"the token's {s.claim!r} claim is not a caller name")
-        return name
+        return name, float(claims["exp"])

@@ -16,7 +16,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from broker.control import ControlPlane
-from broker.errors import NotFound, PackageError, Unavailable
+from broker.errors import InvalidRequest, NotFound, PackageError, Unavailable
 from broker.running.packages import PackageStore, check_digest, too_large
 
 
@@ -36,13 +36,21 @@ async def _stage(request: Request, store: PackageStore) -> Path:
     return upload.path
 
 
-Digest = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the zip, lower-case hex.")]
+Digest = Annotated[str, PathParam(description="SHA-256 of the zip, lower-case hex (64 digits).",
+                                  json_schema_extra={"pattern": r"^[0-9a-f]{64}$"})]
+"""Checked by `check_digest` inside each route (a typed 422 InvalidRequest), not by a path pattern: a name
+with a `/`, or none at all, must not fall through to another route's refusal."""
 
 
 def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict[int | str, dict[str, Any]]) -> None:
     """Mount the package routes; `caller` is the dependency that yields the verified caller."""
 
-    @app.put("/v1/packages/{digest}", status_code=201, responses=errors)
+    @app.api_route("/v1/packages", methods=["GET", "HEAD", "PUT"], include_in_schema=False)
+    async def no_digest(who: str = Depends(caller)) -> Response:
+        raise InvalidRequest("a package is named by the 64 lower-case hex digits of its SHA-256: "
+                             "/v1/packages/{sha256}", {"field": "digest"})
+
+    @app.put("/v1/packages/{digest:path}", status_code=201, responses=errors)
     async def put_package(digest: Digest, request: Request, who: str = Depends(caller)) -> JSONResponse:
         check_digest(digest)
         store = _store(cp)
@@ -54,7 +62,7 @@ def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict
         return JSONResponse({"digest": stored.digest, "size": stored.size, "created": stored.created},
                             status_code=201 if stored.created else 200)
 
-    @app.head("/v1/packages/{digest}", responses=errors)
+    @app.head("/v1/packages/{digest:path}", responses=errors)
     async def head_package(digest: Digest, who: str = Depends(caller)) -> Response:
         path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
         if path is None:
@@ -62,7 +70,7 @@ def add_package_routes(app: FastAPI, cp: ControlPlane, caller: Any, errors: dict
         return Response(status_code=200, headers={"Content-Length": str(path.stat().st_size),
                                                   "Content-Type": "application/zip"})
 
-    @app.get("/v1/packages/{digest}", responses=errors)
+    @app.get("/v1/packages/{digest:path}", responses=errors)
     async def get_package(digest: Digest, who: str = Depends(caller)) -> FileResponse:
         path = await asyncio.to_thread(_store(cp).path, who, check_digest(digest))
         if path is None:

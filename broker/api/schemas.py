@@ -28,10 +28,11 @@ class JobRequest(Strict):
                            "text: no control characters.")
     queue: str = Field(default="default", min_length=1, max_length=64)
     pods: int = Field(default=1, ge=1, le=1024, description="Gang size: all pods are claimed at once or none.")
-    recycle: bool = Field(default=True, description="A new session may take the caller's idle pod of another "
-                                                    "session (its workspace is emptied; the pod stays with the "
-                                                    "new session); false leaves other sessions' pods alone "
-                                                    "until the pool is at its ceiling.")
+    recycle: bool = Field(default=True, description="In a `retire` or `hint` pool, a new session may take the "
+                                                    "caller's idle pod of another session (its workspace is "
+                                                    "emptied); false leaves other sessions' pods alone until the "
+                                                    "pool is at its ceiling, which a `boundary` pool (the "
+                                                    "default) always does.")
     single_use: bool = Field(default=False, description="A pod created for this job and deleted at release.")
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     max_retries: int = Field(default=0, ge=0, le=20)
@@ -150,6 +151,15 @@ class JobView(BaseModel):
     preempt_count: int | None = Field(default=None, description="Times the job was preempted (attempts ending "
                                       "`Preempted`); each adds one to its dispatch priority.")
     effective_priority: int | None = Field(default=None, description="Priority aged by preemptions, when it differs.")
+
+
+class KernelView(BaseModel):
+    """A kernel job's connection info (documentation model): what jupyter_client loads, keys included."""
+
+    job: str
+    connection: dict[str, Any] = Field(description="ip, transport, the five ports, key, signature_scheme and, "
+                                       "when the kernel encrypts, curve_publickey and curve_secretkey: the "
+                                       "owner's secret, never logged")
 
 
 class ErrorBody(BaseModel):

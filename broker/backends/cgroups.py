@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.backends.limits import Limits
+from broker.podtemplate import Limits
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from typing import Any
 
 from broker.backends import networking
 from broker.backends.hostgpus import HostGpus
-from broker.backends.limits import parse_limits
 from broker.backends.localkept import KeptCacheAgent, KeptCaches
 from broker.backends.localstart import PodStarting
 from broker.backends.podlimits import PodLimiter
@@ -40,7 +39,6 @@ from broker.backends.sandboxing import (
     SandboxSpec,
     agent_package_dir,
     exposed_sources,
-    parse_binds,
     probe_bwrap,
     python_of,
     python_prefixes,
@@ -52,6 +50,7 @@ from broker.clock import Clock
 from broker.errors import AgentError, BackendError
 from broker.fleet.nodes import Node
 from broker.health.gpuhealth import GpuHealth
+from broker.podtemplate import parse_binds, parse_limits, parse_network
 from broker.pools import PoolSpec
 from broker.ports.backend import Device, PodInfo, PodRequest
 from broker.running.agent_http import HttpAgentClient
@@ -137,7 +136,7 @@ class LocalBackend(PodStarting, KeptCaches):
         """At start: warn for each `host` pool; BackendError for a bad `network`, a missing stack (podnets), or
         a bwrap that cannot make network namespaces here while pools need them."""
         self.nets.check_catalog(pools)
-        own = sorted(n for n, p in pools.items() if networking.parse_network(p.template.get("network")) != "host")
+        own = sorted(n for n, p in pools.items() if parse_network(p.template.get("network")) != "host")
         if own and self.isolated:
             why = probe_bwrap(self.bwrap, self.uid, own_network=True)
             if why is not None:
@@ -220,7 +219,7 @@ class LocalBackend(PodStarting, KeptCaches):
             raise BackendError(f"pod {name} already exists")
         try:
             binds = parse_binds(request.pool.template.get("binds"))
-            network = networking.parse_network(request.pool.template.get("network"))
+            network = parse_network(request.pool.template.get("network"))
             volumes = volume_binds(self.state_dir, request.pool, self._dirs(name), binds)
             limits = parse_limits(request.pool.template, request.pool.cpus, self.limiter.default_memory)
             # every pod starting now, this one included, contends for the node (paper Table 1: 8 at once)

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker.backends import networking
-from broker.backends.limits import Limits
 from broker.backends.podlimits import PodLimiter
 from broker.backends.podnets import PodNetworks
 from broker.backends.podprocs import LEDGER_FD, PodProcesses, starttime
-from broker.backends.sandboxing import PodDirs, SandboxSpec, agent_env, bwrap_argv, fallback_argv
+from broker.backends.sandboxing import PodDirs, SandboxSpec, agent_env, bwrap_argv, fallback_argv, write_users
 from broker.backends.volumes import make_volume_dirs
 from broker.errors import AgentError, BackendError
+from broker.podtemplate import Limits
 from broker.running.agent_http import HttpAgentClient
 from firepool_agent.incarnation import next_incarnation
 
@@ -87,6 +87,8 @@ class PodStarting:
         if self.isolated and spec.network == "isolated":
             dirs.resolv.write_text(networking.resolv_conf())
             dirs.resolv.chmod(0o644)
+        if self.isolated:  # the sandbox's own users: its jobs' uid by name, nothing of the host's passwd
+            write_users(spec)
         argv = bwrap_argv(self.bwrap or "bwrap", spec) if self.isolated else fallback_argv(spec)
         # The agent's incarnation (R5) is counted here, on the host beside its ledger, where no job reaches it.
         record["incarnation"] = await asyncio.to_thread(

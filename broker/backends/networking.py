@@ -35,8 +35,6 @@ from typing import Any
 from broker.errors import BackendError
 from firepool_agent import proctree
 
-MODES = ("none", "isolated", "host")
-DEFAULT_MODE = "isolated"
 STACK = "slirp4netns"
 DNS_SERVER = "10.0.2.3"
 """slirp4netns's built-in resolver (the namespace's /etc/resolv.conf names it)."""
@@ -48,15 +46,6 @@ KERNEL_GUEST_PORTS = (47101, 47102, 47103, 47104, 47105)
 KERNEL_PORTS_ENV = "FIREPOOL_KERNEL_PORTS"
 """`guest:host,...` for a kernel job on a pod with forwarded ports (set by the broker, never by a caller)."""
 API_TIMEOUT_S = 5.0
-
-
-def parse_network(raw: Any) -> str:
-    """`pool.template["network"]`: "isolated" (the default), "none" or "host"; ValueError otherwise."""
-    if raw is None:
-        return DEFAULT_MODE
-    if raw not in MODES:
-        raise ValueError(f'template network must be one of {", ".join(MODES)}, got {raw!r}')
-    return str(raw)
 
 
 def unshares(mode: str) -> bool:

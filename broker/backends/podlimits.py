@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from broker.backends import cgroups
-from broker.backends.limits import Limits, host_memory
+from broker.backends.limits import host_memory
 from broker.backends.sandboxing import PodDirs, SandboxSpec
 from broker.backends.volumes import disk_capping, make_disk, unmount_disk
+from broker.podtemplate import Limits
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,16 @@ from broker.backends.netports import DEFAULT_MASTER_PORT, FreePorts
 from broker.backends.podprocs import same_process
 from broker.backends.sandboxing import SandboxSpec
 from broker.errors import BackendError
+from broker.podtemplate import parse_network
 from broker.pools import PoolSpec
 from broker.running.topology import Rendezvous
 
 log = logging.getLogger("broker.backends.local")
 
-NETWORK_POLICY = 3
-"""Records carry it from the version whose isolated pods forward their kernel ports (2: isolated by default,
-kernels unreachable; before: the host's network)."""
+NETWORK_POLICY = 4
+"""Records carry it from the version whose sandboxes keep the agent's run dir on the capped disk and see a
+minimal /etc (3: isolated pods forward their kernel ports; 2: isolated by default, kernels unreachable;
+before: the host's network). An older pod reads as stale, and the rollout replaces it."""
 
 Record = dict[str, Any]
 
@@ -64,7 +66,7 @@ class PodNetworks:
         modes = {}
         for name, pool in pools.items():
             try:
-                modes[name] = networking.parse_network(pool.template.get("network"))
+                modes[name] = parse_network(pool.template.get("network"))
             except ValueError as exc:
                 raise BackendError(f"pool {name}: {exc}") from exc
         if not self.isolated:

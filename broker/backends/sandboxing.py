@@ -1,8 +1,10 @@
 """What a local pod's sandbox looks like: the bubblewrap command line, and the unisolated (--unisolated) one.
 
-Inside, a pod sees the host's /usr and /etc read-only, the Python prefixes (the venv is the pool's
-"base image"), the agent package, private /proc, /dev, /tmp and /dev/shm, and its own workspace,
-package and run directories; nothing of other pods or of the broker's state directory.
+Inside, a pod sees the host's /usr read-only, a minimal read-only /etc (sandboxetc.py), the Python
+prefixes (the venv is the pool's "base image"), the agent package, private /proc, /dev, /tmp and
+/dev/shm, and its own workspace, package and run directories; nothing of other pods or of the broker's
+state directory. Every path a job can write is on the pod's capped disk or a sized tmpfs; bwrap's own
+root and /dev are read-only.
 
 Running as root, bwrap itself runs privileged (so it can reach bind sources under 0700 directories
 such as /root/.pyenv) and the agent drops to the sandbox uid with setpriv before it starts: no
@@ -18,12 +20,13 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from broker.backends import sandboxetc
 from broker.backends.networking import unshares
+from broker.podtemplate import Bind
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +37,12 @@ SANDBOX_RUN = "/run/firepool"
 SANDBOX_DEPS = "/opt/firepool/deps"
 LIMITS_MOUNT = "/opt/firepool/limits"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_SYSTEM_RO = ("/usr", "/etc")
+_SYSTEM_RO = ("/usr",)
 _SYSTEM_LINKS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
 _NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
                   "/dev/nvidia-caps")
 SECRET_FD = 3
 INFO_FD = 4
-
-
-@dataclass(frozen=True)
-class Bind:
-    src: str
-    dst: str
-    ro: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,11 @@ class PodDirs:
 
     @property
     def run(self) -> Path:
-        return self.root / "run"
+        """The agent's run dir (its socket, the attempts' logs, package staging): the job runs as the agent's
+        uid and writes here too, so it lives on the capped disk, never on the host's root disk. A pod made
+        by an older broker keeps its run dir beside the disk until the rollout replaces it (podnets)."""
+        legacy = self.root / "run"
+        return legacy if legacy.is_dir() else self.disk / "run"
 
     @property
     def tmp(self) -> Path:
@@ -112,6 +112,15 @@ class PodDirs:
     def resolv(self) -> Path:
         """The sandbox's /etc/resolv.conf on an isolated network (slirp4netns's resolver)."""
         return self.root / "resolv.conf"
+
+    @property
+    def passwd(self) -> Path:
+        """The sandbox's /etc/passwd (and group below): root, nobody and the job's uid, nothing of the host's."""
+        return self.root / "passwd"
+
+    @property
+    def group(self) -> Path:
+        return self.root / "group"
 
     @property
     def net_log(self) -> Path:
@@ -190,30 +199,9 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def parse_binds(raw: Any) -> tuple[Bind, ...]:
-    """`pool.template["binds"]`: a list of {"src", "dst", "ro"}; raises ValueError when malformed."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ValueError("template binds must be a list of {src, dst, ro}")
-    binds = []
-    for entry in raw:
-        if not isinstance(entry, Mapping) or set(entry) - {"src", "dst", "ro"}:
-            raise ValueError(f"bind {entry!r} must have exactly src, dst and optionally ro")
-        src, dst, ro = entry.get("src"), entry.get("dst"), entry.get("ro", True)
-        if not (isinstance(src, str) and isinstance(dst, str) and src.startswith("/") and dst.startswith("/")):
-            raise ValueError(f"bind {entry!r}: src and dst must be absolute paths")
-        if not isinstance(ro, bool):
-            raise ValueError(f"bind {entry!r}: ro must be a boolean")
-        if os.path.normpath(dst) in ("/", "/proc", "/dev", SANDBOX_WORKSPACE, SANDBOX_RUN):
-            raise ValueError(f"bind {entry!r}: {dst} is reserved")
-        binds.append(Bind(os.path.normpath(src), os.path.normpath(dst), ro))
-    return tuple(binds)
-
-
 def exposed_sources(spec: SandboxSpec) -> list[str]:
     """Host paths visible inside the sandbox (to check that the broker's state stays outside them)."""
-    return [*_SYSTEM_RO, *spec.prefixes, spec.agent_dir, *(b.src for b in spec.binds)]
+    return [*_SYSTEM_RO, *sandboxetc.host_entries(), *spec.prefixes, spec.agent_dir, *(b.src for b in spec.binds)]
 
 
 def agent_args(spec: SandboxSpec, *, isolated: bool) -> list[str]:
@@ -227,6 +215,8 @@ def agent_args(spec: SandboxSpec, *, isolated: bool) -> list[str]:
             "--secret-fd", str(SECRET_FD), "--workspace", places[0], "--package-dir", places[1],
             "--run-dir", places[2], "--tmp-dir", places[3], "--deps-dir", places[4],
             "--cuda-visible-devices", spec.cuda_visible_devices, "--path", job_path(spec)]
+    if isolated and unshares(spec.network):
+        args.append("--own-network")
     return [*args, "--isolated"] if isolated else args
 
 
@@ -265,16 +255,17 @@ def _system_mounts() -> list[str]:
 HOST_RESOLV_CONF = "/etc/resolv.conf"
 
 
-def _network_mounts(spec: SandboxSpec) -> list[tuple[str, list[str]]]:
-    """An isolated namespace resolves names through slirp4netns, not the host's resolver (often on 127.0.0.x).
+def _etc_mounts(spec: SandboxSpec) -> list[tuple[str, list[str]]]:
+    """The sandbox's minimal /etc. An isolated namespace resolves names through slirp4netns, not the
+    host's resolver (often on 127.0.0.x), so it gets the pod's own resolv.conf."""
+    own = spec.dirs.resolv if spec.network == "isolated" else None
+    return sandboxetc.mounts(own, spec.dirs.passwd, spec.dirs.group, HOST_RESOLV_CONF)
 
-    When /etc/resolv.conf is a symlink (systemd-resolved's stub under /run), the file goes where it points:
-    a mount cannot land on a symlink whose target the sandbox lacks, and /etc itself is read-only.
-    """
-    if spec.network != "isolated" or not os.path.lexists(HOST_RESOLV_CONF):
-        return []  # a host without one: nothing to mount onto in the read-only /etc, and no resolver to name
-    dst = os.path.realpath(HOST_RESOLV_CONF) if os.path.islink(HOST_RESOLV_CONF) else HOST_RESOLV_CONF
-    return [(dst, ["--ro-bind", str(spec.dirs.resolv), dst])]
+
+def write_users(spec: SandboxSpec) -> None:
+    """Write the pod's own /etc/passwd and /etc/group (bwrap_argv binds them): its jobs' uid by name."""
+    uid = spec.uid if spec.uid is not None else os.geteuid()
+    sandboxetc.write_users(spec.dirs.passwd, spec.dirs.group, uid, uid if spec.uid is not None else os.getegid())
 
 
 def _drop_privileges(uid: int | None) -> list[str]:
@@ -326,7 +317,9 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
     tree.argv += _system_mounts()
     tree.present.update((*_SYSTEM_RO, *_SYSTEM_LINKS))
     tree.filled.update(_SYSTEM_RO)
-    for dst, mount in _network_mounts(spec):
+    tree.argv += ["--perms", "0755", "--dir", sandboxetc.ETC]
+    tree.present.add(sandboxetc.ETC)
+    for dst, mount in _etc_mounts(spec):
         tree.mount(dst, *mount)
     # Private /tmp and /dev/shm first: binds below may live under /tmp on the host (a checkout in /tmp)
     # and must land on top of the tmpfs, not under it.
@@ -351,6 +344,8 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec) -> list[str]:
         tree.mount(bind.dst, "--ro-bind" if bind.ro else "--bind", bind.src, bind.dst)
     for name, source in spec.limit_dirs:
         tree.mount(f"{LIMITS_MOUNT}/{name}", "--ro-bind", source, f"{LIMITS_MOUNT}/{name}")
+    # bwrap's own root and /dev are tmpfs filesystems without a size: read-only, so nothing lands there.
+    tree.argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     env = agent_env(spec, isolated=True)
     # "/": bwrap changes directory before setpriv drops to the sandbox uid, whose dirs are 0700.
     tree.argv += ["--chdir", "/", "--clearenv"]

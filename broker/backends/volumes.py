@@ -23,20 +23,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from broker.backends.sandboxing import (
-    SANDBOX_DEPS,
-    SANDBOX_PKG,
-    SANDBOX_RUN,
-    SANDBOX_WORKSPACE,
-    Bind,
-    PodDirs,
-)
+from broker.backends.sandboxing import PodDirs
+from broker.podtemplate import RESERVED_VOLUMES, Bind
 from broker.pools import PoolSpec
 
 log = logging.getLogger(__name__)
 
-_RESERVED = ("/", "/proc", "/dev", "/usr", "/etc", "/tmp", "/dev/shm", SANDBOX_WORKSPACE, SANDBOX_PKG,
-             SANDBOX_RUN, SANDBOX_DEPS)
+_RESERVED = RESERVED_VOLUMES
 
 
 def kept_slugs(pool: PoolSpec) -> list[str]:

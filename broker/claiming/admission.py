@@ -88,12 +88,14 @@ def check_spec(spec: JobSpec) -> None:
 
 
 def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float, quotas: QuotaTree | None = None,
-          runs_images: bool = False, set_ceilings: Mapping[str, Mapping[str, int]] | None = None) -> Job:
+          runs_images: bool = False, set_ceilings: Mapping[str, Mapping[str, int]] | None = None,
+          set_largest: Mapping[str, Mapping[str, str]] | None = None) -> Job:
     """Check `spec` against the catalog (and the team quotas) and return the job as it will be inserted (QUEUED).
 
     `runs_images`: the backend can run a job's custom image (broker.images); else naming one is refused.
     `set_ceilings`: the most pods one node (domain) of each pool can hold, where the backend's nodes tell
-    (broker.warmth.placing): a gang confined to one node (domain) that none can hold is refused."""
+    (broker.warmth.placing): a gang confined to one node (domain) that none can hold is refused, naming the
+    largest (`set_largest`)."""
     check_spec(spec)
     pool = pools.get(spec.pool)
     if pool is None:
@@ -106,7 +108,7 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float,
         raise Unschedulable(f"{spec.pods} pods can never fit pool {pool.name!r} (ceiling {pool.max_count})",
                             {"pool": pool.name, "pods": spec.pods, "max_count": pool.max_count})
     if set_ceilings and (where := confined(spec.topology, pool, spec.pods)):
-        why = never_fits(set_ceilings, pool, spec.pods, where)
+        why = never_fits(set_ceilings, pool, spec.pods, where, set_largest)
         if why is not None:
             raise Unschedulable(why, {"pool": pool.name, "pods": spec.pods, "topology": where,
                                       "largest": set_ceilings[pool.name][where]})

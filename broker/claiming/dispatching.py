@@ -137,6 +137,8 @@ class Dispatcher:
         single_use: dict[str, tuple[str, int]] = {}
         queued_by: dict[str, dict[str, int]] = defaultdict(dict)
         over_quota: dict[str, dict[str, int]] = defaultdict(dict)
+        takers: dict[str, dict[str, int]] = defaultdict(dict)
+        """pool -> caller -> pods of queued jobs that take the caller's held pods only at the ceiling (takeovers)."""
         images: dict[str, tuple[str, bool]] = {}
         gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
         sets: dict[str, tuple[str, int]] = {}
@@ -165,7 +167,8 @@ class Dispatcher:
             if isinstance(got, Shortfall):
                 pool = self.tracker.pool(spec.pool)
                 confine = confined(spec.topology, pool, spec.pods) if pool is not None else ""
-                why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine) if confine and pool else None
+                why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine,
+                                 self.controller.set_largest) if confine and pool else None
                 if why is not None:
                     self._unschedulable(job, why)  # before it could make anyone yield or hold room for it
                     continue
@@ -176,6 +179,8 @@ class Dispatcher:
                     got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
                 elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
                     self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
+                # A `boundary` pool keeps live sessions: its jobs take another session's pod only at the ceiling.
+                recycles = spec.recycle and pool is not None and pool.reuse_tag != "boundary"
                 if confine:
                     where[job.id] = confine
                 if spec.own_pods:
@@ -186,7 +191,7 @@ class Dispatcher:
                 elif job.id in where:
                     if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
                         sets[job.id] = (spec.pool, spec.pods)
-                        owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), spec.recycle)  # its held pods
+                        owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), recycles)  # its held pods
                 else:
                     # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
                     demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
@@ -194,12 +199,15 @@ class Dispatcher:
                         gangs[spec.pool].append((job.id, spec.pods))  # new pods for it are made beside each other
                     if spec.pods > 1 and got.reason != REASON_QUOTA:
                         reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
-                    if spec.recycle:  # recycle=False uses the caller's held pods of other sessions only at the ceiling
+                    if recycles:  # the others use the caller's held pods of other sessions only at the ceiling
                         by = queued_by[spec.pool]
                         by[job.caller] = by.get(job.caller, 0) + spec.pods
                         if got.reason == REASON_QUOTA:  # takes no held pod until its caller's own jobs end
                             by = over_quota[spec.pool]
                             by[job.caller] = by.get(job.caller, 0) + spec.pods
+                    elif got.reason != REASON_QUOTA:  # no supply below the ceiling, but spared when holds break
+                        by = takers[spec.pool]
+                        by[job.caller] = by.get(job.caller, 0) + spec.pods
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -208,7 +216,8 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where, owners)
+        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where, owners,
+                                      takers)
         return claimed
 
     def _unschedulable(self, job: Job, why: str) -> None:

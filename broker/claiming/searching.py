@@ -2,9 +2,10 @@
 
 The session's own idle pod (warm) -> with `reuse_tag: hint`, the caller's pod of another tag on the same
 queue (warm) -> a never-used idle pod (warm when it was ready before the job came, new when the job
-waited for it) -> the caller's idle pod of another session (recycled; only when the claim may recycle)
--> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> at the pool's
-ceiling, the caller's least recently used session's pod (recycled, a takeover) -> nothing: the
+waited for it) -> the caller's idle pod of another session (recycled; only when the claim may recycle and
+the pool's `reuse_tag` is `retire` or `hint`) -> a zero-VRAM standby on an active GPU (standby: promoted at the per-GPU gate) -> at the pool's
+ceiling or budget with no pod starting, the caller's least recently used session's pod (recycled, a
+takeover; in a `boundary` pool the only way one session empties another's pod) -> nothing: the
 shortfall is demand for the pool controller, and the caller waits for a new pod. Neither a recycle nor
 a takeover takes the pod of a session whose own next job is queued (`queued_sessions`, set by the
 dispatcher each pass): that job runs on it warm in the same pass, where taking it would cost the session
@@ -103,7 +104,9 @@ class Search(TrackerState):
             if usable(pod) and fresh(pod):
                 return picked
         waiting = self.queued_sessions  # a session whose job is queued comes back now: its pod is not given up
-        if mine and want.recycle:
+        # `boundary` pools keep a caller's live sessions: another session recycles none while a pod can be made.
+        recycles = want.recycle and not bucket.keeps
+        if mine and recycles:
             # Least recently released first: the session least likely to come back gives its pod up.
             reason = bucket.recycled_reason()
             for pod in list(mine.values()):
@@ -119,9 +122,10 @@ class Search(TrackerState):
                     continue
                 if take(pod, Path.STANDBY, REASON_STANDBY):
                     return picked
-        if mine and not want.recycle and bucket.physical >= bucket.spec.max_count:
-            # recycle=False gives way only at the ceiling: the caller's least recently used session hands
-            # its pod over (the agent empties the workspace at the session change).
+        if mine and not recycles and self._full(bucket):
+            # A live session gives way only at the ceiling (or the budget) with no pod starting: the caller's
+            # least recently used session hands its pod over (the agent empties the workspace at the session
+            # change), and its next claim is told so (Tracker._tell_taken).
             reason = bucket.recycled_reason() if bucket.retire else REASON_TAKEOVER
             for pod in list(mine.values()):
                 if usable(pod) and pod.key not in waiting and take(pod, Path.RECYCLED, reason):

@@ -23,6 +23,7 @@ from broker.claiming.tracking import (
     REASON_NO_IDLE,
     REASON_NO_SESSION_POD,
     REASON_TAG_HINT,
+    REASON_TAKEOVER,
     Bucket,
     Claim,
     Pick,
@@ -110,8 +111,8 @@ class SetSearch(Search):
             for pod in reversed(mine.values()):
                 if pod.key is not None and pod.key != key and pod.key[1] == want.queue:
                     yield pod, Path.WARM, REASON_TAG_HINT
-        if mine and want.recycle:
-            reason = bucket.recycled_reason()
+        if mine and want.recycle and (not bucket.keeps or self._full(bucket)):  # live sessions kept below the ceiling
+            reason = REASON_TAKEOVER if bucket.keeps else bucket.recycled_reason()
             for pod in mine.values():  # least recently released first, as in the unconfined search
                 if pod.key != key and pod.key not in self.queued_sessions \
                         and not (hint and pod.key is not None and pod.key[1] == want.queue):

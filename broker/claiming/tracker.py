@@ -77,6 +77,8 @@ class Tracker(Releasing):
             self.pods[pod.name] = pod
             if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
                 bucket.physical += 1
+                if pod.state is PodState.STARTING:
+                    bucket.starting += 1
             if pod.state is IDLE:
                 if pod.standby:
                     self._unverified.update(pod.gpus)
@@ -100,6 +102,7 @@ class Tracker(Releasing):
                 return False
             pod.gpus = gpus
             pod.node = node or pod.node
+            self._started(pod)
             pod.move(IDLE)
             pod.idle_since = now
             self._index_idle(pod)
@@ -119,6 +122,8 @@ class Tracker(Releasing):
                 return None
             if pod.state is IDLE:
                 self._unindex_idle(pod)
+            elif pod.state is PodState.STARTING:
+                self._started(pod)
             verified = pod.state is not RESETTING
             pod.move(RETIRING)
             if verified:
@@ -130,6 +135,8 @@ class Tracker(Releasing):
         with self._lock:
             pod = self.pods.pop(name, None)
             if pod is not None:
+                if pod.state is PodState.STARTING:
+                    self._started(pod)
                 pod.move(PodState.GONE)
                 self._leave_gate(pod)
                 if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
@@ -178,6 +185,8 @@ class Tracker(Releasing):
                 picked = self._backfill(want, picked)
             if isinstance(picked, Shortfall):
                 return picked
+            if self._taken:
+                picked = self._tell_taken(want, picked)
             job_id = want.job_id
             claimed = self._claimed
             for pod, path, reason in picked:
@@ -191,8 +200,11 @@ class Tracker(Releasing):
                 pod.reason = reason
                 if pod.image:
                     pod.reserved_for = None  # its job took it: from now on it is its caller's (or it retires)
-                if path is Path.RECYCLED and bucket.retire:
-                    pod.retire = True  # reuse_tag: retire, the paper's rule: one job across a boundary
+                if path is Path.RECYCLED:
+                    if bucket.retire:
+                        pod.retire = True  # reuse_tag: retire, the paper's rule: one job across a boundary
+                    if reason is REASON_TAKEOVER and pod.key is not None:
+                        self._note_taken(pod.key, want.tag)
             if where:
                 self._settle_set(want, picked)
             elif self._gangs:
@@ -209,6 +221,18 @@ class Tracker(Releasing):
                 usage[0] += lease.gpus
                 usage[1] += n
             return lease
+
+    def _started(self, pod: Pod) -> None:
+        """A pod leaves STARTING (ready, retired or gone): one fewer coming for its pool."""
+        if not pod.standby and (bucket := self._buckets.get(pod.pool)) is not None:
+            bucket.starting -= 1
+
+    def _tell_taken(self, want: Claim, picked: Sequence[Pick]) -> Sequence[Pick]:
+        """A session whose pod a takeover took: its first claim since records why it did not run warm there."""
+        note = self._taken.pop((want.caller, want.queue, want.tag), None)
+        if note is None:
+            return picked
+        return [(pod, path, reason if reason is None else f"{note}; {reason}") for pod, path, reason in picked]
 
     def reserve(self, pod: Pod, job_id: str) -> None:
         """Mark a STARTING pod as created for one single-use job."""

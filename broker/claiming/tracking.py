@@ -30,6 +30,8 @@ REASON_NEW_SESSION_RETIRE = "new session: ran once on the caller's previous pod,
 REASON_TAG_HINT = "reuse_tag hint: the caller's pod of another tag"
 REASON_TAKEOVER = ("pool at its ceiling: took over the caller's least recently used session's pod "
                    "(workspace emptied); it is this session's pod from now on")
+TAKEN_NOTES = 4096
+"""Sessions whose pod a takeover took that are told so on their next claim, at most (the oldest go first)."""
 REASON_NO_IDLE = "no idle pod, no standby: a pod was created"
 REASON_SESSION_RESETTING = "the session's pod is resetting"
 REASON_SINGLE_USE = "single_use: a pod created for this job"
@@ -63,7 +65,8 @@ class Claim:
     """The job's dispatch order: a job ahead of a reserved gang may take the gang's pods."""
     recycle: bool = True
     """May take the caller's idle pod of another session before a standby or a new pod; False takes one
-    only at the pool's ceiling.
+    only at the pool's ceiling. A `boundary` pool (Bucket.keeps) treats every claim as False: nothing lost
+    below the ceiling (docs/security.md).
 
     Why both exist: taking another session's idle pod still empties that session's workspace, so whether a
     new session may do it first is the caller's call. `true` suits callers whose sessions follow one another
@@ -111,14 +114,17 @@ class Shortfall:
 class Bucket:
     """One pool's idle indexes."""
 
-    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "standby", "physical", "fresh_by_node",
-                 "images")
+    __slots__ = ("spec", "fresh", "by_key", "by_caller", "hint", "retire", "keeps", "standby", "physical", "starting",
+                 "fresh_by_node", "images")
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
         self.hint = spec.reuse_tag == "hint"
         self.retire = spec.reuse_tag == "retire"
         """The paper's rule: a pod that crosses a session boundary runs one job there, then retires."""
+        self.keeps = spec.reuse_tag == "boundary"
+        """Nothing lost below the ceiling: another session of the caller empties a live session's idle pod only
+        when the pool can neither make nor find another (docs/security.md)."""
         self.fresh: dict[str, Pod] = {}
         """Idle pods no job has used, not reserved."""
         self.fresh_by_node: dict[str, dict[str, Pod]] = {}
@@ -131,6 +137,8 @@ class Bucket:
         """Idle standbys (broker.warmth.standby): claimed only when no owner's or unheld idle pod exists."""
         self.physical = 0
         """Pods of the pool that hold a card's count (not unpromoted standbys): at the ceiling no new pod comes."""
+        self.starting = 0
+        """Non-standby pods still starting: while one comes, no session's pod is taken over (the job waits)."""
         self.images: dict[tuple[str, str], dict[str, Pod]] = {}
         """Idle pods of a digest-pinned custom image by (caller, image): that caller's jobs of that image only."""
 
@@ -138,6 +146,7 @@ class Bucket:
         self.spec = spec
         self.hint = spec.reuse_tag == "hint"
         self.retire = spec.reuse_tag == "retire"
+        self.keeps = spec.reuse_tag == "boundary"
 
     def recycled_reason(self) -> str:
         return REASON_NEW_SESSION_RETIRE if self.retire else REASON_NEW_SESSION
@@ -181,6 +190,24 @@ class TrackerState:
         self.queued_sessions: frozenset[SessionKey] = frozenset()
         """Sessions with a job in the queue (the dispatcher sets it each pass): their idle pods are theirs to take
         warm, so no other session of the caller recycles or takes them over."""
+        self.budget_full: frozenset[str] = frozenset()
+        """Pools whose accelerator budget allows no new pod (the pool controller sets it each pass): a ceiling too."""
+        self._taken: dict[SessionKey, str] = {}
+        """Session -> what its next claim records: its idle pod was taken over by another session of its caller."""
+
+    def _full(self, bucket: Bucket) -> bool:
+        """The pool can neither make a pod (ceiling, budget) nor expect one (none starting): a session's pod may
+        then be taken over."""
+        return not bucket.starting and (bucket.physical >= bucket.spec.max_count
+                                        or bucket.spec.name in self.budget_full)
+
+    def _note_taken(self, victim: SessionKey, tag: str) -> None:
+        """A takeover: the victim session's next claim says whose session took its pod (a rare path)."""
+        taken = self._taken
+        if len(taken) >= TAKEN_NOTES:
+            del taken[next(iter(taken))]
+        taken[victim] = (f"session {victim[2] or '(untagged)'}'s pod was taken by your session "
+                         f"{tag or '(untagged)'} at the pool ceiling")
 
     def _gate_open(self, pod: Pod) -> bool:
         """No other pod runs a job on any of this pod's GPUs."""

@@ -29,7 +29,7 @@ from broker.health.quarantine import Quarantine
 from broker.jobs import ErrorClass, Job
 from broker.pods import Pod, PodState
 from broker.ports.agent import AttemptStatus
-from broker.ports.backend import PodInfo
+from broker.ports.backend import AVOID_NODE, PodInfo
 from broker.warmth.pooling import PoolController
 
 log = logging.getLogger("firepool.health")
@@ -71,7 +71,9 @@ class HealthMonitor:
         nodes = self.quarantine.blocked_nodes()
         if not nodes:
             return devices
-        return devices | {g for n in self.controller.backend.nodes() if n.id in nodes for g in n.gpus}
+        # The node's own key too: a node without GPUs the backend lists (CPU pods' nodes) is kept out as well.
+        return devices | {g for n in self.controller.backend.nodes() if n.id in nodes for g in n.gpus} | \
+            {AVOID_NODE + n for n in nodes}
 
     def node_of(self, pod: str) -> str:
         return self.nodes.get(pod, "")

@@ -67,6 +67,15 @@ class LogChunk:
 
 
 @dataclass(frozen=True)
+class KernelReport:
+    running: bool
+    """False once the attempt ended (its kernel is gone)."""
+    connection: Mapping[str, Any] | None = field(default=None, repr=False)
+    """The kernel's connection info as it reported it (caller-reachable address and ports, keys); None until
+    then. `repr=False`: a report in a traceback or a debug line shows no key."""
+
+
+@dataclass(frozen=True)
 class ResetRequest:
     wipe_workspace: bool = False
     wipe_paths: Sequence[str] = ()
@@ -125,6 +134,11 @@ class AgentClient(Protocol):
         """`stream` is `combined`, `stdout` or `stderr`."""
         ...
 
+    async def kernel(self, attempt_id: str, wait_s: float = 0.0) -> KernelReport:
+        """A kernel attempt's connection info (keys included) once its kernel reported it, waiting up to
+        `wait_s`. It is a secret of the job's owner: never log it, store it or put it in an event."""
+        ...
+
     async def signal(self, attempt_id: str, signal: str) -> None:
         """`TERM`, `INT`, `HUP`, `USR1` to rank 0's process group; `KILL` takes the whole tree.
 
@@ -143,6 +157,11 @@ class AgentClient(Protocol):
 
     async def put_package(self, digest: str, path: str, max_extracted: int, timeout_s: float) -> PackageDelivered:
         """Push a code package (a checked zip on local disk) for the next launch; the agent unpacks it."""
+        ...
+
+    async def upgrade(self, path: str, params: dict[str, Any], protocol: str
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A byte stream the agent switched to `protocol` at `path` (`/v1/tunnel`: a sandbox port)."""
         ...
 
     async def close(self) -> None: ...
@@ -178,6 +197,8 @@ class FakeAgent:
         self.launches: list[LaunchRequest] = []
         self.resets: list[ResetRequest] = []
         self.kernels_told: list[bool] = []
+        self.kernel_info: dict[str, dict[str, Any]] = {}
+        """Attempt id -> the connection info its (fake) kernel reports; a test sets it."""
         self.incarnation: int | None = 1
         """Reported by health; a test bumps it to play an agent that restarted under the same pod name."""
 
@@ -268,6 +289,15 @@ class FakeAgent:
         data = run.output[offset:offset + max_bytes]
         return LogChunk(data=data, next_offset=offset + len(data), complete=run.done.is_set())
 
+    async def kernel(self, attempt_id: str, wait_s: float = 0.0) -> KernelReport:
+        """A fake kernel reports at once: `connection` is what `kernel_info` says for the attempt."""
+        self._check()
+        run = self.runs.get(attempt_id)
+        if run is None:
+            raise AgentError(f"{self.pod} never ran {attempt_id}", {"pod": self.pod, "status": 404})
+        running = not run.done.is_set()
+        return KernelReport(running=running, connection=self.kernel_info.get(attempt_id) if running else None)
+
     async def signal(self, attempt_id: str, signal: str) -> None:
         self._check()
         run = self.runs.get(attempt_id)
@@ -307,6 +337,12 @@ class FakeAgent:
             raise AgentError(f"{self.pod} refused package {digest}")
         self.delivered = digest
         return PackageDelivered(digest=digest, unpack_s=0.0)
+
+    async def upgrade(self, path: str, params: dict[str, Any], protocol: str
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self._check()
+        raise AgentError(f"{self.pod} is simulated: it has no servers to stream to ({path})",
+                         {"pod": self.pod, "status": 502})
 
     async def close(self) -> None:
         pass

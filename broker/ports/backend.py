@@ -47,11 +47,19 @@ class PodRequest:
     together (on one node when `gang_size` pods fit one, else on the fewest). Empty: no gang."""
     gang_size: int = 1
     """The gang's world size (pods)."""
+    gang_topology: str = ""
+    """`node` when the gang must run on one node (its `topology`): a cluster backend then requires it of the
+    scheduler, never just prefers it. Empty: placement's hint only."""
+    gang_batch: tuple[str, int] = ("", 0)
+    """(batch id, pods) of the gang's pods created in one pass, which a gang scheduler (Volcano's PodGroup
+    minMember) starts all or none of. Fewer than `gang_size` when warm pods serve the rest: a group waiting
+    for members never made would wait for ever. ("", 0): not a gang pod."""
     image: str = ""
     """A job's custom image (broker.images) in place of the pool template's; only backends with
     `runs_images = True` are ever asked for one."""
     avoid: frozenset[str] = frozenset()
-    """Devices the pod must not get (quarantined, broker.health.quarantine)."""
+    """Devices the pod must not get (quarantined, broker.health.quarantine), and `node:<id>` for each node it must
+    not go to (a quarantined node, GPUs or not: a cluster backend keeps it out of the pod's node affinity)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,15 @@ class PodInfo:
     """Backend-specific; `incarnation` is the agent incarnation the backend started (broker.health.epochs)."""
     node: str = ""
     """The node the pod runs on; empty when the backend has no nodes (CPU-only)."""
+
+
+AVOID_NODE = "node:"
+"""Prefix of a node's key in `PodRequest.avoid` (the quarantine record's key of a node)."""
+
+
+def avoided_node_ids(avoid: frozenset[str]) -> set[str]:
+    """The nodes `avoid` names by key (`node:<id>`)."""
+    return {key[len(AVOID_NODE):] for key in avoid if key.startswith(AVOID_NODE)}
 
 
 NODE_LABEL = "firepool.dev/node"

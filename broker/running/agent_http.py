@@ -9,6 +9,7 @@ dispatcher sees one error class per boundary.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json as jsonlib
@@ -24,6 +25,7 @@ from broker.errors import AgentError
 from broker.ports.agent import (
     AgentHealth,
     AttemptStatus,
+    KernelReport,
     LaunchRequest,
     LogChunk,
     PackageDelivered,
@@ -183,6 +185,16 @@ class HttpAgentClient:
         return LogChunk(data=response.content, next_offset=next_offset,
                         complete=response.headers.get("x-complete") == "1")
 
+    async def kernel(self, attempt_id: str, wait_s: float = 0.0) -> KernelReport:
+        response = await self._request("GET", _attempt_path(attempt_id, "/kernel"), params={"wait_s": wait_s},
+                                       wait_s=wait_s)
+        with self._decoding():
+            body = response.json()
+            connection = body["connection"]
+            if connection is not None and not isinstance(connection, dict):
+                raise TypeError("connection is not an object")
+            return KernelReport(running=bool(body["running"]), connection=connection)
+
     async def signal(self, attempt_id: str, signal: str) -> None:
         await self._request("POST", _attempt_path(attempt_id, "/signal"), json={"signal": signal}, ok=(204,))
 
@@ -225,6 +237,27 @@ class HttpAgentClient:
             body = response.json()
             return PackageDelivered(digest=body["digest"], unpack_s=body["unpack_s"],
                                     receive_s=body.get("receive_s", 0.0), extracted=body.get("extracted", 0))
+
+    async def upgrade(self, path: str, params: dict[str, Any], protocol: str
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A byte stream the agent switched to `protocol` at `path` (a tunnel to a port, a terminal).
+
+        AgentError when the agent refused (its status and message in the details) or could not be reached."""
+        if self._fast is None:
+            raise AgentError(f"the agent of pod {self.pod or self.endpoint} is not reached over unix: or tcp:, "
+                             "which streams need", {"pod": self.pod, "endpoint": self.endpoint})
+        target = path + ("?" + urlencode(params) if params else "")
+        try:
+            answer = await self._fast.upgrade(target, protocol, self.timeout_s)
+        except RuntimeError as exc:
+            raise AgentError(f"the client of pod {self.pod or self.endpoint} was closed (pod deleted?)",
+                             {"pod": self.pod, "endpoint": self.endpoint}) from exc
+        except AgentUnreachable as exc:
+            raise AgentError(f"agent of pod {self.pod or self.endpoint} unreachable: {exc}",
+                             {"pod": self.pod, "endpoint": self.endpoint}) from exc
+        if isinstance(answer, Reply):
+            raise self._refusal("GET", path, answer)
+        return answer
 
     async def close(self) -> None:
         if self._fast is not None:

@@ -29,10 +29,10 @@ from broker.running.delivering import PackageDelivery
 from broker.running.ending import end_alone
 from broker.running.jobenv import agent_session, memory_limits
 from broker.running.kernelwarm import KernelWarmth
-from broker.running.logcopy import copy_logs
+from broker.running.logcopy import LogCopier, output_cap
 from broker.running.outcome import OUTCOME_RETRY_MAX_S, OUTCOME_RETRY_S, PREEMPTING, outcome_of
 from broker.running.returning import PodReturn
-from broker.running.signalling import SIGNALS, Signalling
+from broker.running.signalling import Signalling
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -49,7 +49,7 @@ UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
-__all__ = ["PREEMPTING", "SIGNALS", "Executor", "session_key"]
+__all__ = ["PREEMPTING", "Executor", "session_key"]
 
 
 def session_key(job: Job) -> str:
@@ -69,6 +69,7 @@ class Executor(Signalling):
         self.backend = backend
         self.controller = controller
         self.logs = logs
+        self.copier = LogCopier(backend, logs)
         self.tasks = tasks
         self.stats = stats
         self.wake_dispatcher = wake_dispatcher
@@ -201,8 +202,9 @@ class Executor(Signalling):
         env.update(topology_env(rank, world, rdzv))  # last: no caller value survives
         if rank == 0 and spec.extra.get("kernel"):
             env.update(rdzv.kernel_env)
+        extra = {**spec.extra, "max_output_bytes": output_cap(pool)}  # the agent stops writing a stream there
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
-                             timeout_s=spec.timeout_s, extra=dict(spec.extra), wait_s=LAUNCH_WAIT_S)
+                             timeout_s=spec.timeout_s, extra=extra, wait_s=LAUNCH_WAIT_S)
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:
         try:
@@ -295,7 +297,9 @@ class Executor(Signalling):
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                       never_ran: bool = False, may_retry: bool = True) -> None:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
-        await copy_logs(self.backend, self.logs, aid, pods, statuses)
+        job = self.book.live.get(job_id) or await self.book.get(job_id)
+        if job is not None:  # a job the store lost has no caller to keep its logs for
+            await self.copier.copy(job.caller, aid, pods, statuses, output_cap(self.tracker.pool(job.spec.pool)))
         self.launched.pop(job_id, None)
         if self.kernels is not None:
             self.kernels.ended(job_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ IDLE_S = 60.0
 MAX_IDLE = 8
 """Idle connections kept per agent."""
 MAX_HEADER = 64 << 10
+STREAM_BUFFER = 1 << 20
+"""An upgraded stream's read buffer (a port's download, a terminal's output): the transport stops reading
+at twice this, so a small one would cut a fast stream into small reads."""
 
 
 class AgentUnreachable(Exception):
@@ -100,6 +104,35 @@ class Http1Pool:
             conn.writer.close()
         return reply
 
+    async def upgrade(self, target: str, protocol: str, timeout: float
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | Reply:
+        """A fresh connection switched to `protocol` (the agent answered 101), or the agent's refusal."""
+        if self.closed:
+            raise RuntimeError("the agent's client is closed")
+        conn: _Conn | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                conn = await self._connect(STREAM_BUFFER)
+                conn.writer.write(f"GET {target} HTTP/1.1\r\n{self._head}Connection: Upgrade\r\n"
+                                  f"Upgrade: {protocol}\r\n\r\n".encode("latin-1"))
+                reply, _ = await _read_reply(conn.reader)
+        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
+                ValueError) as exc:
+            if conn is not None:
+                conn.writer.close()
+            raise AgentUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            if conn is not None:
+                conn.writer.close()
+            raise
+        if reply.status_code == 101:
+            sock = conn.writer.get_extra_info("socket")
+            if sock is not None and sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return conn.reader, conn.writer
+        conn.writer.close()
+        return reply
+
     def _take(self) -> _Conn | None:
         now = time.monotonic()
         while self._idle:
@@ -109,11 +142,11 @@ class Http1Pool:
             conn.writer.close()
         return None
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self, limit: int = MAX_HEADER) -> _Conn:
         if self.uds is not None:
-            reader, writer = await asyncio.open_unix_connection(self.uds, limit=MAX_HEADER)
+            reader, writer = await asyncio.open_unix_connection(self.uds, limit=limit)
         else:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEADER)
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=limit)
         return _Conn(reader, writer)
 
     async def aclose(self) -> None:
@@ -137,6 +170,8 @@ async def _read_reply(reader: asyncio.StreamReader) -> tuple[Reply, bool]:
         if not sep:
             raise ValueError(f"malformed header line {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
+    if status == 101:  # the connection is the upgraded stream from here on
+        return Reply(status, headers, b""), False
     if "transfer-encoding" in headers or "content-length" not in headers:
         raise ValueError("the agent's reply has no Content-Length")
     body = await reader.readexactly(int(headers["content-length"]))

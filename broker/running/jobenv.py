@@ -33,6 +33,10 @@ def memory_limits(pod_gpus: Sequence[str], devices: Mapping[str, Device]) -> dic
 
 def agent_session(job: Job, spec: PoolSpec | None) -> str:
     """The opaque session the agent compares to decide whether the workspace survives."""
-    tag = "" if spec is not None and spec.reuse_tag == "hint" else job.spec.lease_tag
-    raw = "\x1f".join((job.caller, job.spec.queue, tag))
+    return session_id(job.caller, job.spec.queue, job.spec.lease_tag, spec)
+
+
+def session_id(caller: str, queue: str, tag: str, spec: PoolSpec | None) -> str:
+    """`agent_session` of a (caller, queue, tag) session on a pod of `spec`'s pool (a terminal names it)."""
+    raw = "\x1f".join((caller, queue, "" if spec is not None and spec.reuse_tag == "hint" else tag))
     return hashlib.sha256(raw.encode()).hexdigest()[:24]

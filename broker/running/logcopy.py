@@ -1,63 +1,114 @@
-"""A finished attempt's logs, from its pods' agents into the broker's log store.
+"""A finished attempt's logs, from its pods' agents into the broker's log store, a window at a time.
 
-A short attempt's logs came inline with its final status (no request per stream); a longer one's are read
-from the agent in chunks. A rank whose agent is lost has no logs to copy.
+A short attempt's logs came inline with its final status (at most `INLINE_LOGS` bytes, no request per
+stream); a longer one's are read from the agent a chunk at a time and appended to the store, so however
+much a job printed, the broker holds at most `WINDOW` chunks of every copy together. Each stream is stored
+up to the pool's `max_output_bytes`: the agent already stops there (firepool_agent.output), and a stream
+that is longer anyway (an agent older than the cap) is cut here with the same marker line. A rank whose
+agent is lost has no logs to copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker.errors import FirepoolError
 from broker.pods import Pod
-from broker.ports.agent import AttemptStatus
+from broker.pools import PoolSpec
+from broker.ports.agent import AgentClient, AttemptStatus, LogChunk
 from broker.ports.backend import Backend
 from broker.ports.logs import STREAMS, LogStore
+from firepool_agent.output import DEFAULT_MAX_BYTES, marker
 
 log = logging.getLogger("firepool.executing")
 
-CHUNK = 8 << 20
+CHUNK = 1 << 20
 """Bytes per log read from an agent."""
+WINDOW = 8
+"""Chunks read and not yet stored, over every copy at once: the broker's memory for logs in flight."""
 
 
-async def copy_logs(
-    backend: Backend, logs: LogStore, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None]
-) -> None:
-    """Store every stream of every rank that did not get lost (rank 0 under the stream's name)."""
+def output_cap(pool: PoolSpec | None) -> int:
+    """Bytes kept per stream of the pool's jobs."""
+    return pool.max_output_bytes if pool is not None else DEFAULT_MAX_BYTES
 
-    async def copy(rank: int, pod: Pod, stream: str) -> None:
-        inline = statuses[rank]
-        if inline is not None and inline.logs is not None and stream in inline.logs:
-            await _write(logs, aid, rank, stream, inline.logs[stream])
-            return
-        agent = backend.agent(pod.name)
-        chunks, offset = [], 0
+
+def capped(data: bytes, cap: int) -> bytes:
+    """`data` as stored under `cap`: whole when it fits, else cut with the marker line (total `cap`)."""
+    if len(data) <= cap:
+        return data
+    end = marker(cap)
+    return data[:cap - len(end)] + end
+
+
+class LogCopier:
+    """Copies attempts' logs into the store; one per executor, so `WINDOW` bounds all copies together."""
+
+    def __init__(self, backend: Backend, logs: LogStore) -> None:
+        self.backend = backend
+        self.logs = logs
+        self.window = asyncio.Semaphore(WINDOW)
+
+    async def copy(self, caller: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
+                   cap: int) -> None:
+        """Store every stream of every rank that did not get lost (rank 0 under the stream's name)."""
+        await asyncio.gather(*(
+            self._stream(caller, aid, rank, pod, stream, statuses[rank], cap)
+            for rank, pod in enumerate(pods) if statuses[rank] is not None for stream in STREAMS))
+
+    async def _stream(self, caller: str, aid: str, rank: int, pod: Pod, stream: str, status: AttemptStatus | None,
+                      cap: int) -> None:
+        name = stream if rank == 0 else f"rank{rank}.{stream}"
+        inline = status.logs.get(stream) if status is not None and status.logs is not None else None
+        copied = [0]
+        if inline is None:
+            try:
+                await self._chunks(self.backend.agent(pod.name), caller, aid, stream, name, cap, copied)
+            except (FirepoolError, OSError) as exc:  # what was copied is kept: part of a log beats none
+                log.warning("copying the %s log of %s from %s failed after %d bytes: %s", stream, aid, pod.name,
+                            copied[0], exc)
         try:
-            while True:
-                chunk = await agent.read_log(aid, stream, offset, CHUNK)
-                chunks.append(chunk.data)
-                offset = chunk.next_offset
-                if chunk.complete or not chunk.data:
-                    break
-        except FirepoolError as exc:
-            log.warning("copying the %s log of %s from %s failed: %s", stream, aid, pod.name, exc)
-        await _write(logs, aid, rank, stream, b"".join(chunks))
+            if inline is not None:
+                await self._write(caller, aid, name, capped(inline, cap))
+            elif copied[0]:
+                await self._io(self.logs.commit, caller, aid, name)
+            else:
+                await self._write(caller, aid, name, b"")
+        except OSError as exc:  # the host's disk: the attempt's outcome still counts
+            log.error("storing the %s log of %s failed: %s", stream, aid, exc)
 
-    await asyncio.gather(
-        *(
-            copy(rank, pod, stream)
-            for rank, pod in enumerate(pods)
-            if statuses[rank] is not None
-            for stream in STREAMS
-        )
-    )
+    async def _chunks(self, agent: AgentClient, caller: str, aid: str, stream: str, name: str, cap: int,
+                      copied: list[int]) -> None:
+        """Append the agent's stream to the store a chunk at a time, never past `cap`; `copied` counts the bytes
+        stored so far (a failed read leaves what came before it)."""
+        end = marker(cap)
+        body = cap - len(end)  # bytes of output before a marker would be needed
+        offset = 0
+        while True:
+            async with self.window:
+                want = min(CHUNK, body - offset) if offset < body else len(end) + 1
+                chunk = await agent.read_log(aid, stream, offset, want)
+                data = chunk.data[:want]  # an agent that answers more than asked gets no further
+                if offset >= body and (not chunk.complete or len(data) > len(end)):
+                    # At the cap and more follows (an agent older than the cap): end the stream with the marker.
+                    data, chunk = end, LogChunk(end, offset + len(end), True)
+                if data:
+                    await self._io(self.logs.append, caller, aid, name, data, first=offset == 0)
+                offset += len(data)
+                copied[0] = offset
+            if chunk.complete or not chunk.data:
+                return
 
+    async def _write(self, caller: str, aid: str, name: str, data: bytes) -> None:
+        if data:
+            await self._io(self.logs.write, caller, aid, name, data)
+        else:  # an empty log writes nothing worth a worker thread
+            self.logs.write(caller, aid, name, data)
 
-async def _write(logs: LogStore, aid: str, rank: int, stream: str, data: bytes) -> None:
-    name = stream if rank == 0 else f"rank{rank}.{stream}"
-    if logs.blocking and data:  # an empty log writes nothing worth a worker thread
-        await asyncio.to_thread(logs.write, aid, name, data)
-    else:
-        logs.write(aid, name, data)
+    async def _io(self, call: Callable[..., None], *args: object, **kwargs: object) -> None:
+        if self.logs.blocking:
+            await asyncio.to_thread(call, *args, **kwargs)
+        else:
+            call(*args, **kwargs)

@@ -2,10 +2,12 @@
 
 `PackageStore` is the port an object store could implement later; `FilePackageStore` (the embedded
 default) keeps `<root>/<aa>/<digest>.zip` under the state dir, with a sidecar listing the callers
-that uploaded it (a caller sees only packages it uploaded itself). An upload streams to a temporary
-file while it is hashed and measured, is checked entry by entry (see `firepool_agent.archives`), and
-only then is renamed into place: a refused upload leaves nothing behind, identical uploads are
-stored once.
+that uploaded it. Every answer is per caller, as if only its own uploads existed: HEAD and GET find only
+packages it uploaded, and its first upload of bytes another caller stored says `created` (an upload
+checks and hashes the whole body either way), so no caller can test whether another stored a file. An
+upload streams to a temporary file while it is hashed and measured, is checked entry by entry (see
+`firepool_agent.archives`), and only then is renamed into place: a refused upload leaves nothing behind,
+identical uploads are stored once.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class StoredPackage:
     digest: str
     size: int
     created: bool
-    """False when an identical archive was already stored."""
+    """False when this caller had already uploaded it. Another caller's identical upload does not count:
+    the bytes are stored once, but a caller learns nothing of what others stored."""
 
 
 def check_digest(digest: str) -> str:
@@ -190,11 +193,11 @@ class FilePackageStore:
         target = self._file(digest)
         with self._lock:
             target.parent.mkdir(exist_ok=True, mode=0o700)
-            created = not target.exists()
-            if created:
+            if not target.exists():
                 os.replace(temp, target)
             owners = self._owners(digest)
-            if caller not in owners:
+            created = caller not in owners
+            if created:
                 owners_file = self._owners_file(digest)
                 staged = owners_file.with_suffix(".tmp")
                 staged.write_text(json.dumps(sorted(owners | {caller})))

@@ -21,8 +21,6 @@ from broker.running.outcome import PREEMPTING
 
 log = logging.getLogger("firepool.executing")
 
-SIGNALS = ("INT", "TERM", "HUP", "USR1", "USR2", "QUIT", "KILL")
-"""What a caller may send a running attempt (the agent's signal endpoint takes these names)."""
 
 
 class Signalling:

@@ -163,7 +163,7 @@ class Simulation:
         self.backend = SimBackend(self.clock, costs, random.Random(self.rng.getrandbits(64)), gpus=gpus)
         self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=dict(limits or {}),
                                budgets=dict(budgets or {}))
-        self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=MemoryLogStore(),
+        self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=MemoryLogStore(self.clock.now),
                                catalog=self.catalog, tuning=tuning)
         if tick_dispatch:
             # The earlier dispatcher the paper's Reuse Off columns ran (Table 5 caption, App. C.4): no event

@@ -56,9 +56,31 @@ def normalize_url(url: str) -> sa.URL:
     return parsed
 
 
+_EXTRAS = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql"}
+"""The pyproject extra that installs each server backend's driver."""
+
+
+class MissingDriver(sa.exc.ArgumentError):
+    """The URL's database driver is not installed; the message names the extra that installs it."""
+
+
+def require_driver(url: str | sa.URL) -> None:
+    """MissingDriver (one line, naming the extra) when the driver of `url` cannot be imported; nothing
+    else is touched, so this runs before a broker starts anything."""
+    parsed = normalize_url(url) if isinstance(url, str) else url
+    try:
+        parsed.get_dialect().import_dbapi()
+    except ImportError:
+        backend = parsed.get_backend_name()
+        extra = _EXTRAS.get(backend, backend)
+        raise MissingDriver(f"a {backend} job store needs the {parsed.get_driver_name()} driver, which is not "
+                            f"installed: pip install -e '.[{extra}]' in the checkout") from None
+
+
 def create_store_engine(url: str) -> sa.Engine:
     """An engine for `url`, pooled for use from many threads."""
     parsed = normalize_url(url)
+    require_driver(parsed)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(parsed)

@@ -127,3 +127,20 @@ quarantine = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 """Devices and nodes with hardware-class failures (broker.health.quarantine), kept across restarts."""
+
+DIGEST_LENGTH = 80
+"""A `sha256:<hex>` or `jwt:<hex>` digest (71 characters), with room."""
+
+ui_sessions = sa.Table(
+    "ui_sessions",
+    metadata,
+    sa.Column("id_digest", key_type(DIGEST_LENGTH), primary_key=True),
+    sa.Column("caller", key_type(NAME_LENGTH), nullable=False),
+    sa.Column("token_digest", key_type(DIGEST_LENGTH), nullable=False),
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("last_seen", sa.Double(), nullable=False),
+    sa.Column("expires_at", sa.Double(), nullable=False),
+    sa.Index("ix_ui_sessions_token_digest", "token_digest"),
+    **MYSQL_TABLE_OPTIONS,
+)
+"""Dashboard sessions (broker.ui.session), by the digest of their id; 0007_ui_sessions."""

@@ -9,6 +9,8 @@ restarted broker) and drops vanished ones. A pool whose creates the budget holds
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.events import EventLog
@@ -29,6 +31,7 @@ class Accounting:
     borrowing: Borrowing | None
     events: EventLog | None
     throttled: set[str]
+    on_ready: Callable[[], None]
 
     def headroom(self, spec: PoolSpec) -> int | None:
         """Whole pods the pool's accelerator budget (plus borrowable capacity) still allows; None: unbounded."""
@@ -111,6 +114,16 @@ class Accounting:
                 self.ledger.adopt(pod.name, spec.accelerator, units_of(spec))
                 if pod.gpus:
                     groups.add(pod.gpus)
+
+    def _note_budget_full(self, full: frozenset[str]) -> None:
+        """Tell the tracker which pools' budgets allow no pod (a ceiling for takeovers); a pool newly full
+        wakes the dispatcher, whose blocked jobs may now take their caller's least recently used session."""
+        if full == self.tracker.budget_full:
+            return
+        newly = full - self.tracker.budget_full
+        self.tracker.budget_full = full
+        if newly:
+            self.on_ready()
 
     def _note_throttle(self, spec: PoolSpec, p: Plan, created: int, demand: int) -> None:
         """A `budget.throttled` event when the accelerator budget starts holding this pool's creates back."""

@@ -40,6 +40,14 @@ class Creating(Accounting):
     created: Callable[[Pod, PodInfo], None] | None
     _backoff_until: dict[str, float]
     _gang_sizes: dict[str, int]
+    _gang_batches: dict[str, list[str]]
+    """Pod name -> the names of its gang's pods created in the same pass (one shared list per gang and pass)."""
+    _open_batches: dict[str, list[str]]
+    confined: dict[str, str]
+    """job -> `node` | `domain` for the waiting confined gangs (the dispatcher's report)."""
+    _gang_topologies: dict[str, str]
+    """Pod name -> the topology its gang is confined to, as it was when the pod was made."""
+    """Gang -> the batch of this pass; closed (cleared) at the end of every pass."""
 
     def fleet(self) -> Fleet:
         """The backend's nodes with what the tracked pods hold on them (broker.warmth.placing)."""
@@ -61,8 +69,19 @@ class Creating(Accounting):
         pod.gang = gang[0]
         self.tracker.add(pod)
         self._gang_sizes[name] = gang[1]
+        if gang[0] and reserved_for is not None:
+            self._gang_topologies[name] = self.confined.get(reserved_for, "")
+        if gang[0]:  # the spawned start runs after this pass ends, when its batch is complete
+            batch = self._open_batches.setdefault(gang[0], [])
+            batch.append(name)
+            self._gang_batches[name] = batch
         self.tasks.spawn(f"create {name}", self._start_pod(pod, spec))
         return True
+
+    def _gang_batch(self, name: str) -> tuple[str, int]:
+        """(batch id, pods) of the pod's gang batch: named after its first pod, so unique and a valid name."""
+        batch = self._gang_batches.pop(name, [])
+        return (batch[0], len(batch)) if batch else ("", 0)
 
     def where(self, spec: PoolSpec, pods: int) -> list[str]:
         """The node of each of `pods` new pods of the pool, placed as one set ("": the backend chooses)."""
@@ -84,6 +103,8 @@ class Creating(Accounting):
                     node=pod.node,
                     gang=pod.gang,
                     gang_size=self._gang_sizes.pop(pod.name, 1),
+                    gang_batch=self._gang_batch(pod.name),
+                    gang_topology=self._gang_topologies.pop(pod.name, ""),
                     avoid=self.avoid(),
                 )
             )

@@ -145,11 +145,36 @@ def set_ceilings(nodes: Iterable[Node], pools: Mapping[str, PoolSpec],
     return out
 
 
-def never_fits(ceilings: Mapping[str, Mapping[str, int]], spec: PoolSpec, pods: int, topology: str) -> str | None:
+def largest_names(nodes: Iterable[Node], pools: Mapping[str, PoolSpec], ceilings: Mapping[str, Mapping[str, int]],
+                  seen: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, dict[str, str]]:
+    """pool -> {`node`: the node, `domain`: the domain that holds the pool's ceiling (`set_ceilings`), first by
+    name}, for the refusal to name what the operator would have to grow; a ceiling that stands from an earlier
+    pass (its node briefly out) keeps the name seen then."""
+    fleet = Fleet(nodes)
+    out: dict[str, dict[str, str]] = {}
+    for name, ceiling in ceilings.items():
+        spec = pools.get(name)
+        names = dict((seen or {}).get(name, {}))
+        if spec is not None and spec.gpus > 0:
+            loads = sorted(pool_fleet(fleet, spec).loads.values(), key=lambda load: load.node.id)
+            per_domain: dict[str, int] = {}
+            for load in loads:
+                per_domain[load.node.domain_key] = per_domain.get(load.node.domain_key, 0) + load.node.size // spec.gpus
+            node = next((load.node.id for load in loads if load.node.size // spec.gpus == ceiling.get("node")), "")
+            domain = next((d for d in sorted(per_domain) if per_domain[d] == ceiling.get("domain")), "")
+            names.update({k: v for k, v in (("node", node), ("domain", domain)) if v})
+        if names:
+            out[name] = names
+    return out
+
+
+def never_fits(ceilings: Mapping[str, Mapping[str, int]], spec: PoolSpec, pods: int, topology: str,
+               names: Mapping[str, Mapping[str, str]] | None = None) -> str | None:
     """Why a set of `pods` confined to one `topology` (node | domain) can never be placed in the pool, or None
-    when it could be (or the pool's limit is unknown: then it waits)."""
+    when it could be (or the pool's limit is unknown: then it waits). `names` (`largest_names`) names it."""
     most = ceilings.get(spec.name, {}).get(topology)
     if most is None or pods <= most:
         return None
+    named = (names or {}).get(spec.name, {}).get(topology, "")
     return (f"{pods} pods of {spec.gpus} GPUs must share one {topology} (topology: {topology}), but the largest "
-            f"{topology} of pool {spec.name!r} holds {most} such pods")
+            f"{topology} of pool {spec.name!r} holds {most} such pods" + (f" ({topology} {named})" if named else ""))

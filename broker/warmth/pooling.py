@@ -36,7 +36,7 @@ from broker.warmth.creating import Creating
 from broker.warmth.holds import MIN_TENURE_S, BlockedSet, breaks_for_sets, hold_units
 from broker.warmth.rollout import drain
 from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, plan
-from broker.warmth.singleuse import gang_hints, made_on, orphans, set_orphans, wanted, wanted_sets
+from broker.warmth.singleuse import gang_hints, made_on, orphans, scattered, set_orphans, wanted, wanted_sets
 from broker.warmth.standby import exclusive_cards, plan_standbys
 
 log = logging.getLogger("firepool.pooling")
@@ -64,6 +64,9 @@ class PoolController(Creating):
         self.demand: dict[str, int] = {}
         self.queued_by: dict[str, dict[str, int]] = {}
         """pool -> caller -> pods of that caller's queued jobs (owners with queued jobs keep their holds)."""
+        self.takers: dict[str, dict[str, int]] = {}
+        """pool -> caller -> pods of queued jobs that take the caller's held pods only at the ceiling (a `boundary`
+        pool's, or `recycle: false`): no supply below it, but spared when holds break (a takeover serves them)."""
         self.over_quota: dict[str, dict[str, int]] = {}
         """pool -> caller -> of those, pods waiting on the caller's quota: they spare no hold (they could not
         take a held pod now, and the caller's own finishing jobs bring theirs back)."""
@@ -82,6 +85,8 @@ class PoolController(Creating):
         """pool -> {`node`, `domain`} -> the most pods one node (domain) of it can ever hold, from the backend's
         nodes (placing.set_ceilings; replaced whole, never below an earlier pass's under the same catalog): a
         confined gang larger never runs."""
+        self.set_largest: dict[str, dict[str, str]] = {}
+        """pool -> {`node`, `domain`} -> which node (domain) holds that ceiling (placing.largest_names)."""
         self._measured: list[Node] | None = None
         """The node list `set_ceilings` was measured on."""
         self.gangs: dict[str, list[tuple[str, int]]] = {}
@@ -103,6 +108,9 @@ class PoolController(Creating):
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
         self._gang_sizes: dict[str, int] = {}
+        self._gang_batches: dict[str, list[str]] = {}
+        self._open_batches: dict[str, list[str]] = {}
+        self._gang_topologies: dict[str, str] = {}
         self._sweeping = False
         self.avoid: Callable[[], frozenset[str]] = frozenset
         """Devices no new pod may get (broker.health.quarantine sets it)."""
@@ -116,13 +124,15 @@ class PoolController(Creating):
                       gangs: Mapping[str, list[tuple[str, int]]] | None = None,
                       sets: Mapping[str, tuple[str, int]] | None = None,
                       confined: Mapping[str, str] | None = None,
-                      set_owners: Mapping[str, tuple[SessionKey, bool]] | None = None) -> None:
+                      set_owners: Mapping[str, tuple[SessionKey, bool]] | None = None,
+                      takers: Mapping[str, Mapping[str, int]] | None = None) -> None:
         """The dispatcher's view after a pass: pods missing per pool (and per caller, and of those how many wait
         on their caller's quota), unplaced single-use jobs, gangs that wait for a whole set on one node or
         domain (and whose session each is, and whether it may recycle), and which waiting jobs are confined so
         (job -> `node` | `domain`)."""
         by = {pool: dict(callers) for pool, callers in (queued_by or {}).items()}
         quota = {pool: dict(callers) for pool, callers in (over_quota or {}).items()}
+        self.takers = {pool: dict(callers) for pool, callers in (takers or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
                    or by != self.queued_by or quota != self.over_quota or set(sets or {}) != set(self.sets))
         self.demand = dict(demand)
@@ -142,6 +152,7 @@ class PoolController(Creating):
         self.pools = dict(pools)
         self._measured = self.backend.nodes()
         self.set_ceilings = placing.set_ceilings(self._measured, self.pools)  # a new catalog: measured afresh
+        self.set_largest = placing.largest_names(self._measured, self.pools, self.set_ceilings)
         self.wake()
 
     def reconcile_once(self) -> dict[str, Plan]:
@@ -152,6 +163,7 @@ class PoolController(Creating):
         if nodes != self._measured:  # comparing costs a tenth of measuring them again (128 nodes)
             self._measured = nodes
             self.set_ceilings = placing.set_ceilings(nodes, self.pools, self.set_ceilings)
+            self.set_largest = placing.largest_names(nodes, self.pools, self.set_ceilings, self.set_largest)
         snapshot = self.tracker.snapshot()
         self._sync_ledgers(snapshot)
         by_pool: dict[str, list[Pod]] = {name: [] for name in self.pools}
@@ -160,6 +172,7 @@ class PoolController(Creating):
         if self.borrowing is not None:
             self._preempt_borrowed()
         plans: dict[str, Plan] = {}
+        full: set[str] = set()
         for name, spec in self.pools.items():
             pods = by_pool.get(name, [])
             queued_by = self.queued_by.get(name, {})
@@ -173,6 +186,8 @@ class PoolController(Creating):
                 continue
             demand = self.demand.get(name, 0)
             headroom = self.headroom(spec)
+            if headroom is not None and headroom <= 0:
+                full.add(name)
             singles = wanted(self.single_use, name, pods)
             p = plan(spec, pods, counts, demand, now, headroom, single_use=sum(n for _, n in singles))
             created = 0
@@ -196,6 +211,8 @@ class PoolController(Creating):
             plain = blocked_at_ceiling(spec, counts, demand, headroom)
             quota = self.over_quota.get(name, {})
             spare = {owner: n - quota.get(owner, 0) for owner, n in queued_by.items()}
+            for owner, n in self.takers.get(name, {}).items():  # they take their caller's held pods over
+                spare[owner] = spare.get(owner, 0) + n
             for owner, n in spared.items():  # held pods that complete a waiting confined gang's set are its
                 spare[owner] = spare.get(owner, 0) + n
             broken: list[Pod] = []
@@ -236,7 +253,9 @@ class PoolController(Creating):
             for pod_name in rollout.mark:
                 self.tracker.retire_at_release(pod_name)
             self._stage_standbys(spec, pods, now)
+        self._open_batches.clear()  # a gang's pods of a later pass form a batch of their own
         self.last_plan = plans
+        self._note_budget_full(frozenset(full))
         self._loop.tick = self._next_tick(snapshot, now)
         return plans
 
@@ -292,6 +311,12 @@ class PoolController(Creating):
         created = 0
         blocked: list[BlockedSet] = []
         spared: dict[str, int] = {}
+        for job_id, (pool, _n) in self.sets.items():
+            apart = scattered(pods, job_id) if pool == spec.name and self.confined.get(job_id) == "node" else []
+            if apart:  # they join the pool; the rest of the set is made beside its largest part
+                log.warning("pods made for %s landed on %d nodes; %d of them join the pool", job_id,
+                            len({p.node for p in apart}) + 1, len(apart))
+                self.tracker.unreserve(apart)
         todo = [(job_id, n, False) for job_id, n in singles]
         todo += [(job_id, n, True) for job_id, n in wanted_sets(self.sets, spec.name, pods)]
         for job_id, n, gang in todo:

@@ -67,6 +67,18 @@ def made_on(pods: Iterable[Pod], job_id: str) -> list[str]:
     return [p.node for p in pods if p.reserved_for == job_id and not p.used and p.state in _WAITING and p.node]
 
 
+def scattered(pods: Iterable[Pod], job_id: str) -> list[Pod]:
+    """The pods made for a node-confined job that are not on the node holding most of them (a backend or a
+    cluster scheduler placed its set apart): no node holds the set with them, and pods made for it are counted
+    as its set, so while they stay reserved nothing more is made and the job waits until their keep-alive."""
+    made = [p for p in pods if p.reserved_for == job_id and not p.used and p.state in _WAITING and p.node]
+    on = Counter(p.node for p in made)
+    if len(on) < 2:
+        return []
+    keep = max(sorted(on), key=on.__getitem__)
+    return [p for p in made if p.node != keep]
+
+
 def set_orphans(pods: Iterable[Pod], waiting: Callable[[str], bool]) -> list[Pod]:
     """Starting or idle pods made for a confined gang that no longer waits for them: they join the pool."""
     return [p for p in pods if _made_for_set(p) and not waiting(p.reserved_for or "")]

@@ -60,6 +60,9 @@ class Attempt:
         """The pod's cgroup counters at launch: a rise by the exit names the limit the attempt hit."""
         self.hardware_fault: str | None = None
         """Why the attempt failed on hardware (`hwfaults`), reported so the broker can quarantine the GPU."""
+        self.kernel: dict[str, Any] | None = None
+        """A kernel attempt's connection info (keys, ports) once its kernel reported it; never in `to_json`,
+        never logged: served only by `GET /v1/attempts/{id}/kernel`, and dropped when the attempt ends."""
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -20,12 +20,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from firepool_agent import gpushare, hwfaults, kernel, overlimit, proctree, wiping
+from firepool_agent import gpushare, hwfaults, kernel, kernel_report, overlimit, proctree, wiping
 from firepool_agent.attempt import Attempt, Conflict, LaunchSpec, safe_name
 from firepool_agent.config import AgentConfig
 from firepool_agent.ledger import Ledger
 from firepool_agent.output import STREAMS as LOG_STREAMS
-from firepool_agent.output import Output
+from firepool_agent.output import Output, cap_of
 from firepool_agent.prestart import Prestarted, Prestarter
 from firepool_agent.reaping import Reaper
 
@@ -47,6 +47,10 @@ class Attempts:
         self.by_id: OrderedDict[str, Attempt] = OrderedDict()
         self.current: Attempt | None = None
         self.session: str | None = None
+        self.launching: str | None = None
+        """The session of the launch in progress once it crossed into it (set and cleared under the launch lock):
+        a kernel binding its pre-started process waits for that process's imports, and the session's processes
+        beside the job (exec, the terminal) need not wait with it (`sessionspawn`)."""
         self.attempts_dir = Path(config.run_dir) / "attempts"
         self.delivered: Any = None
         """The code package unpacked for the next launch (`binding.Delivered`); a reset forgets it."""
@@ -77,44 +81,51 @@ class Attempts:
     def launch(self, spec: LaunchSpec) -> Attempt:
         """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError)."""
         with self.launch_lock:
-            attempt = Attempt(spec.attempt_id, spec.session, self.attempts_dir / safe_name(spec.attempt_id))
-            with self.cond:
-                if self.current is not None:
-                    raise Conflict(f"attempt {self.current.attempt_id} is running")
-                if spec.attempt_id in self.by_id:
-                    raise Conflict(f"attempt {spec.attempt_id} was launched before")
-                self.current = attempt
-                self._remember(attempt)
-            if self.ledger is not None:
-                try:
-                    self.ledger.started(spec.attempt_id)
-                except OSError as exc:  # unrecorded, it must not run: a crash test could not vouch for it
-                    self._fail(attempt, "LaunchError", f"the agent could not record the attempt: {exc}")
-                    return attempt
-            self.prestarter.clean = False  # no process starts unbound again before a verified reset
-            if not spec.extra.get("kernel") or spec.extra.get("requirements") is not None:
-                # Nothing runs beside an unbound process: not another job, not a requirements install
-                # (package builds run code), and the memory is the job's.
-                self.prestarter.kill()
-            if self.session is not None and spec.session != self.session:
-                problems = self._cross_session(attempt)
-                if problems:
-                    self._fail(attempt, "LaunchError", "the workspace of the previous session could not be "
-                               "emptied: " + "; ".join(problems[:5]))
-                    return attempt
-            self.session = spec.session
-            if self.prepare is not None and spec.extra:
-                prepared = self.prepare(attempt, spec)
-                if isinstance(prepared, tuple):
-                    self._fail(attempt, *prepared)
-                    return attempt
-                spec = prepared
-            attempt.counters = overlimit.read_counters()
             try:
-                self._spawn(attempt, spec)
-            except Exception as exc:  # never leave `current` set by an attempt that did not start
-                self._fail(attempt, "LaunchError", f"the agent could not start the attempt: {exc!r}")
-            return attempt
+                return self._launch(spec)
+            finally:
+                self.launching = None
+
+    def _launch(self, spec: LaunchSpec) -> Attempt:
+        attempt = Attempt(spec.attempt_id, spec.session, self.attempts_dir / safe_name(spec.attempt_id))
+        with self.cond:
+            if self.current is not None:
+                raise Conflict(f"attempt {self.current.attempt_id} is running")
+            if spec.attempt_id in self.by_id:
+                raise Conflict(f"attempt {spec.attempt_id} was launched before")
+            self.current = attempt
+            self._remember(attempt)
+        if self.ledger is not None:
+            try:
+                self.ledger.started(spec.attempt_id)
+            except OSError as exc:  # unrecorded, it must not run: a crash test could not vouch for it
+                self._fail(attempt, "LaunchError", f"the agent could not record the attempt: {exc}")
+                return attempt
+        self.prestarter.clean = False  # no process starts unbound again before a verified reset
+        if not spec.extra.get("kernel") or spec.extra.get("requirements") is not None:
+            # Nothing runs beside an unbound process: not another job, not a requirements install
+            # (package builds run code), and the memory is the job's.
+            self.prestarter.kill()
+        if self.session is not None and spec.session != self.session:
+            problems = self._cross_session(attempt)
+            if problems:
+                self._fail(attempt, "LaunchError", "the workspace of the previous session could not be "
+                           "emptied: " + "; ".join(problems[:5]))
+                return attempt
+        self.session = spec.session
+        if self.prepare is not None and spec.extra.keys() - {"max_output_bytes"}:  # the cap is the pump's
+            prepared = self.prepare(attempt, spec)
+            if isinstance(prepared, tuple):
+                self._fail(attempt, *prepared)
+                return attempt
+            spec = prepared
+        attempt.counters = overlimit.read_counters()
+        self.launching = spec.session  # past the boundary and prepared: processes beside it may start now
+        try:
+            self._spawn(attempt, spec)
+        except Exception as exc:  # never leave `current` set by an attempt that did not start
+            self._fail(attempt, "LaunchError", f"the agent could not start the attempt: {exc!r}")
+        return attempt
 
     def _cross_session(self, attempt: Attempt) -> list[str]:
         """A new session sees nothing of the last one: its processes die and its scratch is emptied."""
@@ -154,11 +165,13 @@ class Attempts:
         began = time.perf_counter()
         cwd = os.path.join(self.config.workspace, spec.cwd) if spec.cwd else self.config.workspace
         env = self.job_env(spec.env, spec.attempt_id)
+        report: tuple[int, int] | None = None
         if spec.extra.get("kernel"):
             kernel.prepare_env(env)
-            if self._bind_prestarted(attempt, spec, env, cwd, began):
+            report = kernel_report.pipe(env)  # its connection line never goes through its stdout
+            if self._bind_prestarted(attempt, spec, env, cwd, began, report):
                 return
-        output = Output(attempt.directory, self._notify)
+        output = Output(attempt.directory, self._notify, cap_of(spec.extra))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -166,10 +179,12 @@ class Attempts:
                 attempt.started_at = time.time()
                 try:
                     popen = subprocess.Popen(list(spec.argv), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                                             env=env, cwd=cwd, start_new_session=True, close_fds=True)
+                                             env=env, cwd=cwd, start_new_session=True, close_fds=True,
+                                             pass_fds=(report[1],) if report else ())
                 except (OSError, ValueError, subprocess.SubprocessError) as exc:
                     os.close(out_r)
                     os.close(err_r)
+                    kernel_report.close(report)
                     self._fail(attempt, "LaunchError", f"cannot start {spec.argv[0]!r}: {exc}")
                     return
                 # Popen returns after the child's exec succeeded: rank 0 is at its first instruction.
@@ -183,10 +198,12 @@ class Attempts:
             os.close(out_w)
             os.close(err_w)
         attempt.timings["spawn_s"] = time.perf_counter() - began
+        if report is not None and attempt.popen is not None:
+            kernel_report.follow(attempt, report, self.cond)
         self._follow(attempt, spec, output, out_r, err_r)
 
     def _bind_prestarted(self, attempt: Attempt, spec: LaunchSpec, env: dict[str, str], cwd: str,
-                         began: float) -> bool:
+                         began: float, report: tuple[int, int]) -> bool:
         """Make the pod's pre-started kernel this attempt's rank 0; False (and nothing started) when it cannot."""
         if self.prestarter.current is None:
             attempt.timings["kernel_prestarted"] = 0.0
@@ -196,7 +213,7 @@ class Attempts:
         err_r, err_w = os.pipe()
         attempt.started_at = time.time()
         try:
-            bound = self.prestarter.bind(spec.argv, env, cwd, (out_w, err_w))
+            bound = self.prestarter.bind(spec.argv, env, cwd, (out_w, err_w, report[1]))
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -208,7 +225,8 @@ class Attempts:
             attempt.timings["kernel_prestarted"] = 0.0
             return False
         attempt.first_instruction_at = time.time()
-        output = Output(attempt.directory, self._notify)
+        kernel_report.follow(attempt, report, self.cond)
+        output = Output(attempt.directory, self._notify, cap_of(spec.extra))
         overlimit.expose(bound.pid)
         with self.cond:
             attempt.pid = bound.pid
@@ -275,6 +293,7 @@ class Attempts:
             attempt.message = attempt.output.error
         if attempt.timer is not None:
             attempt.timer.cancel()
+        attempt.kernel = None  # the kernel is gone: its keys open nothing, and the agent keeps no secret longer
         if self.current is attempt:
             self.current = None
         self.cond.notify_all()

@@ -33,6 +33,9 @@ class AgentConfig:
     """PATH of every job."""
     isolated: bool = False
     """True inside a sandbox with a private /dev/shm; only then does reset empty /dev/shm."""
+    own_network: bool = False
+    """The sandbox has a network namespace of its own (an isolated local pod, a Kubernetes pod): whatever
+    listens in it is the sandbox's, so the port tunnel skips the /proc ownership check (~10 ms a request)."""
     shm_dir: str = "/dev/shm"
     deps_dir: str = ""
     """Where requirements are installed; survives resets for the pod's life. "" disables installs."""
@@ -68,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
                         help='GPU list for jobs; "auto" counts /dev/nvidiaN nodes')
     parser.add_argument("--path", default=None, help="PATH for jobs (default: the agent's PATH)")
     parser.add_argument("--isolated", action="store_true", help="the agent runs in its own sandbox")
+    parser.add_argument("--own-network", action="store_true",
+                        help="the sandbox has its own network namespace (no host service listens in it)")
     parser.add_argument("--deps-dir", default="", help="the pod's dependency directory (kept across resets)")
     parser.add_argument("--kernels", choices=("cold", "learned", "prestart"), default="cold",
                         help="keep a pre-imported, unbound kernel process while idle: never, after a kernel "
@@ -89,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         cuda_visible_devices=cuda,
         job_path=args.path or os.environ.get("PATH") or AgentConfig.job_path,
         isolated=args.isolated,
+        own_network=args.own_network,
         deps_dir=os.path.abspath(args.deps_dir) if args.deps_dir else "",
         kernels=args.kernels,
         ledger_fd=args.ledger_fd,

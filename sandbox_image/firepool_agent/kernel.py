@@ -3,13 +3,15 @@
 A kernel job (`kernel: true`) runs `python3 -m firepool_agent.kernel`. The launcher makes a fresh HMAC
 key and a CurveZMQ key pair (every channel is encrypted: on a shared host network another sandbox could
 otherwise subscribe to the kernel's output), lets ipykernel bind five ports of its choice, and writes one
-line to the job's stdout — which only the job's owner can read through the broker — before the kernel
-takes over fd 1:
+JSON line to the pipe the agent named in FIREPOOL_KERNEL_REPORT_FD:
 
-    FIREPOOL-KERNEL {"ip": ..., "transport": "tcp", "shell_port": ..., "key": ..., ...}
+    {"ip": ..., "transport": "tcp", "shell_port": ..., "key": ..., "curve_secretkey": ..., ...}
 
-The connection file stays in the pod's private TMPDIR (mode 0600). Importing this module is cheap: the
-agent uses `prepare_env` and never imports ipykernel itself.
+Never to stdout or stderr: a job's log is stored, copied and shown, and a key in it would let whoever
+reads the log run code in the kernel. The agent keeps the line for the attempt and serves it to the broker,
+which serves it to the job's owner alone (`GET /v1/jobs/{id}/kernel`). Without that pipe (the launcher run
+by hand) nothing is reported; the connection file stays in the pod's private TMPDIR (mode 0600) either way.
+Importing this module is cheap: the agent uses `prepare_env` and never imports ipykernel itself.
 
 On an isolated local pod the broker forwards five host ports on 127.0.0.1 to fixed ports in the pod's
 namespace and says so in FIREPOOL_KERNEL_PORTS (`guest:host,...`): the kernel then binds those guest
@@ -27,10 +29,13 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
-MARKER = "FIREPOOL-KERNEL "
-"""Prefix of the connection line on the job's stdout."""
+from firepool_agent.kernel_bind import REPORT_FD_ENV
+
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 FORWARDED_ENV = "FIREPOOL_KERNEL_PORTS"
+WORKING_DIR_ENV = "KERNEL_WORKING_DIR"
+"""The kernel's cwd, relative to the job's, when that directory exists in the sandbox (Enterprise Gateway's
+variable; a Jupyter server sends its own notebook directory, which a sandbox usually lacks: then ignored)."""
 POD_IP_ENV = "FIREPOOL_KERNEL_IP"
 """Set by a backend whose pods have an address of their own (Kubernetes: the pod IP): the kernel binds and
 reports it, whatever `--ip` a client asked for, since a pod's loopback is reachable from nowhere else."""
@@ -69,7 +74,19 @@ def advertised_ip(bind: str, advertise: str) -> str:
 
 
 def connection_line(info: dict[str, Any]) -> bytes:
-    return (MARKER + json.dumps(info, separators=(",", ":"), sort_keys=True) + "\n").encode()
+    return (json.dumps(info, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def take_report_fd(env: MutableMapping[str, str]) -> int:
+    """The agent's report pipe, -1 when none; the variable is removed so the kernel's code never sees it."""
+    raw = env.pop(REPORT_FD_ENV, "")
+    try:
+        fd = int(raw)
+        os.fstat(fd)
+        os.set_inheritable(fd, False)
+    except (ValueError, OSError):
+        return -1
+    return fd
 
 
 def curve_keys() -> dict[str, str]:
@@ -100,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-encryption", action="store_true", help="plain (HMAC-signed only) ZeroMQ channels")
     parser.add_argument("--prestarted", type=int, metavar="FD", default=None,
                         help="(the agent's) import now, then wait on this socket to be bound to a job")
+    parser.add_argument("--restartable", action="store_true",
+                        help="run the kernel in a child that SIGHUP replaces in place (firepool_agent.kernel_supervise)")
     parser.add_argument("--watch", default="", metavar="DIRS",
                         help="(the agent's, with --prestarted) report what the imports open or list under these")
     args, rest = parser.parse_known_args(argv)
@@ -108,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
 
         watch = [d for d in args.watch.split(os.pathsep) if d]
         return main(kernel_bind.wait_for_bind(args.prestarted, watch))
+    working_dir = os.environ.get(WORKING_DIR_ENV, "")
+    if working_dir and os.path.isdir(working_dir):
+        os.chdir(working_dir)  # a gateway client's KERNEL_WORKING_DIR, where the sandbox has it
     key = secrets.token_hex(32)
     curve = {} if args.no_encryption else curve_keys()
     tmp = os.environ.get("TMPDIR") or "/tmp"
@@ -118,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     bind = "0.0.0.0" if ip in ("*", "") or forwarded else ip  # slirp dials the namespace's tap address
     write_seed(path, bind, key, curve, [g for g, _ in forwarded] if forwarded else None)
     to_host = dict(forwarded or [])
-    report_fd = os.dup(1)  # ipykernel redirects fd 1 to the notebook once it runs
+    report_fd = take_report_fd(os.environ)
+    if report_fd < 0:
+        print(f"firepool kernel: no report pipe ({REPORT_FD_ENV}); connection file {path}", file=sys.stderr)
     advertise = args.advertise or ("127.0.0.1" if forwarded else pod_ip)
     base = {"ip": advertised_ip(ip, advertise), "key": key, "signature_scheme": "hmac-sha256",
             "pid": os.getpid(), "cwd": os.getcwd(), **curve}
@@ -135,13 +159,24 @@ def main(argv: list[str] | None = None) -> int:
                 info = {**base, "transport": self.transport, **{n: to_host.get(p, p) for n, p in bound.items()}}
                 os.write(report_fd, connection_line(info))
 
-    app = ReportingApp.instance()
-    try:
-        app.initialize(["-f", path, *rest])  # type: ignore[no-untyped-call]
-    finally:
-        os.close(report_fd)
-    app.start()  # type: ignore[no-untyped-call]
-    return 0
+    def run(report: bool) -> int:
+        nonlocal report_fd
+        if not report:
+            report_fd = -1  # a restarted child: the broker holds the line already, and the pipe is closed
+        app = ReportingApp.instance()
+        try:
+            app.initialize(["-f", path, *rest])  # type: ignore[no-untyped-call]
+        finally:
+            if report_fd >= 0:
+                os.close(report_fd)  # EOF for the agent; no child of the kernel inherits it
+        app.start()  # type: ignore[no-untyped-call]
+        return 0
+
+    if args.restartable:
+        from firepool_agent.kernel_supervise import supervise
+
+        return supervise(run, report_fd)
+    return run(True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ what its start would import (no port, no key, no IPython shell, no CUDA: the age
 GPUs hidden), notes every environment variable those imports read and every path under the session's
 directories they open or list (`--watch`: an audit hook, inert once bound), says `ready` on FD and blocks. The
 agent's bind message carries the job's argv, env, cwd, umask and resource limits and, as SCM_RIGHTS, the
-attempt's stdout and stderr pipes. The bind is refused, and the agent launches the job the normal way,
+attempt's stdout and stderr pipes and the pipe for the kernel's connection line. The bind is refused, and the agent launches the job the normal way,
 when the job would not have started the same: an environment variable the imports read differs, or the
 job's path (cwd, PYTHONPATH, user site) holds its own copy of a module already imported.
 """
@@ -35,6 +35,8 @@ MAX_MESSAGE = 4 << 20
 WATCHED_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "glob.glob", "os.chdir"})
 """Audit events that name a path the process reads from (`open` also covers every import's source)."""
 MAX_TOUCHED = 20
+REPORT_FD_ENV = "FIREPOOL_KERNEL_REPORT_FD"
+"""Names the write end of the agent's pipe for the kernel's connection line (`firepool_agent.kernel`)."""
 
 
 class Refused(Exception):
@@ -175,8 +177,8 @@ def apply(message: Mapping[str, Any], fds: list[int], warmed: Warmed) -> list[st
     conflicts = env_conflicts(warmed.before, env, warmed.read)
     if conflicts:
         raise Refused("the job's environment differs in " + ", ".join(conflicts[:8]))
-    if len(fds) != 2:
-        raise Refused(f"the bind carried {len(fds)} descriptors, not the job's stdout and stderr")
+    if len(fds) != 3:
+        raise Refused(f"the bind carried {len(fds)} descriptors, not the job's stdout, stderr and report pipe")
     try:
         os.chdir(cwd)
     except OSError as exc:
@@ -207,8 +209,9 @@ def apply(message: Mapping[str, Any], fds: list[int], warmed: Warmed) -> list[st
     sys.stderr.flush()
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
-    for fd in fds:
+    for fd in fds[:2]:
         os.close(fd)
+    os.environ[REPORT_FD_ENV] = str(fds[2])  # this process's number for the pipe, whatever the agent's was
     _no_parent_death_signal()  # a launched job keeps running if an unisolated agent dies; so does this one
     argv = [str(a) for a in message["argv"]]
     sys.argv = [os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or sys.argv[0]), *argv]

@@ -4,6 +4,10 @@ One thread per attempt creates the files (off the launch path: the pipes buffer 
 both pipes as data arrives and appends to the files unbuffered, so a reader sees every byte the
 moment it is written. The pump stops at EOF, or shortly after rank 0
 exits when a daemonised child still holds the pipes open (its later output is not collected).
+
+Each file holds at most `max_bytes` (the pool's `max_output_bytes`): a stream that reaches it ends with a
+marker line and the rest of its output is read and dropped, so the job goes on, its pipes never fill,
+and neither the pod's disk nor the broker's log store gets more than the cap (docs/security.md).
 """
 
 from __future__ import annotations
@@ -12,21 +16,45 @@ import os
 import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 STREAMS = ("combined", "stdout", "stderr")
 EXIT_GRACE_S = 0.2
 """How long after rank 0's exit the pump keeps reading pipes that daemonised children hold open."""
 _CHUNK = 1 << 16
+DEFAULT_MAX_BYTES = 64 << 20
+"""Per stream, when the launch names no `max_output_bytes` (a broker older than the cap)."""
+MIN_MAX_BYTES = 4096
+"""The smallest cap: room for the marker line and some output."""
+MAX_MAX_BYTES = 1 << 40
+
+
+def marker(cap: int) -> bytes:
+    """The line that ends a stream cut at `cap` bytes (the broker writes the same one)."""
+    return (f"\n[firepool: output truncated at {cap} bytes (the pool's max_output_bytes); "
+            "the rest of this stream was discarded]\n").encode()
+
+
+def cap_of(extra: Mapping[str, Any]) -> int:
+    """The launch's per-stream cap (`extra.max_output_bytes`); ValueError when it is not a sane integer."""
+    cap = extra.get("max_output_bytes", DEFAULT_MAX_BYTES)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not MIN_MAX_BYTES <= cap <= MAX_MAX_BYTES:
+        raise ValueError(f"max_output_bytes must be an integer from {MIN_MAX_BYTES} to {MAX_MAX_BYTES}")
+    return cap
 
 
 class Output:
     """The three log files of one attempt and their sizes; `changed` is called after every write."""
 
-    def __init__(self, directory: Path, changed: Callable[[], None]) -> None:
+    def __init__(self, directory: Path, changed: Callable[[], None], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.directory = directory
         self.sizes = dict.fromkeys(STREAMS, 0)
+        self.max_bytes = max_bytes
+        self._marker = marker(max_bytes)
+        self.truncated: set[str] = set()
+        """Streams that reached the cap (their file ends with the marker)."""
         self._changed = changed
         self._fds: dict[str, int] = {}
         self.created = False
@@ -89,18 +117,34 @@ class Output:
             os.close(fd)
 
     def _append(self, stream: str, data: bytes) -> None:
-        if not self.created:
+        if not self.created or self.error:
             return  # keep draining so the job never blocks on a full pipe
-        for name in (stream, "combined"):
-            fd = self._fds[name]
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        # Sizes grow only after the bytes are in the files, so a reader never reads past them.
-        self.sizes[stream] += len(data)
-        self.sizes["combined"] += len(data)
-        self._changed()
+        wrote = False
+        try:
+            for name in (stream, "combined"):
+                if name in self.truncated:
+                    continue  # read and dropped: the job keeps running and never blocks on a full pipe
+                room = self.max_bytes - len(self._marker) - self.sizes[name]
+                part = data if len(data) <= room else data[:max(0, room)] + self._marker
+                self._write(self._fds[name], part)
+                if len(data) > room:
+                    self.truncated.add(name)
+                # Sizes grow only after the bytes are in the files, so a reader never reads past them.
+                self.sizes[name] += len(part)
+                wrote = True
+        except OSError as exc:
+            # The logs live on the pod's capped disk, which the job may have filled: what was written stays
+            # readable, the rest is drained and dropped rather than ending the pump (and the job's pipes).
+            self.error = f"the attempt's logs stopped at {self.sizes['combined']} bytes: {exc.strerror}"
+        if wrote:
+            self._changed()
+
+    @staticmethod
+    def _write(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
     def read(self, stream: str, offset: int, max_bytes: int) -> bytes:
         """Up to `max_bytes` from `offset` of a stream, never past what the pump has written."""

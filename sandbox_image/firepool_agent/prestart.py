@@ -226,7 +226,7 @@ class Prestarter:
         handle.sock.close()
 
     def bind(self, argv: Sequence[str], env: Mapping[str, str], cwd: str,
-             fds: tuple[int, int]) -> Prestarted | str:
+             fds: tuple[int, int, int]) -> Prestarted | str:
         """Hand the job to the process: the bound process, or why the launch must take the normal path."""
         handle, self.current = self.current, None
         if handle is None:
@@ -243,7 +243,7 @@ class Prestarter:
         return reason
 
     def _bind(self, handle: Prestarted, argv: Sequence[str], env: Mapping[str, str], cwd: str,
-              fds: tuple[int, int]) -> str | None:
+              fds: tuple[int, int, int]) -> str | None:
         if tuple(argv[1:3]) != LAUNCHER or "--prestarted" in argv:
             return "not the kernel launcher's command"
         if shutil.which(argv[0], path=env.get("PATH", "")) != handle.python:

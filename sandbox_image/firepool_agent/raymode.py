@@ -10,7 +10,7 @@ workers and no Ray process survives (the reset proof counts them).
 
 The agent wraps the launch (`wrap`, from `binding.prepare`); this module is also the wrapper's main:
 `python -c <import this module's main> head|worker TEMP_DIR -- COMMAND...`. Ray must be installed in the pod's
-Python (`firepool[ray]`); without it the attempt fails with a LaunchError-like exit and says why. The
+Python (the `ray` extra); without it the attempt fails with a LaunchError-like exit and says why. The
 daemons' flags and environment trim Ray's bootstrap; docs/health.md ("Bootstrap") says what and why.
 """
 
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if importlib.util.find_spec("ray") is None:  # not imported: `ray start` imports it, in parallel
         print(
-            "firepool ray: `mode: ray` needs Ray in the pod's Python (pip install 'firepool[ray]')",
+            "firepool ray: `mode: ray` needs Ray in the pod's Python (the ray extra: pip install -e '.[ray]')",
             file=sys.stderr,
         )
         return NO_RAY_EXIT

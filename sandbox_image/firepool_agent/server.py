@@ -2,9 +2,13 @@
 
     GET  /v1/health                       POST /v1/attempts?wait_s=      GET /v1/attempts/{id}?wait_s=
     GET  /v1/attempts/{id}/log?stream=&offset=&max_bytes=&wait_s=      POST /v1/reset
+    GET  /v1/attempts/{id}/kernel?wait_s=  (a kernel attempt's connection info, keys included: broker only)
     POST /v1/kernels  {"keep": bool}      (the pool serves kernels: keep a pre-started one while idle)
     POST /v1/attempts/{id}/signal         POST /v1/attempts/{id}/cancel
     PUT  /v1/packages/{sha256}?max_extracted=   (a zip, unpacked into the package dir for the next launch)
+    GET  /v1/tunnel?port=                 (Upgrade: firepool-tcp; a byte stream to a server of the sandbox)
+    GET  /v1/terminal?rows=&cols=&command=&session=&env=   (Upgrade: firepool-pty; a shell on a PTY, `terminal`)
+    GET  /v1/exec?argv=&env=&cwd=&session=&stdin=          (Upgrade: firepool-exec; a process on pipes, `execproc`)
 
 A thread per connection; connections stay open between requests (the broker's launch path is
 latency-bound). Every response goes out in one write, and TCP sockets set TCP_NODELAY, so no reply
@@ -26,7 +30,17 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, BinaryIO, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from firepool_agent import __version__, binding, wire
+from firepool_agent import (
+    __version__,
+    binding,
+    execframes,
+    execproc,
+    kernel_report,
+    ptyframes,
+    terminal,
+    tunnel,
+    wire,
+)
 from firepool_agent.attempt import Attempt, Conflict
 from firepool_agent.attempts import Attempts
 from firepool_agent.config import AgentConfig
@@ -186,6 +200,9 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, attempts.wait(self._attempt(parts[2]), wait_s, int(inline)))
         elif route == ("GET", "attempts", 4) and parts[3] == "log":
             self._log(self._attempt(parts[2]), query)
+        elif route == ("GET", "attempts", 4) and parts[3] == "kernel":
+            wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
+            self._json(200, kernel_report.wait(self._attempt(parts[2]), attempts.cond, wait_s))
         elif route == ("POST", "attempts", 4) and parts[3] == "signal":
             attempts.send_signal(self._attempt(parts[2]), wire.parse_signal(body))
             self._send(204)
@@ -198,8 +215,51 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
         elif route == ("POST", "kernels", 2):
             self._json(200, self.agent.keep_kernels(wire.parse_kernels(body)))
+        elif route == ("GET", "tunnel", 2):
+            self._tunnel(wire.query_int(query, "port", 0, 1 << 20))
+        elif route == ("GET", "terminal", 2):
+            self._terminal(query)
+        elif route == ("GET", "exec", 2):
+            self._exec(query)
         else:
             raise wire.HttpError(404 if method in ("GET", "POST") else 405, "no such endpoint")
+
+    def _upgrading(self, protocol: str) -> None:
+        """Refuse a request that did not ask to switch to `protocol`; the connection is the stream after."""
+        self.close_connection = True  # whatever happens, no HTTP request follows on this connection
+        upgrade = self.headers.get("Upgrade", "").lower()
+        if "upgrade" not in self.headers.get("Connection", "").lower() or upgrade != protocol:
+            raise wire.HttpError(426, f"this endpoint needs Connection: Upgrade and Upgrade: {protocol}")
+
+    def _tunnel(self, port: int) -> None:
+        self._upgrading(tunnel.PROTOCOL)
+        listen = self.agent.config.listen
+        agent_port = int(listen.rpartition(":")[2]) if listen.startswith("tcp:") else None
+        with tunnel.open_port(port, agent_port, self.agent.config.own_network) as target:
+            tunnel.switch_protocols(self.wfile, tunnel.PROTOCOL)
+            tunnel.splice(self.request, target)
+
+    def _terminal(self, query: dict[str, list[str]]) -> None:
+        self._upgrading(ptyframes.PROTOCOL)
+        term = terminal.Terminal(self.agent.attempts, *terminal.parse_query(query))
+        try:
+            term.spawn()
+        except BaseException:
+            term.close()
+            raise
+        tunnel.switch_protocols(self.wfile, ptyframes.PROTOCOL)
+        term.relay(self.request)
+
+    def _exec(self, query: dict[str, list[str]]) -> None:
+        self._upgrading(execframes.PROTOCOL)
+        proc = execproc.ExecProcess(self.agent.attempts, execproc.parse_query(query))
+        try:
+            proc.spawn()
+        except BaseException:
+            proc.close()
+            raise
+        tunnel.switch_protocols(self.wfile, execframes.PROTOCOL)
+        proc.relay(self.request)
 
     def _receive_package(self, digest: str, query: dict[str, list[str]]) -> None:
         """Stream the body straight to disk: packages are far larger than MAX_BODY."""

@@ -14,7 +14,7 @@ from typing import Any
 from firepool_agent import limits
 from firepool_agent.attempt import LaunchSpec
 from firepool_agent.attempts import SIGNALS
-from firepool_agent.output import STREAMS
+from firepool_agent.output import STREAMS, cap_of
 from firepool_agent.resetting import ResetSpec
 
 MAX_WAIT_S = 600.0
@@ -91,6 +91,10 @@ def parse_launch(raw: bytes) -> LaunchSpec:
     extra = body.get("extra") or {}
     if not isinstance(extra, dict):
         raise HttpError(400, "extra must be an object")
+    try:
+        cap_of(extra)
+    except ValueError as exc:
+        raise HttpError(400, str(exc)) from None
     timeout = _number("timeout_s", body.get("timeout_s"), optional=True)
     if timeout is not None and timeout <= 0:
         raise HttpError(400, "timeout_s must be positive")

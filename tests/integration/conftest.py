@@ -25,6 +25,21 @@ from broker.backends.sandboxing import PodDirs
 from broker.backends.volumes import unmount_disk
 from broker.clock import RealClock
 
+# The longest files, longest first (measured on 2 cores). Under `--dist loadfile` a worker takes one whole file
+# at a time in collection order, so a long file collected last leaves the other worker idle while it runs.
+LONGEST_FILES = (
+    "test_ray.py", "test_broker_e2e.py", "test_mcp_live_python.py", "test_faults.py", "test_mcp.py",
+    "test_gang.py", "test_prestart.py", "test_k8s_backend.py", "test_jupyter_server.py", "test_jupyter.py",
+    "test_mcp_typescript.py", "test_store.py", "test_cli_messages.py", "test_session_continuity.py",
+    "test_standby.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest integration files first; every file's own tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -168,24 +183,24 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "local"))
 
 
-def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emu",
-        "clusters": [{"name": "emu", "cluster": {"server": server}}],
-        "users": [{"name": "emu", "user": {"token": "emulator"}}],
-        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu", "namespace": namespace}}]}))
+def write_kubeconfig(path: Path, cluster: Any, namespace: str = "default") -> Path:
+    """A kubeconfig for `firepool serve`: the broker's service-account token (the shipped Role applies)."""
+    path.write_text(json.dumps(cluster.kubeconfig(namespace)))
     return path
 
 
 @pytest.fixture
 def cluster(backend_kind: str, tmp_path: Path) -> Iterator[Any]:
-    """The Kubernetes API emulator with a fake kubelet (2 GPUs) when the test runs on kubernetes, else None."""
+    """The Kubernetes API emulator with a fake kubelet (2 GPUs, HAMi) when the test runs on kubernetes, else None."""
     if backend_kind != "kubernetes":
         yield None
         return
-    from broker.backends.kubernetes.emulator import Emulator
+    from k8s_emulator import Emulator
+    from k8s_emulator.rbac import DEPLOY, shipped_grants
 
-    with Emulator(tmp_path / "k8s", gpus=2) as emu:
+    # The emulator's GPUs are HAMi's, so the broker runs with the hami overlay's rights (the base Role and
+    # node reads, plus the card sweep's cluster-wide pod list): any call beyond them fails the test.
+    with Emulator(tmp_path / "k8s", gpus=2, rbac=shipped_grants(DEPLOY / "overlays" / "hami")) as emu:
         yield emu
 
 
@@ -195,7 +210,7 @@ def broker_factory(tmp_path: Path, backend_kind: str, cluster: Any) -> Iterator:
 
     def make(name: str = "broker", **kw) -> BrokerProcess:
         if cluster is not None:
-            config = write_kubeconfig(tmp_path / f"{name}-kubeconfig.json", cluster.url)
+            config = write_kubeconfig(tmp_path / f"{name}-kubeconfig.json", cluster)
             kw["extra"] = (*kw.get("extra", ()), "--backend", "kubernetes", "--kubeconfig", str(config),
                            "--namespace", "default", "--broker-id", name)
         b = BrokerProcess(tmp_path / name, **kw)
@@ -203,6 +218,10 @@ def broker_factory(tmp_path: Path, backend_kind: str, cluster: Any) -> Iterator:
         return b
 
     yield make
+    if cluster is not None:
+        # A stopping broker deletes its idle pods and waits until they are gone; their agents, PID 1 of their
+        # sandboxes, ignore SIGTERM, so each would run the pool's whole termination grace (5 s by default).
+        cluster.hurry_deletes()
     for b in made:
         b.stop()
 
@@ -210,3 +229,16 @@ def broker_factory(tmp_path: Path, backend_kind: str, cluster: Any) -> Iterator:
 @pytest.fixture
 def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
+
+
+def node_client(client_dir: Path, package: str) -> str:
+    """`node`, with `client_dir`'s locked npm packages installed (`make test-setup` installs them; a plain `make test`
+    in a fresh clone installs them here)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not installed: `make test-setup` installs it")
+    if not (client_dir / "node_modules" / package).is_dir():
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=client_dir, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, f"npm ci in {client_dir} failed: {done.stderr[-2000:]}"
+    return node

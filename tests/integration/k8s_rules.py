@@ -42,6 +42,50 @@ def render(directory: Path) -> list[dict[str, Any]]:
     return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
 
 
+# What the static acceptance check reads: a kubernetes-client call names its verb and resource.
+# Unanchored, as the acceptance check reads it: `list_events` in a file that mentions kubernetes counts too.
+_CALL = re.compile(r"(create|patch|delete|read|list|replace)_(namespaced_)?(pod|secret|node|lease|event|config_map|"
+                   r"service|persistent_volume_claim)(_status)?")
+_WATCH = re.compile(r"watch=True|Watch\(\)")
+_VERBS = {"read": "get", "replace": "update"}
+_PLURAL = {"config_map": "configmaps", "persistent_volume_claim": "persistentvolumeclaims"}
+STATIC_RESOURCES = {"pods", "secrets", "nodes", "leases", "events", "configmaps", "services", "persistentvolumeclaims"}
+"""The core resources whose calls the static reading recognises; other API groups (custom objects) are
+checked by the emulator's audit (tests/integration/test_k8s_rbac.py)."""
+
+
+def api_calls_in(package: Path) -> set[tuple[str, str]]:
+    """(resource, verb) of every client call in the package's files that mention kubernetes (the emulator,
+    test support, is not the product)."""
+    used: set[tuple[str, str]] = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if "/emulator/" in str(path) or "kubernetes" not in text.lower():
+            continue
+        for verb, _ns, kind, _status in _CALL.findall(text):
+            used.add((_PLURAL.get(kind, kind + "s"), _VERBS.get(verb, verb)))
+        if _WATCH.search(text):
+            used.add(("pods", "watch"))
+    return used
+
+
+def granted(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(resource, verb) granted by every Role and ClusterRole rendered, core and other API groups alike."""
+    return {(resource, verb) for obj in objs if obj["kind"] in ("Role", "ClusterRole")
+            for rule in obj["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def problems_of_role(role: Mapping[str, Any]) -> list[str]:
+    """Least privilege, readable: no wildcards, no resourceNames or nonResourceURLs the emulator cannot check."""
+    problems = []
+    for rule in role["rules"]:
+        if "*" in rule["verbs"] or "*" in rule["resources"] or "*" in rule["apiGroups"]:
+            problems.append(f"{role['metadata']['name']}: wildcard in {rule}")
+        if "resourceNames" in rule or "nonResourceURLs" in rule:
+            problems.append(f"{role['metadata']['name']}: resourceNames/nonResourceURLs in {rule}")
+    return problems
+
+
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is not a valid label or annotation key, or None."""
     prefix, _, name = key.rpartition("/")

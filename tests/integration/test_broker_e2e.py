@@ -63,8 +63,10 @@ def test_three_concurrent_callers_never_share_a_sandbox(broker: BrokerProcess) -
 
 
 @both_backends
-def test_a_new_tag_starts_on_the_old_pod_with_an_empty_workspace_and_keeps_it(broker: BrokerProcess) -> None:
-    c = broker.client()
+def test_at_the_ceiling_a_new_tag_starts_on_the_old_pod_with_an_empty_workspace_and_keeps_it(broker_factory) -> None:
+    # Below the ceiling a live session is never emptied for another (test_doors_keep_sessions.py); at a
+    # one-pod ceiling the new session takes the old one's pod, across a verified boundary.
+    c = broker_factory(pools="pools:\n  - {name: cpu, max_count: 1}\n").client()
     first = run_job(c, {"pool": "cpu", "command": ["sh", "-c", "echo secret > notes.txt; ls"], "lease_tag": "a"})
     same = run_job(c, {"pool": "cpu", "command": ["cat", "notes.txt"], "lease_tag": "a"})
     assert c.get(f"/v1/jobs/{same['id']}/logs").text == "secret\n"
@@ -266,7 +268,7 @@ def test_a_bind_under_tmp_survives_the_wipes_of_a_new_session(broker_factory, tm
     data.mkdir()
     (data / "model.bin").write_text("weights")
     data.chmod(0o755)
-    pools = (f"pools:\n  - name: cpu\n    max_count: 2\n"
+    pools = (f"pools:\n  - name: cpu\n    max_count: 1\n"  # at the ceiling: session b takes a's pod
              f"    template: {{binds: [{{src: '{data}', dst: /tmp/models/base, ro: true}}]}}\n")
     b = broker_factory(pools=pools)
     c = b.client()

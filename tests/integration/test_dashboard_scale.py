@@ -80,7 +80,7 @@ async def big(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     pools = {"gpu": PoolSpec(name="gpu", gpus=1, accelerator="virtual", max_count=PODS, max_idle_count=PODS,
                              idle_timeout=3600.0),
              "cpu": PoolSpec(name="cpu", max_count=PODS, max_idle_count=PODS, idle_timeout=3600.0)}
-    cp = ControlPlane(clock=clock, store=store, backend=FakeBackend(clock), logs=MemoryLogStore(),
+    cp = ControlPlane(clock=clock, store=store, backend=FakeBackend(clock), logs=MemoryLogStore(clock.now),
                       catalog=Catalog(pools=pools, caller_limits={}, budgets={}))
     await cp.start(loops=False)
     now = clock.now()
@@ -142,11 +142,15 @@ async def test_one_live_tick_over_1000_pods_is_cheap_and_shared(big) -> None:
     hub = Hub(cp, cp.clock)
     for i in range(20):
         hub.subscribe({"pools", "pods", "jobs"}, Identity("ops", admin=True) if i % 2 else Identity("alice"))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     snap = await hub.tick()
     texts = [snap.encoded(Identity("ops", admin=True) if i % 2 else Identity("alice"), {"pools", "pods", "jobs"})
              for i in range(20)]
-    seconds = time.perf_counter() - t0
-    print(f"\none tick for 20 clients over {PODS} pods: {seconds * 1000:.0f} ms, {len(texts[1]) // 1024} KiB")
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    print(f"\none tick for 20 clients over {PODS} pods: {seconds * 1000:.0f} ms, {cpu * 1000:.0f} ms CPU, "
+          f"{len(texts[1]) // 1024} KiB")
     assert len(snap.data["pods"]) == PODS and hub.computed == 1
-    assert seconds < 0.5  # at most 2 ticks a second: a tick must stay well under its interval
+    # At most 2 ticks a second: a tick's work must stay well under its interval. Its CPU time is the measure
+    # (a CI machine busy with other tests stretched one tick's wall time from 43 ms to 0.88 s); the wall time
+    # gets the pages' bound.
+    assert cpu < 0.25 and seconds < PAGE_BUDGET_S

@@ -86,20 +86,18 @@ def test_a_node_topology_gang_never_splits_when_one_node_is_partly_busy(tmp_path
 
 
 async def test_kubernetes_nodes_come_from_node_objects_and_a_placed_pod_lands_on_its_node(tmp_path) -> None:
-    import kubernetes
-
     from broker.backends.kubernetes.backend import KubernetesBackend, KubernetesSettings
-    from broker.backends.kubernetes.emulator import Emulator
     from broker.backends.kubernetes.kubeapi import KubeApi
     from broker.clock import RealClock
     from broker.pools import parse_pool
     from broker.ports.backend import PodRequest
+    from k8s_emulator import BROKER_TOKEN, Emulator
 
     pool = parse_pool({"name": "h100", "gpus": 1, "template": {
         "image": "firepool/sandbox-gpu:0.1.0", "schedulerName": "hami-scheduler",
         "resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}}})
     with Emulator(tmp_path / "k8s", gpus=2, nodes=2) as emu:
-        api = KubeApi(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=emu.url)), "default")
+        api = KubeApi(emu.client(BROKER_TOKEN), "default")
         backend = KubernetesBackend(RealClock(), api, KubernetesSettings())
         try:
             nodes = await backend.refresh_nodes()

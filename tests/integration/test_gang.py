@@ -5,6 +5,7 @@ backend at rank 0's pod IP)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -39,8 +40,14 @@ def test_two_ranks_in_two_sandboxes_all_reduce_with_gloo(broker: BrokerProcess) 
     assert len(set(job["bound_pods"])) == 2
     # 1 + 2: each rank contributed rank + 1, and rank 0 (the coordinator) saw the reduced sum.
     assert f"rank 0 of 2 on {job['bound_pods'][0]}" in log and "sum 3" in log, log
-    pods = {p["name"]: p for p in c.get("/v1/pods").json()["pods"]}
-    assert all(pods[n]["state"] == "idle" and pods[n]["caller"] == "bob" for n in job["bound_pods"])
+    # The job ends before its pods' resets do: wait for both to come back idle, still bob's.
+    deadline = time.monotonic() + 30
+    while True:
+        pods = {p["name"]: p for p in c.get("/v1/pods").json()["pods"]}
+        if all(pods[n]["state"] == "idle" for n in job["bound_pods"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert all(pods[n]["state"] == "idle" and pods[n]["caller"] == "bob" for n in job["bound_pods"]), pods
 
 
 def test_a_bare_torchrun_on_each_pod_forms_one_world_from_the_injected_topology(broker: BrokerProcess) -> None:

@@ -131,8 +131,9 @@ async def test_a_job_sees_nothing_of_other_pods_its_agents_secret_or_the_broker(
     assert denied["/proc/1/mem"] and denied["/proc/1/maps"] and denied["/proc/1/fd"]
     assert denied[str(backend.state_dir)] == "No such file or directory"
     assert report["ptrace_pid1"] == -1
+    assert denied["/etc/shadow"] == "No such file or directory"  # the sandbox's /etc is minimal (sandboxetc.py)
     if os.geteuid() == 0:
-        assert report["uid"] == 65534 and denied["/etc/shadow"] == "Permission denied"
+        assert report["uid"] == 65534
 
 
 async def test_network_none_cuts_a_pod_off_the_hosts_loopback(backend: LocalBackend) -> None:

@@ -278,7 +278,8 @@ async def test_sigint_through_the_broker_interrupts_a_cell_and_kill_ends_the_ker
         reply = await kc._async_get_shell_msg(timeout=10)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = await kc._async_get_shell_msg(timeout=10)
-        assert reply["content"]["ename"] == "KeyboardInterrupt" and time.monotonic() - began < 2.0
+        # Prompt, not the 60 s cell's end: 5 s leaves room for 2 busy cores (parallel workers).
+        assert reply["content"]["ename"] == "KeyboardInterrupt" and time.monotonic() - began < 5.0
         job_id = km.provisioner.job_id  # type: ignore[union-attr]
         await km.provisioner.kill()  # type: ignore[union-attr]
         job = broker.client().get(f"/v1/jobs/{job_id}", params={"wait_s": 10}).json()

@@ -108,7 +108,8 @@ async def test_non_image_outputs_come_back_as_resource_links_readable_as_resourc
         links = [b for b in res.content if b.type == "resource_link"]
         assert [link.name for link in links] == ["outputs/table.csv"]
         read = await c.read_resource(links[0].uri)
-        assert base64.b64decode(getattr(read.contents[0], "blob", "")) == b"a,b\n"
+        # A text file reads back as text, with its own MIME type.
+        assert getattr(read.contents[0], "text", None) == "a,b\n" and read.contents[0].mime_type == "text/csv"
         log = await c.read_resource(res.structured_content["log_uri"])
         assert getattr(log.contents[0], "text", None) == "made\n"
 
@@ -276,6 +277,7 @@ def mcp_http(fp: BrokerProcess, tmp_path: Path) -> Iterator[tuple[str, dict[str,
     (tmp_path / "mcp-tokens.json").write_text(json.dumps({t: c for c, t in client_tokens.items()}))
     broker_tokens = {t: c for c, t in fp.tokens.items() if c in ("alice", "bob")}
     (tmp_path / "broker-tokens.json").write_text(json.dumps(broker_tokens))
+    (tmp_path / "broker-tokens.json").chmod(0o600)  # plain tokens it sends on: refused when others may read them
     port = free_port()
     with open(tmp_path / "mcp.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "mcp", "--http", "--port", str(port),

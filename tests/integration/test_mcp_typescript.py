@@ -9,7 +9,6 @@ its own JSON Schema validator, so a schema the Python SDK is happy with but othe
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, node_client
 from tests.integration.test_mcp import mcp_http, pod_of  # noqa: F401 - a fixture shared with the Python-client tests
 
 pytestmark = pytest.mark.integration
 
 CLIENT_DIR = Path(__file__).parent / "mcp_ts"
 TOOLS = {"run_in_sandbox", "python_exec", "job_status", "job_cancel", "write_files", "read_file", "list_files",
-         "install_packages", "sandbox_info", "end_session"}
+         "install_packages", "sandbox_info", "end_session", "expose_port"}
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +38,7 @@ def fp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed (.ci/run installs it): the TypeScript SDK client cannot run")
-    if not (CLIENT_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():  # .ci/run installs it
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CLIENT_DIR, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, f"npm ci in {CLIENT_DIR} failed: {done.stderr[-2000:]}"
-    return node
+    return node_client(CLIENT_DIR, "@modelcontextprotocol/sdk")
 
 
 def drive(node: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +114,8 @@ def assert_a_full_conversation(fp: BrokerProcess, report: dict[str, Any]) -> Non
     resources = report["resources"]
     assert set(resources["templates"]) == {"sandbox://{session}/jobs/{job_id}/log", "sandbox://{session}/files/{+path}"}
     assert resources["log"][0]["text"] == "one\n" and resources["log"][0]["mime_type"] == "text/plain"
-    assert resources["file"][0]["bytes"] == "a,b\n" and resources["file"][0]["mime_type"] == "text/csv"
+    # A text file reads back as text (not a blob), with its own MIME type.
+    assert resources["file"][0]["text"] == "a,b\n" and resources["file"][0]["mime_type"] == "text/csv"
 
 
 def test_the_typescript_sdk_over_stdio_holds_a_whole_conversation(node: str, fp: BrokerProcess) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
+from broker.backends.sandboxing import PodDirs
 from broker.running.agent_http import HttpAgentClient
 from tests.integration.test_jupyter import TIMEOUT, job_of, run, use
 
@@ -73,10 +74,10 @@ async def kernel(name: str) -> AsyncIterator[tuple[AsyncKernelManager, Any, floa
 
 @asynccontextmanager
 async def pod_agent(broker, pod: str) -> AsyncIterator[HttpAgentClient]:
-    root = Path(broker.state_dir) / "pods" / pod
-    record = json.loads((root / "pod.json").read_text())
-    fd = os.open(root / "run", os.O_PATH | os.O_DIRECTORY)
-    client = HttpAgentClient(f"unix:{root}/run/agent.sock", record["secret"], pod=pod,
+    dirs = PodDirs(Path(broker.state_dir) / "pods" / pod)
+    record = json.loads(dirs.record.read_text())
+    fd = os.open(dirs.run, os.O_PATH | os.O_DIRECTORY)  # the run dir is on the pod's capped disk
+    client = HttpAgentClient(f"unix:{dirs.socket}", record["secret"], pod=pod,
                              uds_path=f"/proc/self/fd/{fd}/agent.sock")
     try:
         yield client

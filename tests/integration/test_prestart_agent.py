@@ -72,16 +72,14 @@ async def ready(client: HttpAgentClient, timeout_s: float = 20.0) -> dict:
 
 
 async def kernel_line(client: HttpAgentClient, attempt_id: str) -> dict:
-    """The launcher's connection line from the attempt's stdout."""
-    data, offset = b"", 0
-    deadline = time.monotonic() + 30
-    while b"\n" not in data:
-        chunk = await client.read_log(attempt_id, "stdout", offset, wait_s=1.0)
-        data, offset = data + chunk.data, chunk.next_offset
-        assert time.monotonic() < deadline and not (chunk.complete and b"\n" not in data), data
-    line = data.split(b"\n", 1)[0]
-    assert line.startswith(b"FIREPOOL-KERNEL "), data
-    return json.loads(line[len(b"FIREPOOL-KERNEL "):])
+    """The launcher's connection info as the agent serves it; its stdout and stderr never carry the key."""
+    report = await client.kernel(attempt_id, wait_s=30.0)
+    assert report.running and report.connection is not None, report
+    info = dict(report.connection)
+    for stream in ("stdout", "stderr", "combined"):
+        logged = (await client.read_log(attempt_id, stream, 0)).data
+        assert info["key"].encode() not in logged and b"FIREPOOL-KERNEL" not in logged, (stream, logged)
+    return info
 
 
 async def launch_kernel(agent: RunningAgent, attempt_id: str, **env: str) -> tuple[dict, dict]:

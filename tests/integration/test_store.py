@@ -428,3 +428,29 @@ class _PgError(Exception):
 ])
 def test_deadlocks_and_serialization_failures_are_transient(orig: Exception, transient: bool) -> None:
     assert _transient(sa.exc.OperationalError("UPDATE", {}, orig)) is transient
+
+
+# --- dashboard sessions ------------------------------------------------------------------------------------
+
+
+def test_dashboard_sessions_round_trip_and_end_with_their_token_or_expiry(store: SqlJobStore) -> None:
+    from broker.ports.ui_sessions import UiSession
+    from broker.store.ui_sessions import SqlSessionStore
+
+    sessions = SqlSessionStore(store.engine)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM ui_sessions")
+    kept, gone = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    rows = [UiSession("1" * 64, "alice", kept, 100.0, 100.0, 1000.0),
+            UiSession("2" * 64, "bob", gone, 100.0, 100.0, 1000.0),
+            UiSession("3" * 64, "alice", kept, 100.0, 100.0, 150.0),
+            UiSession("4" * 64, "carol", "jwt:" + "c" * 64, 100.0, 100.0, 1000.0)]
+    for row in rows:
+        sessions.put(row)
+    assert sessions.get("1" * 64) == rows[0] and sessions.get("f" * 64) is None
+    sessions.touch("1" * 64, 160.5)
+    assert sessions.get("1" * 64) == dataclasses.replace(rows[0], last_seen=160.5)
+    assert sessions.delete_except({kept}, before=200.0) == 2  # bob's token left the file; the third expired
+    assert [sessions.get(r.id_digest) is not None for r in rows] == [True, False, False, True]
+    sessions.delete("1" * 64)
+    assert sessions.get("1" * 64) is None and sessions.get("4" * 64) == rows[3]

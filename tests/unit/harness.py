@@ -30,7 +30,7 @@ class Harness:
         self.clock = clock or VirtualClock()
         self.store = store or MemoryJobStore()
         self.backend = backend or FakeBackend(self.clock, gpus=gpus, start_delay=start_delay)
-        self.logs = MemoryLogStore()
+        self.logs = MemoryLogStore(self.clock.now)
         self.catalog = Catalog(pools={p.name: p for p in pools}, caller_limits=limits or {}, budgets=budgets or {},
                                quotas=quotas, quarantine=quarantine_settings or QuarantineSettings())
         self.quarantine = quarantine or MemoryQuarantineStore()

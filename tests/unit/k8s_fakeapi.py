@@ -10,10 +10,9 @@ import itertools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from broker.backends.kubernetes.kubeapi import NotFound
+from broker.backends.kubernetes.kubeapi import Conflict, NotFound
 from broker.backends.kubernetes.ratelimit import Retryable
 from broker.backends.kubernetes.watching import Gone
-from broker.errors import BackendError
 
 
 def _matches(obj: Mapping[str, Any], selector: str) -> bool:
@@ -34,6 +33,10 @@ class FakeKubeApi:
         self.fail_nodes: list[int] = []
         """HTTP statuses the next node lists answer before succeeding."""
         self.gone_once = False
+        self.lose_next: list[str] = []
+        """Kinds whose next create is stored, then answered with a dropped connection (a Retryable)."""
+        self.graceful = False
+        """A pod delete marks the pod Terminating (MODIFIED); `finish` removes it (DELETED), as a kubelet does."""
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.rv += 1
@@ -58,7 +61,7 @@ class FakeKubeApi:
         self._maybe_fail(f"create {obj['kind']}")
         key = (obj["kind"], obj["metadata"]["name"])
         if key in self.objects:
-            raise BackendError(f"{key} already exists", details={"status": 409})
+            raise Conflict(f"{key} already exists", details={"status": 409})
         obj["metadata"]["uid"] = f"uid-{next(self.uids)}"
         if obj["kind"] == "Pod":
             obj["status"] = {"phase": "Pending"}
@@ -66,6 +69,9 @@ class FakeKubeApi:
         self.objects[key] = obj
         self._record("ADDED", obj)
         await self._notify()
+        if obj["kind"] in self.lose_next:
+            self.lose_next.remove(obj["kind"])
+            raise Retryable(0, f"create {obj['kind']}: connection dropped before the answer")
         return copy.deepcopy(obj)
 
     async def patch(self, kind: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,6 +87,14 @@ class FakeKubeApi:
 
     async def delete(self, kind: str, name: str, uid: str | None = None) -> bool:
         self._maybe_fail(f"delete {kind}")
+        if self.graceful and kind == "Pod" and (kind, name) in self.objects:
+            pod = self.objects[(kind, name)]
+            if not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = "now"
+                self._bump(pod)
+                self._record("MODIFIED", pod)
+                await self._notify()
+            return True
         obj = self.objects.pop((kind, name), None)
         if obj is None:
             return False
@@ -96,15 +110,25 @@ class FakeKubeApi:
             raise Retryable(status, f"list nodes: HTTP {status}")
         return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "Node"]
 
-    async def get_secret(self, name: str) -> dict[str, Any] | None:
-        obj = self.objects.get(("Secret", name))
+    async def create_custom(self, group: str, version: str, plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.create(body)
+
+    async def delete_custom(self, group: str, version: str, plural: str, name: str) -> bool:
+        return await self.delete("PodGroup", name)
+
+    async def list_custom(self, group: str, version: str, plural: str, selector: str) -> list[dict[str, Any]]:
+        return (await self.list("PodGroup", selector))[0]
+
+    async def read(self, kind: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get {kind}")
+        obj = self.objects.get((kind, name))
         return copy.deepcopy(obj) if obj else None
 
     async def list(self, kind: str, selector: str) -> tuple[list[dict[str, Any]], str]:
         items = [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind and _matches(o, selector)]
         return items, str(self.rv)
 
-    async def watch(self, selector: str, resource_version: str, timeout_s: int = 300) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, selector: str, resource_version: str) -> AsyncIterator[dict[str, Any]]:
         seen = int(resource_version or 0)
         while True:
             if self.gone_once:
@@ -123,6 +147,13 @@ class FakeKubeApi:
         pass
 
     # -- the kubelet, by hand --------------------------------------------------------------------
+
+    async def finish(self, name: str) -> None:
+        """The end of a Terminating pod: its object goes."""
+        obj = self.objects.pop(("Pod", name))
+        self._bump(obj)
+        self._record("DELETED", obj)
+        await self._notify()
 
     def pod(self, name: str) -> dict[str, Any]:
         return self.objects[("Pod", name)]

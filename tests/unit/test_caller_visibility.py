@@ -78,3 +78,19 @@ async def test_metrics_carry_no_caller_names_unless_asked(busy) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=labelled), base_url="http://fp") as http:
         text = (await http.get("/metrics", headers=auth("ops"))).text
     assert 'firepool_pool_held_by{caller="alice",pool="cpu"} 1.0' in text
+
+
+async def test_a_caller_sees_the_pod_running_its_job_before_the_pod_carries_its_session() -> None:
+    h = await Harness([cpu_pool()]).start()
+    app = create_app(h.cp, TokenAuth(TOKENS))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fp") as http:
+            r = await http.post("/v1/jobs", json={"pool": "cpu", "command": ["sleep", "30"], "lease_tag": "t1"},
+                                headers=auth("alice"))
+            assert r.status_code == 201, r.text
+            await h.run_for(2.0)
+            mine = (await http.get("/v1/pods", headers=auth("alice"))).json()["pods"]
+            assert [(p["state"], p["caller"], p["lease_tag"]) for p in mine] == [("running", "alice", "t1")]
+            assert (await http.get("/v1/pods", headers=auth("bob"))).json()["pods"] == []
+    finally:
+        await h.stop()

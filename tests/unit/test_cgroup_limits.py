@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from broker.backends import cgroups
-from broker.backends.limits import DEFAULT_PIDS, GiB, Limits, host_memory, parse_limits, parse_size
+from broker.backends.limits import host_memory
 from broker.backends.sandboxing import LIMITS_MOUNT, PodDirs, SandboxSpec, bwrap_argv
+from broker.podtemplate import DEFAULT_PIDS, GiB, Limits, parse_limits, parse_size
 from firepool_agent import overlimit as agent_limits
 
 V1_SELF = "9:name=systemd:/\n8:pids:/\n4:memory:/slice/me\n1:cpu,cpuacct:/\n0::/\n"

@@ -13,12 +13,13 @@ from broker.warmth.placing import held_beside
 from tests.unit.harness import Harness, cpu_pool
 
 
-async def _alice_holds_two(max_count: int, busy: int = 0) -> Harness:
-    """Alice ran two sessions (a pod each, idle and held for her past the hold tenure); `busy` pods run bob's
-    long jobs."""
+async def _alice_holds_two(max_count: int, busy: int = 0, tags: tuple[str, str] = ("a", "b")) -> Harness:
+    """Alice ran two jobs side by side (a pod each, idle and held for her past the hold tenure), in sessions
+    `tags`; `busy` pods run bob's long jobs."""
     h = await Harness([cpu_pool(max_count=max_count, caller_hold_seconds=600.0, idle_timeout=600.0)]).start()
-    for tag in ("a", "b"):
-        await h.finish(await h.submit("alice", lease_tag=tag, recycle=False))  # recycle=False: a pod each
+    both = [await h.submit("alice", lease_tag=tag, recycle=False, command=("sleep", "1")) for tag in tags]
+    for job in both:
+        await h.finish(job)
     for i in range(busy):
         await h.submit("bob", lease_tag=f"b{i}", command=("sleep", "1000"))
     await h.run_for(61.0)
@@ -27,20 +28,20 @@ async def _alice_holds_two(max_count: int, busy: int = 0) -> Harness:
 
 
 async def test_a_confined_gangs_set_is_made_beside_its_callers_held_pods() -> None:
-    h = await _alice_holds_two(max_count=4)
+    h = await _alice_holds_two(max_count=4, tags=("g", "g"))  # (a `boundary` pool keeps other sessions' pods)
     try:
         before = set(h.backend.created)
         gang = await h.finish(await h.submit("alice", pods=3, topology="node", lease_tag="g"), timeout=10.0)
         assert gang.state is JobState.SUCCEEDED
         # Two warm pods, and one made for the rest.
-        assert sorted(h.paths(gang)) == ["new", "recycled", "recycled"]
+        assert sorted(h.paths(gang)) == ["new", "warm", "warm"]
         assert len(set(h.backend.created) - before) == 1 and h.cp.controller.holds_broken == {}
     finally:
         await h.stop()
 
 
 async def test_held_pods_that_complete_a_waiting_set_keep_their_hold_at_the_ceiling() -> None:
-    h = await _alice_holds_two(max_count=3, busy=1)
+    h = await _alice_holds_two(max_count=3, busy=1, tags=("g", "g"))
     try:
         gang = await h.submit("alice", pods=3, topology="node", lease_tag="g", command=("sleep", "5"))
         await h.run_for(0.5)
@@ -104,14 +105,15 @@ async def test_on_gpu_nodes_the_rest_is_made_on_the_held_pods_node_or_the_set_wh
     pool = gpu_pool(max_count=8, step=8, caller_hold_seconds=600.0, idle_timeout=600.0)
     h = await Harness([pool], backend=backend, clock=backend.clock).start()  # type: ignore[arg-type]
     try:
-        for tag in ("a", "b"):
-            await h.finish(await h.submit("alice", pool="gpu", lease_tag=tag, recycle=False))
+        both = [await h.submit("alice", pool="gpu", lease_tag="g", command=("sleep", "1")) for _ in range(2)]
+        for job in both:
+            await h.finish(job)
         node = {p.name: p.node for p in h.cp.tracker.snapshot()}
         [held_on] = {n for n in node.values()}  # best-fit put both on one node
         gang = await h.finish(
             await h.submit("alice", pool="gpu", pods=4, topology="node", lease_tag="g"), 10.0
         )
-        assert sorted(h.paths(gang)) == ["new", "new", "recycled", "recycled"]
+        assert sorted(h.paths(gang)) == ["new", "new", "warm", "warm"]
         assert {p.node for p in h.cp.tracker.snapshot() if p.name in gang.pods} == {held_on}
         # Now node `held_on` holds four idle pods of alice; a 3-pod gang of another session that may not recycle
         # takes none of them: its whole set is made on the other node.

@@ -122,8 +122,10 @@ async def test_mutating_forms_need_the_csrf_token_and_an_admin(ui) -> None:
     csrf_alice = await sign_in(ui, ALICE)
     r = await ui.post("/ui/admin/break-hold", data={"pod": pod, "csrf": csrf_alice})
     assert r.status_code == 403
-    await sign_in(ui, OPS)
+    fresh = await sign_in(ui, OPS)  # a new session: the first one's CSRF token does not carry over
     r = await ui.post("/ui/admin/break-hold", data={"pod": pod, "csrf": csrf})
+    assert r.status_code == 403
+    r = await ui.post("/ui/admin/break-hold", data={"pod": pod, "csrf": fresh})
     assert r.status_code == 303 and "Broke" in r.headers["location"]
     await ui.h.spin()
     assert pod not in ui.h.cp.tracker.pods or not ui.h.cp.tracker.pods[pod].held(ui.h.clock.now())

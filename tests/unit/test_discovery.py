@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from broker.locations import DEFAULT_PORT, discover, state_dir_for
 
 DEAD_PID = 2**31 - 1  # above any pid_max Linux allows
@@ -17,6 +19,7 @@ def announce(state: Path, url: str, pid: int, token: str = "tok") -> None:
     state.mkdir(parents=True, exist_ok=True)
     (state / "broker.json").write_text(json.dumps({"url": url, "pid": pid}))
     (state / "token").write_text(token + "\n")
+    (state / "token").chmod(0o600)
 
 
 def test_the_environment_wins_over_the_state_dir(tmp_path: Path) -> None:
@@ -77,3 +80,12 @@ def test_the_sdk_uses_the_same_rule(tmp_path: Path) -> None:
             assert fp.url == "http://127.0.0.1:4444" and fp.found.token == "sdktok"
     finally:
         os.environ.update({k: v for k, v in saved.items() if v is not None})
+
+
+def test_a_token_file_others_may_read_is_refused_not_ignored(tmp_path: Path) -> None:
+    from broker.locations import InsecureFileError
+
+    announce(tmp_path, "http://127.0.0.1:1111", os.getpid())
+    (tmp_path / "token").chmod(0o644)
+    with pytest.raises(InsecureFileError, match="0644 are too open"):
+        discover(env={"FIREPOOL_STATE_DIR": str(tmp_path)})

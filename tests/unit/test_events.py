@@ -3,14 +3,18 @@ an admin sees everything and a caller only what is about its own jobs and pods."
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import threading
 
 import httpx
 import pytest
 
 from broker.api.app import create_app, parse_since
 from broker.api.auth import TokenAuth
+from broker.clock import VirtualClock
 from broker.errors import InvalidRequest
+from broker.events import Event, EventLog
 from broker.jobs import JobState
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
@@ -110,3 +114,31 @@ async def test_capacity_an_owner_reclaims_is_an_event_per_borrowed_pod() -> None
             assert (await h.finish(job, timeout=60.0)).state is JobState.SUCCEEDED  # no job is stopped for it
     finally:
         await h.stop()
+
+
+class _SlowStore:
+    """A blocking store whose writes wait until the test lets them through."""
+
+    blocking = True
+
+    def __init__(self) -> None:
+        self.stored: list[Event] = []
+        self.go = threading.Event()
+
+    def add_events(self, batch: list[Event]) -> None:
+        self.go.wait(5)
+        self.stored.extend(batch)
+
+
+async def test_a_flush_returns_only_once_the_batch_another_flush_took_is_stored() -> None:
+    store = _SlowStore()
+    log = EventLog(store, VirtualClock())  # type: ignore[arg-type]
+    log.emit("hold_broken", "pod-1", "why")
+    writer = asyncio.create_task(log.flush())  # the background writer takes the batch ...
+    await asyncio.sleep(0.01)
+    reader = asyncio.create_task(log.flush())  # ... and a reader flushes before listing
+    await asyncio.sleep(0.01)
+    assert not reader.done(), "the reader returned while the writer's batch was still on its way"
+    store.go.set()
+    await asyncio.gather(writer, reader)
+    assert [e.subject for e in store.stored] == ["pod-1"]

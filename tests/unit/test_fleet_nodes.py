@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker.backends.kubernetes.emulator.nodes import make_node
 from broker.backends.kubernetes.nodes import parse_node, parse_nodes
 from broker.cli_commands import UsageError, virtual_fleet
 from broker.clock import VirtualClock
 from broker.jobs import JobState
 from broker.ports.backend import FakeBackend
+from k8s_emulator.nodes import make_node
 from tests.unit.harness import Harness, gpu_pool
 
 
@@ -31,6 +31,20 @@ def test_a_kubernetes_node_object_becomes_a_fleet_node() -> None:
     assert node.boot_epoch == obj["status"]["nodeInfo"]["bootID"]
     cordoned = {**obj, "spec": {"unschedulable": True}}
     assert parse_nodes([cordoned, make_node("cpu-only")]) == []
+
+
+def test_a_volcano_node_counts_the_cards_its_vgpu_plugin_registered() -> None:
+    # Volcano's vGPU plugin registers cards under its own key and advertises shares (vgpu-number), not
+    # cards: read as no GPUs, the node was invisible to placement and to the ceilings that refuse a node
+    # gang no node can hold, so such a gang waited for ever.
+    obj = make_node("vc-a", gpus=2)
+    annotations = obj["metadata"]["annotations"]
+    del annotations["hami.io/node-nvidia-register"]
+    obj["status"]["capacity"].pop("nvidia.com/gpu", None)
+    obj["status"]["allocatable"].pop("nvidia.com/gpu", None)
+    node = parse_node(obj)
+    assert node is not None and node.size == 2 and node.gpus[0].startswith("GPU-")
+    assert node.model.startswith("NVIDIA")
 
 
 def test_a_node_without_hami_counts_its_gpu_capacity() -> None:

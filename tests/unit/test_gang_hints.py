@@ -28,3 +28,22 @@ def test_hints_go_to_waiting_gangs_in_order_minus_the_pods_already_made_for_them
     assert gang_hints([("ga", 2), ("gb", 3)], [made], 3) == [("ga", 2), ("gb", 3), ("gb", 3)]
     assert gang_hints([("ga", 2)], [made], 4) == [("ga", 2)]  # the rest of the creates get no hint
     assert gang_hints([], [], 2) == []
+
+
+async def test_a_gangs_pods_made_in_one_pass_form_one_batch_of_the_pods_made_not_of_its_world_size() -> None:
+    # A gang scheduler (Volcano's PodGroup minMember) starts a batch all or none: a batch counting the ranks that
+    # warm pods serve would wait for ever for pods never made.
+    h = await Harness([cpu_pool(max_count=4, step=4, min_count=1, max_idle_count=1)]).start()
+    try:
+        await h.until(lambda: any(p.state is PodState.IDLE for p in h.cp.tracker.pods.values()))
+        warm = {n for n, p in h.cp.tracker.pods.items() if p.state is PodState.IDLE}
+        gang = await h.run_job("alice", pods=3)
+        made = [n for n in gang.pods if n not in warm]
+        assert len(made) == 2 and len(set(gang.pods) & warm) == 1
+        batches = {h.backend.requests[n].gang_batch for n in made}
+        assert len(batches) == 1 and batches.pop() in {(made[0], 2), (made[1], 2)}
+        assert all(h.backend.requests[n].gang_size == 3 for n in made)
+        single = await h.run_job("bob")
+        assert h.backend.requests[single.pods[0]].gang_batch == ("", 0)
+    finally:
+        await h.stop()

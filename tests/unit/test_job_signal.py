@@ -51,7 +51,7 @@ async def test_kernel_mode_rides_to_the_agent_and_shows_in_the_view(api) -> None
     assert view["kernel"] is True
     await api.h.until(lambda: view["id"] in api.h.cp.executor.launched)
     launches = [launch for agent in api.h.backend.agents.values() for launch in agent.launches]
-    assert [dict(launch.extra) for launch in launches] == [{"kernel": True}]
+    assert [dict(launch.extra) for launch in launches] == [{"kernel": True, "max_output_bytes": 64 << 20}]
     plain = (await api.post("/v1/jobs", json={"pool": "cpu", "command": ["true"]}, headers=auth())).json()
     assert "kernel" not in plain
     assert_error(await api.post("/v1/jobs", json={**HANG, "kernel": "yes"}, headers=auth()), 422, "InvalidRequest")

@@ -1,4 +1,4 @@
-"""The Jupyter pieces that need no broker: kernel.json, the connection line, tags, env and persistence."""
+"""The Jupyter pieces that need no broker: kernel.json, the connection info, tags, env and persistence."""
 
 from __future__ import annotations
 
@@ -16,13 +16,20 @@ from broker.client import AsyncClient
 from broker.errors import InvalidRequest
 from broker.retrying import NO_RETRY
 from firepool_agent import kernel as launcher
+from firepool_agent import kernel_report
 from jupyter_ext import kernelspec
 from jupyter_ext.provisioner import (
     FirepoolProvisioner,
     KernelStartError,
-    find_connection,
+    parse_connection,
     session_tag,
 )
+
+
+def find_connection(line: bytes) -> Any:
+    """The launcher's report as the agent parses it, then as the provisioner loads what the broker served."""
+    raw = kernel_report.parse(line)
+    return None if raw is None else parse_connection(raw)
 
 INFO = {"ip": "127.0.0.1", "transport": "tcp", "shell_port": 1, "iopub_port": 2, "stdin_port": 3,
         "control_port": 4, "hb_port": 5, "signature_scheme": "hmac-sha256", "key": "k" * 64, "pid": 7}
@@ -55,8 +62,8 @@ def test_bad_kernel_names_and_missing_pool_are_typed_errors(tmp_path) -> None:
 
 def test_connection_line_round_trips_with_the_key_as_bytes() -> None:
     line = launcher.connection_line(INFO)
-    assert line.startswith(b"FIREPOOL-KERNEL ") and line.endswith(b"\n")
-    info = find_connection(b"noise\n" + line + b"more\n")
+    assert line.startswith(b"{") and line.endswith(b"\n")
+    info = find_connection(line + b"more\n")
     assert info is not None and info["key"] == b"k" * 64 and info["shell_port"] == 1
     assert "pid" not in info
 
@@ -68,15 +75,16 @@ def test_curve_keys_travel_as_text_beside_the_bytes_key() -> None:
     assert info is not None and info["curve_secretkey"] == keys["curve_secretkey"] and info["key"] == b"k" * 64
 
 
-def test_a_partial_or_embedded_marker_is_not_a_connection() -> None:
+def test_a_partial_or_garbled_report_is_not_a_connection() -> None:
     line = launcher.connection_line(INFO)
     assert find_connection(line[:-5]) is None
     assert find_connection(b"echo " + line) is None
+    assert kernel_report.parse(launcher.connection_line({"ip": "1.2.3.4", "key": "k"})) is None
 
 
-def test_a_connection_line_without_ports_fails_the_start() -> None:
+def test_connection_info_without_ports_fails_the_start() -> None:
     with pytest.raises(KernelStartError):
-        find_connection(launcher.connection_line({"ip": "1.2.3.4", "key": "k"}))
+        parse_connection({"ip": "1.2.3.4", "key": "k"})
 
 
 def test_session_tag_is_the_kernel_id_or_the_notebook_path() -> None:
@@ -143,6 +151,10 @@ class FakeBroker:
         self.calls.append(f"{request.method} {request.url.path}")
         if self.down:
             raise httpx.ConnectError("broker down")
+        if request.url.path.endswith("/kernel"):
+            return httpx.Response(200, json={"job": "j1", "connection": INFO})
+        if request.url.path.endswith("/logs"):
+            return httpx.Response(200, content=b"")
         state = self.job_states.pop(0) if len(self.job_states) > 1 else self.job_states[0]
         job = {"id": "j1", "state": state, "bound_pods": ["p1"]}
         if state == "SUCCEEDED":
@@ -221,7 +233,7 @@ async def test_a_launching_kernel_has_no_process_until_its_connection_is_known()
 
     async def read_connection(job_id: str) -> Any:
         await connected.wait()
-        return find_connection(launcher.connection_line(INFO))
+        return parse_connection(INFO)
 
     prov._read_connection = read_connection  # type: ignore[method-assign]
     launch = asyncio.create_task(prov.launch_kernel(prov.command(), env={}))
@@ -230,6 +242,16 @@ async def test_a_launching_kernel_has_no_process_until_its_connection_is_known()
     assert not prov.has_process
     connected.set()
     assert (await launch)["shell_port"] == 1 and prov.has_process and prov.job_id == "j1"
+    await prov._close()
+
+
+async def test_a_launch_reads_the_connection_from_the_owner_only_endpoint_not_the_log() -> None:
+    fake = FakeBroker(["RUNNING"])
+    prov = provisioner_on(fake)
+    prov.job_id, prov.kernel_id = None, "kid"
+    info = await prov.launch_kernel(prov.command(), env={})
+    assert info["key"] == b"k" * 64 and info["hb_port"] == 5
+    assert "GET /v1/jobs/j1/kernel" in fake.calls and not [c for c in fake.calls if c.endswith("/logs")]
     await prov._close()
 
 

@@ -174,7 +174,7 @@ async def test_restarted_backend_distrusts_a_pod_whose_secret_names_another_uid(
 
 
 async def test_a_placed_pod_asks_the_scheduler_for_its_node_and_the_pools_node_set(h: Harness) -> None:
-    from broker.backends.kubernetes.emulator.nodes import make_node
+    from k8s_emulator.nodes import make_node
 
     h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=2, labels={"firepool.io/shape": "small"})
     pool = parse_pool({**{"name": "small", "gpus": 1, "node_selector": {"firepool.io/shape": "small"}},
@@ -186,7 +186,7 @@ async def test_a_placed_pod_asks_the_scheduler_for_its_node_and_the_pools_node_s
 
 
 async def test_topology_domains_come_from_the_configured_node_labels(h: Harness) -> None:
-    from broker.backends.kubernetes.emulator.nodes import make_node
+    from k8s_emulator.nodes import make_node
 
     h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=1, labels={"example.com/rack": "r7",
                                                                          "topology.kubernetes.io/zone": "z1"})
@@ -198,7 +198,7 @@ async def test_topology_domains_come_from_the_configured_node_labels(h: Harness)
 
 
 async def test_a_node_whose_every_card_is_avoided_is_excluded_by_node_affinity(h: Harness) -> None:
-    from broker.backends.kubernetes.emulator.nodes import gpu_uuid, make_node
+    from k8s_emulator.nodes import gpu_uuid, make_node
 
     for name in ("gpu-a", "gpu-b"):
         h.api.objects[("Node", name)] = make_node(name, gpus=2)
@@ -212,8 +212,17 @@ async def test_a_node_whose_every_card_is_avoided_is_excluded_by_node_affinity(h
     assert "affinity" not in h.api.pod("cpu-2")["spec"]
 
 
+async def test_a_quarantined_node_the_node_list_leaves_out_is_excluded_by_node_affinity_too(h: Harness) -> None:
+    # A node quarantined for faults of pods that hold no GPU (CPU pods) has no card to avoid, and the node
+    # list (GPU nodes only) does not name it: its key in `avoid` keeps new pods off it.
+    await start(h, "cpu-3", CPU, avoid=frozenset({"node:cpu-node-7"}))
+    affinity = h.api.pod("cpu-3")["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["cpu-node-7"]}]}]
+
+
 async def test_a_pod_records_its_nodes_boot_epoch_and_a_fenced_pod_refuses_agent_calls(h: Harness) -> None:
-    from broker.backends.kubernetes.emulator.nodes import make_node
+    from k8s_emulator.nodes import make_node
 
     node = make_node("node-1", gpus=1)  # where the fake kubelet runs pods
     h.api.objects[("Node", "node-1")] = node
@@ -225,7 +234,7 @@ async def test_a_pod_records_its_nodes_boot_epoch_and_a_fenced_pod_refuses_agent
 
 
 async def test_a_failed_node_list_keeps_the_last_one_and_the_next_read_recovers(h: Harness) -> None:
-    from broker.backends.kubernetes.emulator.nodes import make_node
+    from k8s_emulator.nodes import make_node
 
     h.api.objects[("Node", "gpu-a")] = make_node("gpu-a", gpus=1)
     assert [n.id for n in await h.backend.refresh_nodes()] == ["gpu-a"]

@@ -30,7 +30,7 @@ async def test_reloading_the_catalog_re_paces_the_kubernetes_backends_creates() 
     clock = VirtualClock()
     backend = KubernetesBackend(clock, FakeKubeApi(),  # type: ignore[arg-type]
                                 KubernetesSettings(rate=RateSettings(qps=1.0, burst=1)))
-    cp = ControlPlane(clock=clock, store=MemoryJobStore(), backend=backend, logs=MemoryLogStore(),
+    cp = ControlPlane(clock=clock, store=MemoryJobStore(), backend=backend, logs=MemoryLogStore(clock.now),
                       catalog=Catalog(pools={"cpu": CPU}, create_rate=CreateRate(qps=1.0, burst=1)))
     try:
         await backend._bucket.take()

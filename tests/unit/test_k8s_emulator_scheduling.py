@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.backends.kubernetes.emulator.nodes import ALLOCATED, USE_UUID, gpu_uuid, make_node
-from broker.backends.kubernetes.emulator.scheduling import place, quantity
+from k8s_emulator.nodes import ALLOCATED, USE_UUID, gpu_uuid, make_node
+from k8s_emulator.scheduling import place, quantity
 
 GANG = {"labelSelector": {"matchLabels": {"firepool.io/gang": "g1"}}, "topologyKey": "kubernetes.io/hostname"}
 

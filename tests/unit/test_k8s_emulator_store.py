@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.backends.kubernetes.emulator import objects, validation
-from broker.backends.kubernetes.emulator.objects import ApiError, Event, Store
-from broker.backends.kubernetes.emulator.selectors import (
+from k8s_emulator import objects, validation
+from k8s_emulator.objects import ApiError, Event, Store
+from k8s_emulator.selectors import (
     SelectorError,
     field_selector,
     json_patch,

@@ -58,11 +58,11 @@ VOLCANO = {"name": "a100", "gpus": 1, "accelerator": "a100", "standbys_per_activ
 
 
 def _pod(raw: dict[str, Any], name: str, *, standby: bool = False, gang: str = "", size: int = 1,
-         image: str = "") -> dict[str, Any]:
+         image: str = "", **extra: Any) -> dict[str, Any]:
     pool = parse_pool(raw)
     return pod_manifest(name, pool, parse_template(pool.name, pool.template), broker="firepool", kernels="cold",
                         annotations=OWNER, standby=standby, pin_uuids=(UUID,) if standby else (), origin="demand",
-                        created_at=1_800_000_000.0, gang=gang, gang_size=size, image=image)
+                        created_at=1_800_000_000.0, gang=gang, gang_size=size, image=image, **extra)
 
 
 PINNED = "registry.example/team/train@sha256:" + "ab" * 32
@@ -181,6 +181,17 @@ def test_gang_is_kept_on_one_node_when_it_fits_else_preferred() -> None:
     assert "preferredDuringSchedulingIgnoredDuringExecution" in wide
 
 
+def test_a_gang_confined_to_one_node_is_required_on_one_host_whatever_the_template_guesses() -> None:
+    # `topology: node` is a rule, not a wish: with gpusPerNode guessing the gang too big for one node, a preferred
+    # affinity let the scheduler scatter the set, which the claim then never takes.
+    raw = {**HAMI, "template": {**HAMI["template"], "topologyKey": "topology.kubernetes.io/zone"}}
+    confined = _pod(raw, "h100-9c0d1e2f", gang="job-1", size=16, gang_topology="node")["spec"]["affinity"]
+    (term,) = confined["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": {"firepool.io/gang": "job-1"}},
+                    "topologyKey": "kubernetes.io/hostname"}
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in confined["podAffinity"]
+
+
 @pytest.mark.parametrize(("template", "problem"), [
     ({"imagee": "x"}, "template.imagee: unknown key"),
     ({"image": ""}, "non-empty string"),
@@ -231,3 +242,19 @@ def test_quarantined_nodes_are_kept_out_by_node_affinity_in_every_required_term(
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(manifest, version, strict=True)
         kubernetes_validate.validate(excluded, version, strict=True)
+
+
+def test_every_writable_volume_of_a_pod_has_a_size_limit() -> None:
+    """A read-only root gets writable /workspace, /pkg, /run/firepool and /tmp: each an emptyDir the kubelet
+    caps (disk ones at workspace_size, /tmp and /dev/shm in memory), never an unbounded one."""
+    raw = {**CPU, "template": {**CPU["template"], "workspace_size": "256Mi", "tmp_size": "64Mi", "shm_size": "64Mi"}}
+    pod = _pod(raw, "cpu-0a1b2c3d")
+    empty = {v["name"]: v["emptyDir"] for v in pod["spec"]["volumes"] if "emptyDir" in v}
+    mounted = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    for path in ("/workspace", "/pkg", "/run/firepool", "/tmp", "/dev/shm"):
+        assert "sizeLimit" in empty[mounted[path]], (path, empty)
+    assert empty[mounted["/workspace"]] == {"sizeLimit": "256Mi"}
+    assert empty[mounted["/tmp"]] == empty[mounted["/dev/shm"]] == {"medium": "Memory", "sizeLimit": "64Mi"}
+    assert all("sizeLimit" in spec for spec in empty.values()), empty
+    with pytest.raises(TemplateError, match="tmp_size"):
+        parse_template("cpu", {"tmp_size": "64Potatoes"})

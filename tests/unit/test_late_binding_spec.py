@@ -38,7 +38,7 @@ async def test_requirements_and_the_pool_env_reach_the_launch_with_the_job_env_o
     h: Harness = api.h  # type: ignore[attr-defined]
     await h.finish(h.store.get(r.json()["id"]))  # type: ignore[arg-type]
     launch = next(req for a in h.backend.agents.values() for req in a.launches)
-    assert launch.extra == {"requirements": "alpha==1.0\n"}
+    assert launch.extra == {"requirements": "alpha==1.0\n", "max_output_bytes": 64 << 20}  # the pool's default cap
     assert launch.env["UV_INDEX_URL"] == "http://mirror.internal/simple" and launch.env["SHARED"] == "job"
 
 

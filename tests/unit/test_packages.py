@@ -127,10 +127,39 @@ async def test_identical_uploads_are_stored_once_and_seen_only_by_their_uploader
     bob = {"Authorization": f"Bearer {BOB}"}
     assert (await api.head(f"/v1/packages/{digest(data)}", headers=bob)).status_code == 404
     assert (await api.get(f"/v1/packages/{digest(data)}", headers=bob)).status_code == 404
-    assert (await put(api, data, token=BOB)).status_code == 200  # bob's upload adds him, no second copy
+    assert (await put(api, data, token=BOB)).status_code == 201  # bob's first upload; still no second copy
     got = await api.get(f"/v1/packages/{digest(data)}", headers=bob)
     assert got.status_code == 200 and got.content == data
     assert len(list(store.root.rglob("*.zip"))) == 1
+
+
+async def test_uploading_bytes_another_caller_stored_answers_as_a_first_upload(api, store) -> None:
+    # The oracle: `created: false` told bob that someone had already stored exactly these bytes.
+    data = zbytes({"secret_config.py": "TOKEN = 'guessable'"})
+    alone = await put(api, zbytes({"other.py": "1"}), token=BOB)
+    assert (await put(api, data)).status_code == 201
+    bobs = await put(api, data, token=BOB)
+    assert (bobs.status_code, bobs.json()["created"]) == (alone.status_code, alone.json()["created"]) == (201, True)
+    assert set(bobs.json()) == set(alone.json()) == {"digest", "size", "created"}
+    again = await put(api, data, token=BOB)
+    assert (again.status_code, again.json()["created"]) == (200, False)  # his own second upload: he knows it
+    assert len([p for p in store.root.rglob("*.zip") if "incoming" not in p.parts]) == 2  # stored once each
+
+
+BAD_NAMES = ["", "ABC", "a" * 63, "a" * 65, "g" * 64, "A" * 64, "a" * 64 + "/", "a" * 32 + "/" + "a" * 31, "x y"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+@pytest.mark.parametrize("content_type", ["application/zip", "text/plain"])
+async def test_a_package_path_that_is_not_64_lower_case_hex_digits_is_a_typed_422(api, name: str,
+                                                                                  content_type: str) -> None:
+    headers = {"Authorization": f"Bearer {ALICE}", "Content-Type": content_type}
+    path = "/v1/packages" if not name else f"/v1/packages/{name}"
+    for method in ("PUT", "GET", "HEAD"):
+        r = await api.request(method, path, content=b"PK\x05\x06" if method == "PUT" else None, headers=headers)
+        assert r.status_code == 422, (method, path, r.status_code, r.text)
+        if method != "HEAD":
+            assert r.json()["error"]["class"] == "InvalidRequest" and r.json()["error"]["details"] == {"field": "digest"}
 
 
 def test_the_store_refuses_directly_with_typed_errors(store: FilePackageStore) -> None:

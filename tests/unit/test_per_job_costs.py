@@ -82,11 +82,11 @@ async def test_a_finished_job_is_read_from_the_book_not_the_store(h: Harness) ->
 
 def test_an_empty_log_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
     logs = FileLogStore(tmp_path)
-    logs.write("j1:0", "stdout", b"")
+    logs.write("alice", "j1:0", "stdout", b"")
     assert list(tmp_path.iterdir()) == []
-    assert logs.read("j1:0", "stdout") == b""
-    logs.write("j1:0", "stderr", b"oops")
-    assert logs.read("j1:0", "stderr") == b"oops"
+    assert logs.read("alice", "j1:0", "stdout") == b""
+    logs.write("alice", "j1:0", "stderr", b"oops")
+    assert logs.read("alice", "j1:0", "stderr") == b"oops"
 
 
 def test_a_jobs_row_carries_its_current_spec_even_when_the_spec_object_changes() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.networking import parse_network
 from broker.backends.podnets import NETWORK_POLICY, stale_template
 from broker.backends.sandboxing import PodDirs, SandboxSpec, bwrap_argv
+from broker.podtemplate import parse_network
 
 
 def spec(network: str) -> SandboxSpec:
@@ -53,18 +53,30 @@ def test_a_gang_links_ranks_get_the_interface_to_bind_after_the_callers_env() ->
     assert ganglinks.address(1) == "10.213.0.2"
 
 
-def test_a_symlinked_host_resolv_conf_gets_the_file_where_it_points(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """systemd-resolved hosts: /etc/resolv.conf -> ../run/systemd/resolve/stub-resolv.conf, absent in a sandbox."""
+def test_a_symlinked_host_resolv_conf_is_read_through_and_an_isolated_pod_gets_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd-resolved hosts: /etc/resolv.conf -> ../run/systemd/resolve/stub-resolv.conf, absent in a sandbox:
+    the sandbox's /etc/resolv.conf is a file (the pod's own on an isolated network, the link's target on host)."""
     from broker.backends import sandboxing
 
     (tmp_path / "etc").mkdir()
+    (tmp_path / "run" / "systemd" / "resolve").mkdir(parents=True)
+    target = tmp_path / "run" / "systemd" / "resolve" / "stub-resolv.conf"
+    target.write_text("nameserver 127.0.0.53\n")
     link = tmp_path / "etc" / "resolv.conf"
     link.symlink_to("../run/systemd/resolve/stub-resolv.conf")
     monkeypatch.setattr(sandboxing, "HOST_RESOLV_CONF", str(link))
-    argv = bwrap_argv("bwrap", spec("isolated"))
-    target = str(tmp_path / "run" / "systemd" / "resolve" / "stub-resolv.conf")
-    at = argv.index(target)
-    assert argv[at - 2:at + 1] == ["--ro-bind", "/state/pods/p/resolv.conf", target]
-    made = [argv[i + 1] for i, a in enumerate(argv[:at]) if a == "--dir"]
-    assert str(tmp_path / "run" / "systemd" / "resolve") in made  # its parents exist in the sandbox
+    for network, source in (("isolated", "/state/pods/p/resolv.conf"), ("host", str(target))):
+        argv = bwrap_argv("bwrap", spec(network))
+        at = argv.index("/etc/resolv.conf")
+        assert argv[at - 2:at + 1] == ["--ro-bind", source, "/etc/resolv.conf"], network
+
+
+def test_a_pod_made_before_capped_run_dirs_is_stale_and_still_reached_at_its_old_run_dir(tmp_path: Path) -> None:
+    from broker.backends.sandboxing import PodDirs
+
+    assert stale_template({"template": "abc", "network_policy": 3}) != "abc"  # the rollout replaces it
+    dirs = PodDirs(tmp_path)
+    assert dirs.run == tmp_path / "disk" / "run" and dirs.socket.parent == dirs.run  # on the capped disk
+    (tmp_path / "run").mkdir()  # what an older broker made
+    assert dirs.run == tmp_path / "run"

@@ -204,3 +204,19 @@ async def test_operators_list_and_release_quarantines_over_rest_and_others_get_4
         assert not h.cp.health.quarantine.blocked_devices()
     finally:
         await h.stop()
+
+
+async def test_a_quarantined_node_reaches_every_new_pods_avoid_by_its_own_key() -> None:
+    # Its cards alone were passed before: a node with none the backend lists (CPU pods' node) was not kept out.
+    from broker.ports.quarantine import QuarantineRecord
+    from tests.unit.harness import cpu_pool
+
+    store = MemoryQuarantineStore()
+    store.records["node:cpu-7"] = QuarantineRecord(key="node:cpu-7", kind="node", node="cpu-7", failures=2,
+                                                   reason="kernel panics", updated_at=0.0, quarantined_at=0.0)
+    h = await Harness([cpu_pool(min_count=1)], quarantine=store).start()
+    try:
+        await h.until(lambda: bool(h.backend.requests))
+        assert all("node:cpu-7" in r.avoid for r in h.backend.requests.values())
+    finally:
+        await h.stop()

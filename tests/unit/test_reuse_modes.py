@@ -7,9 +7,9 @@ from broker.jobs import JobState
 from tests.unit.harness import Harness, cpu_pool
 
 
-async def fresh_tag_loop(reuse_tag: str, jobs: int = 20) -> tuple[float, int, Harness]:
+async def fresh_tag_loop(reuse_tag: str, jobs: int = 20, **knobs: object) -> tuple[float, int, Harness]:
     """One caller's sequential jobs, a fresh tag each, 22 s pod starts: (warm share, pods created)."""
-    h = await Harness([cpu_pool(reuse_tag=reuse_tag, min_count=1)], start_delay=22.0).start()
+    h = await Harness([cpu_pool(reuse_tag=reuse_tag, min_count=1, **knobs)], start_delay=22.0).start()
     await h.run_for(23.0)  # the floor pod is ready before the loop starts
     warm = 0
     for i in range(jobs):
@@ -30,17 +30,18 @@ async def test_a_hint_tag_keeps_the_loop_warm_where_a_retiring_tag_retires_every
     assert hint_warm == 1.0 and hint_pods == 1
 
 
-async def test_a_boundary_tag_loop_runs_on_one_pod_emptied_at_each_new_tag() -> None:
-    warm, pods, h = await fresh_tag_loop("boundary")
-    # Each fresh tag takes the previous session's pod (recycled, workspace emptied) and keeps it: no pod
-    # is created after the floor pod, and no job waits for one.
-    assert pods == 1 and warm == 1 / 20
-    assert h.cp.stats.acquisitions[("cpu", "recycled")] == 19
+async def test_a_boundary_tag_loop_keeps_every_session_until_the_ceiling_then_takes_the_least_recent() -> None:
+    warm, pods, h = await fresh_tag_loop("boundary", caller_hold_seconds=600.0)
+    # Every held session is kept while the pool can make a pod: each fresh tag gets a new one up to the
+    # ceiling (4); from there each takes over the least recently used session's pod (workspace emptied).
+    assert pods == 4 and warm == 1 / 20
+    assert h.cp.stats.acquisitions[("cpu", "new")] == 3
+    assert h.cp.stats.acquisitions[("cpu", "recycled")] == 16
 
 
 async def test_a_hint_tag_keeps_the_workspace_and_a_boundary_tag_empties_it() -> None:
     for mode, wiped in (("hint", 0), ("boundary", 1), ("retire", 1)):
-        h = await Harness([cpu_pool(reuse_tag=mode)]).start()
+        h = await Harness([cpu_pool(reuse_tag=mode, max_count=1)]).start()  # `boundary`: a takeover
         try:
             first = await h.run_job(lease_tag="a")
             agent = h.backend.agents[first.pods[0]]

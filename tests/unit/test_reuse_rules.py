@@ -43,18 +43,22 @@ async def test_three_concurrent_callers_never_share_a_pod(h: Harness) -> None:
     assert all(h.paths(j) == ["warm"] for j in later)
 
 
-async def test_new_tag_starts_on_the_emptied_old_pod_and_keeps_it(h: Harness) -> None:
-    first = await h.run_job(lease_tag="session-a")
-    agent = h.backend.agents[first.pods[0]]
-    second = await h.run_job(lease_tag="session-b")
-    assert h.paths(second) == ["recycled"]
-    assert second.pods == first.pods
-    assert "new session" in (second.acquisition[0].reason or "")
-    assert agent.workspace_wiped == 1  # the second session started on an emptied workspace
-    await h.run_for(1.0)
-    assert first.pods[0] not in h.backend.deleted
-    third = await h.run_job(lease_tag="session-b")
-    assert third.pods == first.pods and h.paths(third) == ["warm"] and agent.workspace_wiped == 1
+async def test_at_the_ceiling_a_new_tag_starts_on_the_emptied_old_pod_and_keeps_it() -> None:
+    h = await Harness([cpu_pool(max_count=1)]).start()
+    try:
+        first = await h.run_job(lease_tag="session-a")
+        agent = h.backend.agents[first.pods[0]]
+        second = await h.run_job(lease_tag="session-b")
+        assert h.paths(second) == ["recycled"]
+        assert second.pods == first.pods
+        assert "this session's pod" in (second.acquisition[0].reason or "")
+        assert agent.workspace_wiped == 1  # the second session started on an emptied workspace
+        await h.run_for(1.0)
+        assert first.pods[0] not in h.backend.deleted
+        third = await h.run_job(lease_tag="session-b")
+        assert third.pods == first.pods and h.paths(third) == ["warm"] and agent.workspace_wiped == 1
+    finally:
+        await h.stop()
 
 
 async def test_hold_expiry_retires_the_pod(h: Harness) -> None:

@@ -4,8 +4,8 @@ whatever path it came by; `reuse_tag: retire` keeps the paper's retire-after-one
 from __future__ import annotations
 
 from broker.claiming.tracker import (
-    REASON_NEW_SESSION,
     REASON_NEW_SESSION_RETIRE,
+    REASON_TAKEOVER,
     Claim,
     Lease,
     Shortfall,
@@ -37,7 +37,8 @@ def test_a_recycled_pod_becomes_the_new_sessions_pod_in_the_tracker() -> None:
     t = _tracker("boundary")
     _run(t, "a1", "alice", "a")
     b1 = _run(t, "b1", "alice", "b")
-    assert isinstance(b1, Lease) and b1.pods[0].path == Path.RECYCLED and b1.pods[0].reason == REASON_NEW_SESSION
+    # A pool of one pod is at its ceiling: the other session's pod is taken over (a `boundary` pool's only recycle).
+    assert isinstance(b1, Lease) and b1.pods[0].path == Path.RECYCLED and b1.pods[0].reason == REASON_TAKEOVER
     pod = t.pods["p0"]
     assert pod.state is PodState.IDLE and not pod.retire and pod.key == ("alice", "default", "b")
     for i in range(2, 5):
@@ -89,19 +90,19 @@ async def test_a_session_that_starts_on_a_recycled_pod_keeps_it_and_its_workspac
         await h.stop()
 
 
-async def test_the_old_session_no_longer_finds_its_pod_warm() -> None:
-    h = await Harness([cpu_pool(max_count=2)]).start()
+async def test_the_old_session_no_longer_finds_its_pod_warm_and_is_told_who_took_it() -> None:
+    h = await Harness([cpu_pool(max_count=1)]).start()
     try:
         a1 = await h.run_job(lease_tag="session-a")
         agent = h.backend.agents[a1.pods[0]]
         b1 = await h.run_job(lease_tag="session-b")
-        assert b1.pods == a1.pods
-        a2 = await h.run_job(lease_tag="session-a", recycle=False)
-        assert h.paths(a2) == ["new"] and a2.pods != a1.pods
-        a3 = await h.run_job(lease_tag="session-a")  # back to its new pod, not b's
-        assert h.paths(a3) == ["warm"] and a3.pods == a2.pods
-        b2 = await h.run_job(lease_tag="session-b")
-        assert h.paths(b2) == ["warm"] and b2.pods == b1.pods and agent.workspace_wiped == 1
+        assert b1.pods == a1.pods and h.paths(b1) == ["recycled"]
+        a2 = await h.run_job(lease_tag="session-a")
+        assert h.paths(a2) == ["recycled"] and agent.workspace_wiped == 2
+        assert (a2.acquisition[0].reason or "").startswith(
+            "session session-a's pod was taken by your session session-b at the pool ceiling")
+        a3 = await h.run_job(lease_tag="session-a")  # its pod again, warm, and nothing more to tell
+        assert h.paths(a3) == ["warm"] and a3.pods == a1.pods and a3.acquisition[0].reason is None
     finally:
         await h.stop()
 

@@ -175,6 +175,8 @@ async def test_a_node_gang_waits_rather_than_split_and_its_set_is_made_on_one_no
         gang = await h.finish(gang)  # carol's short job ends; its single-use pod frees node 0
         assert gang.state is JobState.SUCCEEDED
         assert {h.backend.requests[p].node for p in gang.pods} == {"fake-node-0"}
+        # ...and the backend is told the set must share a node (a cluster scheduler then requires it).
+        assert {h.backend.requests[p].gang_topology for p in gang.pods} == {"" if single_use else "node"}
         assert {a.path for a in gang.acquisition} == {"new"}
         assert all(
             p.reserved_for is None for p in h.cp.tracker.snapshot() if p.pool == "gpu" and not single_use
@@ -292,3 +294,35 @@ def test_a_set_of_a_pool_without_nodes_lets_the_backend_choose() -> None:
 
     assert where_set(Fleet(()), gpu_pool(), 3, "node") == ["", "", ""]
     assert where_set(Fleet(()), cpu_pool(), 2, "domain") == ["", ""]
+
+
+async def test_a_node_gangs_set_placed_apart_joins_the_pool_and_is_made_again_on_one_node() -> None:
+    # A cluster scheduler may place a set apart (no node list, or not honouring the hint): the pods made for the
+    # gang counted as its set, so nothing more was made and the gang waited until their keep-alive.
+    import dataclasses
+
+    backend = FakeBackend(VirtualClock(), gpus=12, gpus_per_node=4)
+    h = Harness([gpu_pool(max_count=12, step=12, idle_timeout=3600.0)], backend=backend,
+                clock=backend.clock)  # type: ignore[arg-type]
+    real_create = backend.create
+    scattered: list[str] = []
+
+    async def scattering(request):  # type: ignore[no-untyped-def]
+        if request.gang and len(scattered) < 4:  # the first set: two pods on each of two nodes
+            request = dataclasses.replace(request, node=f"fake-node-{len(scattered) % 2}")
+            scattered.append(request.name)
+        return await real_create(request)
+
+    backend.create = scattering  # type: ignore[method-assign]
+    await h.start()
+    try:
+        gang = await h.finish(await h.submit("bob", pool="gpu", pods=4, topology="node", command=("true",)),
+                              timeout=30.0)
+        assert gang.state is JobState.SUCCEEDED
+        node = {p.name: p.node for p in h.cp.tracker.snapshot()}
+        (gang_node,) = {node[p] for p in gang.pods}  # beside the part it kept, made whole
+        apart = [p for p in scattered if node[p] != gang_node]
+        assert len(apart) == 2 and not set(apart) & set(gang.pods)
+        assert all(h.cp.tracker.pods[p].reserved_for is None for p in apart)  # plain pool pods now
+    finally:
+        await h.stop()

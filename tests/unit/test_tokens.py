@@ -126,3 +126,35 @@ def test_a_jwt_with_a_wrong_issuer_is_refused_when_one_is_configured(issuer: tup
     with pytest.raises(Unauthorized, match="issuer"):
         jwt_auth(jwks, issuer="https://oidc.example").caller(bearer(sign(key, iss="https://evil.example")))
     assert jwt_auth(jwks, issuer="https://oidc.example").caller(bearer(sign(key, iss="https://oidc.example")))
+
+
+def test_the_local_token_file_must_be_private(tmp_path: Path) -> None:
+    from broker.api.auth import local_token
+    from broker.locations import InsecureFileError
+
+    token = local_token(tmp_path)
+    assert stat.S_IMODE((tmp_path / "token").stat().st_mode) == 0o600 and local_token(tmp_path) == token
+    (tmp_path / "token").chmod(0o644)
+    with pytest.raises(InsecureFileError, match="0644 are too open"):
+        local_token(tmp_path)
+
+
+def test_a_bad_entry_is_named_by_its_line_and_number_never_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({token_digest("a"): "alice", "secret-plain-token": {"caller": "x", "admin": "yes"}},
+                               indent=2))
+    with pytest.raises(ValueError) as caught:
+        TokenAuth.from_file(path)
+    assert "line 3" in str(caught.value) and "entry 2" in str(caught.value)
+    assert "secret-plain-token" not in str(caught.value)
+
+
+def test_token_rm_removes_every_token_of_a_caller(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tokens.json"
+    for name in ("alice", "alice", "bob"):
+        assert main(["token", "add", name, "--tokens", str(path)]) == 0
+    assert main(["token", "rm", "alice", "--tokens", str(path)]) == 0
+    assert list(json.loads(path.read_text()).values()) == ["bob"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert main(["token", "rm", "alice", "--tokens", str(path)]) == 2
+    assert "no token for caller 'alice'" in capsys.readouterr().err

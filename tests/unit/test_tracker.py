@@ -72,8 +72,10 @@ def test_caller_limits_are_checked_in_the_claim() -> None:
     assert isinstance(t.claim(Claim("a2", "alice", "p"), 0.0), Lease)
 
 
-def test_held_pods_serve_only_their_owner_and_a_new_session_recycles_and_keeps_the_pod() -> None:
-    t = _tracker(1)
+def test_held_pods_serve_only_their_owner_and_at_the_ceiling_a_new_session_takes_over_and_keeps_the_pod() -> None:
+    t = Tracker({"p": PoolSpec(name="p", gpus=1, max_count=1)})
+    t.add(Pod("p0", "p", state=PodState.STARTING, origin=Origin.WARM))
+    t.ready("p0", 0.0, ("gpu0",))
     lease = t.claim(Claim("j1", "alice", "p", tag="s1", since=1.0), 1.0)  # the pod was ready first
     assert isinstance(lease, Lease) and lease.pods[0].path == "warm"
     t.start("j1")
@@ -85,7 +87,9 @@ def test_held_pods_serve_only_their_owner_and_a_new_session_recycles_and_keeps_t
     t.begin_reset("j2", ("alice", "default", "s2"))
     assert t.finish_reset(again.pods[0].name, True, 3.0, 60.0) is True
     assert again.pods[0].state is PodState.IDLE and again.pods[0].key == ("alice", "default", "s2")
-    assert isinstance(t.claim(Claim("j3", "alice", "p", tag="s1", recycle=False), 4.0), Shortfall)
+    back = t.claim(Claim("j3", "alice", "p", tag="s1", recycle=False), 4.0)
+    assert isinstance(back, Lease) and back.pods[0].path == "recycled"
+    assert (back.pods[0].reason or "").startswith("session s1's pod was taken by your session s2 at the pool ceiling")
 
 
 def test_the_gate_blocks_a_second_pod_on_a_busy_gpu() -> None:

@@ -14,7 +14,7 @@ from broker.errors import Unschedulable
 from broker.fleet.nodes import Node
 from broker.jobs import ErrorClass, JobState
 from broker.ports.backend import FakeBackend, split_nodes
-from broker.warmth.placing import never_fits, set_ceilings
+from broker.warmth.placing import largest_names, never_fits, set_ceilings
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
 
@@ -52,6 +52,17 @@ def test_a_large_node_briefly_out_does_not_lower_the_ceiling() -> None:
     assert set_ceilings([], pools, seen) == seen  # no node listed at all: what was seen stands
 
 
+def test_the_refusal_names_the_largest_node_and_domain_and_keeps_a_name_briefly_out() -> None:
+    pools = {"gpu": gpu_pool(accelerator="h100")}
+    ceilings = set_ceilings(_nodes(), pools)
+    names = largest_names(_nodes(), pools, ceilings)
+    assert names == {"gpu": {"node": "n1", "domain": "rack-1"}}
+    why = never_fits(ceilings, gpu_pool(accelerator="h100"), 9, "node", names)
+    assert why is not None and why.endswith("holds 8 such pods (node n1)")
+    without_n1 = [n for n in _nodes() if n.id != "n1"]
+    assert largest_names(without_n1, pools, set_ceilings(without_n1, pools, ceilings), names) == names
+
+
 def test_only_a_set_larger_than_the_ceiling_never_fits() -> None:
     ceilings = set_ceilings(_nodes(), {"gpu": gpu_pool(accelerator="h100")})
     spec = gpu_pool(accelerator="h100")
@@ -87,6 +98,7 @@ async def test_a_confined_gang_no_node_holds_is_refused_at_submit_over_rest() ->
             error = r.json()["error"]
             assert error["class"] == "Unschedulable"
             assert "largest node of pool 'gpu' holds 4" in error["message"]
+            assert error["message"].endswith("(node fake-node-0)")  # what to grow, named
             assert error["details"] == {"pool": "gpu", "pods": 5, "topology": "node", "largest": 4}
             assert (await post(5, "domain")).status_code == 400  # one node per domain here
             assert h.store.list_jobs() == []

@@ -9,6 +9,7 @@
     │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
     │   └── PayloadTooLarge (413: compressed or extracted limit)
     ├── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
+    │   └── NotLeader (503: a standby)  └── Fenced (an old term's write)
     │                                  └── AgentError, PortClosed (502: nothing serves the port)
     └── at the API's door: MethodNotAllowed (405), RequestTooLarge (413), UnsupportedMediaType (415),
         InternalError (500: an unhandled exception, logged with its traceback)
@@ -147,9 +148,17 @@ class Unavailable(FirepoolError):
     retryable = True
 
 
+class NotLeader(Unavailable):
+    """This broker is a hot standby: details name the leader's URL (or null while none leads) and the term."""
+
+
 class StoreError(FirepoolError):
     status = 503
     retryable = True
+
+
+class Fenced(StoreError):
+    """A write of a term that is no longer the newest: another broker leads now, this one must stop."""
 
 
 class BackendError(FirepoolError):

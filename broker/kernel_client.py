@@ -201,7 +201,7 @@ class AsyncKernel:
     # ---------------------------------------------------------------- websocket
 
     def _ws_url(self) -> str:
-        parts = urlsplit(str(self.client._http.base_url))
+        parts = urlsplit(self.client.url)  # the broker that answered last: the REST calls before found the leader
         scheme = "wss" if parts.scheme == "https" else "ws"
         path = parts.path.rstrip("/") + self._path("/channels")
         return urlunsplit((scheme, parts.netloc, path, f"session_id={self.session}", ""))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import pytest
@@ -15,6 +15,7 @@ from broker.client import AsyncClient, Client
 from broker.errors import NotLeader, StreamBroken, Unavailable
 from broker.locations import Brokers, discover, split_urls, url_key
 from broker.retrying import RetryPolicy
+from broker.sandbox.handle import AsyncSandbox
 from mcp_server.client_config import server_env
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
@@ -199,3 +200,46 @@ async def test_the_async_client_follows_the_leader_the_same_way() -> None:
         job = await fp.submit(["true"])
         caller = await fp.whoami()
     assert job.id == "j-1" and caller == "alice" and fleet.hosts == "abcc" and sleeps == []
+
+
+class CommandBreaks(httpx.AsyncByteStream):
+    """A streamed command whose broker dies: the job event (and, unless `early`, a first output), then a reset."""
+
+    def __init__(self, early: bool = False) -> None:
+        self.early = early
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if not self.early:
+            yield json.dumps({"event": "job", "job": JOB}).encode() + b"\n"
+            yield json.dumps({"event": "stdout", "data": "hel"}).encode() + b"\n"
+        raise httpx.ReadError("connection reset by peer")
+
+
+def sandbox_fleet(stream: CommandBreaks) -> Fleet:
+    done = {**JOB, "state": "SUCCEEDED", "exit_code": 0}
+
+    def leader(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/commands"):
+            return httpx.Response(200, stream=stream)
+        if request.url.path.endswith("/logs"):
+            return httpx.Response(200, content=b"hello\n" if request.url.params["stream"] == "stdout" else b"")
+        return serves(done)
+
+    return Fleet(a=[not_leader(B)], b=[leader])
+
+
+async def test_a_streamed_command_whose_broker_goes_away_ends_from_its_durable_job() -> None:
+    fleet = sandbox_fleet(CommandBreaks())
+    seen: list[str] = []
+    async with AsyncClient([A, B], "tok", transport=httpx.MockTransport(fleet)) as fp:
+        result = await AsyncSandbox(fp, "s1").run("echo hello", on_stdout=seen.append)
+    assert (result.state, result.exit_code, result.stdout) == ("SUCCEEDED", 0, "hello\n") and "hel" in seen
+    assert [r.url.path for r in fleet.seen] == ["/v1/sessions/s1/commands", "/v1/sessions/s1/commands",
+                                                "/v1/jobs/j-1", "/v1/jobs/j-1/logs", "/v1/jobs/j-1/logs"]
+
+
+async def test_a_streamed_command_that_breaks_before_its_job_is_known_raises_stream_broken() -> None:
+    fleet = sandbox_fleet(CommandBreaks(early=True))
+    async with AsyncClient([A, B], "tok", transport=httpx.MockTransport(fleet)) as fp:
+        with pytest.raises(StreamBroken):
+            await AsyncSandbox(fp, "s1").run("echo hello", on_stdout=lambda _: None)

@@ -86,7 +86,6 @@ def url_key(url: str) -> str:
     return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
-
 class Brokers:
     """Which of a client's brokers it asks: the one that answered last (sticky), and where it goes next.
 
@@ -140,11 +139,15 @@ class Round:
         """The broker tried last answered (anything but NotLeader): the client sticks to it."""
         self._brokers._at = self._at
 
+    def again(self) -> None:
+        """The request backed off: a new round, in which every broker may be tried once more."""
+        self._tried.clear()
+
     def move_on(self, leader: object = None) -> bool:
         """The broker tried last did not serve (no answer, or NotLeader naming `leader`): go to the leader when
         it is a configured URL not yet tried in this round, else to the next untried URL round-robin. True when
-        there is one (try it at once); False when every URL was tried: a new round begins, after a back-off,
-        at the leader named or the next URL."""
+        there is one (try it at once); False when every URL was tried: the request backs off (`again`), then
+        asks the leader named or the next URL."""
         brokers, n = self._brokers, len(self._brokers.urls)
         self._tried.add(self._at)
         hint = brokers.index_of(leader)
@@ -154,8 +157,6 @@ class Round:
             nxt = hint
         else:
             nxt = ahead[0] if ahead else (self._at + 1) % n
-        if not fresh:
-            self._tried.clear()
         if brokers._at == self._at:  # a request that moved on already does not move it again
             brokers._at = nxt
         self._at = nxt
@@ -191,8 +192,8 @@ def read_broker_file(state_dir: Path) -> tuple[str | None, str]:
     return url, ""
 
 
-def discover(url: str | Sequence[str] | None = None, token: str | None = None, state_dir: str | os.PathLike[str] | None = None,
-             env: Mapping[str, str] | None = None) -> Discovery:
+def discover(url: str | Sequence[str] | None = None, token: str | None = None,
+             state_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Discovery:
     """The broker every client talks to: see the module docstring for the order."""
     env = os.environ if env is None else env
     state = state_dir_for(state_dir, env)

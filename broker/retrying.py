@@ -149,6 +149,7 @@ class Tries:
             return None
         wait = self.policy.delay(self.backoffs, retry_after)
         self.backoffs += 1
+        self.round.again()
         return wait
 
 

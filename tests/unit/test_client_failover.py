@@ -76,6 +76,20 @@ def test_leader_urls_compare_by_scheme_host_and_port() -> None:
     assert brokers.index_of("http://BROKER-1:8321") == 1 and brokers.index_of("http://other:8321") is None
 
 
+def test_a_round_goes_round_robin_from_the_sticky_broker_and_each_once() -> None:
+    brokers = Brokers([A, B, C])
+    first = brokers.round()
+    assert first.move_on() and first.url == B
+    first.answered()
+    walk = brokers.round()
+    visited = [walk.url]
+    while walk.move_on():
+        visited.append(walk.url)
+    assert visited == [B, C, A] and walk.url == B  # all tried: after the back-off, the next round from B
+    walk.again()
+    assert walk.move_on() and walk.url == C
+
+
 def test_a_dead_url_and_a_standby_lead_to_the_leader_at_once() -> None:
     fleet = Fleet(a=[httpx.ConnectError], b=[not_leader(C)], c=[serves({"caller": "alice"})])
     sleeps: list[float] = []

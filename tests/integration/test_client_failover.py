@@ -5,6 +5,10 @@ client waits on it: the wait is asked again of the broker elected next."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +89,19 @@ def test_an_async_run_whose_leader_is_killed_mid_wait_finishes_on_the_next_leade
     assert job.state == "SUCCEEDED" and job.exit_code == 0
     assert brokers.served(new, "POST", "/v1/jobs") >= 1  # the submit repeated, with its key: one job
     assert len(list((brokers.store.root / "jobs").iterdir())) == 1
+
+
+def test_the_cli_takes_the_list_from_firepool_url_or_url(brokers: StubBrokers, tmp_path: Path) -> None:
+    leader, standby = brokers.urls
+    brokers.store.elect(leader)
+    listed = f"{brokers.dead_url},{standby},{leader}"
+    env = {**os.environ, "FIREPOOL_TOKEN": brokers.token, "FIREPOOL_STATE_DIR": str(tmp_path / "none")}
+    cli = [sys.executable, "-m", "broker.cli", "submit", "--json"]
+    from_env = subprocess.run([*cli, "--", "true"], env={**env, "FIREPOOL_URL": listed}, capture_output=True,
+                              text=True, timeout=60)
+    from_flag = subprocess.run([*cli, "--url", listed, "--", "true"], env=env, capture_output=True, text=True,
+                               timeout=60)
+    for done in (from_env, from_flag):
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["caller"] == "alice"
+    assert brokers.served(leader, "POST", "/v1/jobs") == 2 and brokers.served(standby, "POST", "/v1/jobs") == 2

@@ -16,7 +16,10 @@ from broker.errors import NotLeader, StreamBroken, Unavailable
 from broker.locations import Brokers, discover, split_urls, url_key
 from broker.retrying import RetryPolicy
 from broker.sandbox.handle import AsyncSandbox
+from jupyter_ext.kernelspec import kernel_json
+from jupyter_ext.provisioner import FirepoolProvisioner
 from mcp_server.client_config import server_env
+from mcp_server.identity import HttpBroker, StdioBroker
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
 JOB = {"id": "j-1", "state": "RUNNING", "caller": "alice", "pool": "cpu"}
@@ -257,3 +260,19 @@ async def test_a_streamed_command_that_breaks_before_its_job_is_known_raises_str
     async with AsyncClient([A, B], "tok", transport=httpx.MockTransport(fleet)) as fp:
         with pytest.raises(StreamBroken):
             await AsyncSandbox(fp, "s1").run("echo hello", on_stdout=lambda _: None)
+
+
+async def test_the_mcp_server_and_the_jupyter_provisioner_build_on_the_same_client() -> None:
+    stdio = StdioBroker(f"{A}, {B}", "tok")
+    provisioner = FirepoolProvisioner(url=f"{A},{B}")
+    try:
+        assert stdio.client()[1].brokers.urls == (A, B) and provisioner.client().brokers.urls == (A, B)
+        assert HttpBroker(f"{A},{B}", {"secret": "alice"}).url == f"{A},{B}"  # its per-caller clients get the list
+    finally:
+        await stdio.close()
+        await provisioner.client().close()
+
+
+def test_an_installed_kernelspec_keeps_the_whole_list() -> None:
+    spec = kernel_json("cpu", url=discover(f"{A}/,{B}", "-", env={}).url)
+    assert spec["metadata"]["kernel_provisioner"]["config"]["url"] == f"{A},{B}"

@@ -4,6 +4,7 @@ untried, then backs off per its RetryPolicy, within the policy's budget, and nev
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import httpx
 import pytest
 
+from broker.cli_e2b import cmd_e2b_env
 from broker.client import AsyncClient, Client
 from broker.errors import NotLeader, StreamBroken, Unavailable
 from broker.locations import Brokers, discover, split_urls, url_key
@@ -276,3 +278,10 @@ async def test_the_mcp_server_and_the_jupyter_provisioner_build_on_the_same_clie
 def test_an_installed_kernelspec_keeps_the_whole_list() -> None:
     spec = kernel_json("cpu", url=discover(f"{A}/,{B}", "-", env={}).url)
     assert spec["metadata"]["kernel_provisioner"]["config"]["url"] == f"{A},{B}"
+
+
+def test_e2b_env_gives_e2bs_one_url_sdks_the_first_broker_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(url=f"{A},{B}", token="tok", state_dir=None)
+    assert cmd_e2b_env(args) == 0
+    out, err = capsys.readouterr()
+    assert f"E2B_API_URL={A}/e2b" in out and B not in out and "take one URL" in err

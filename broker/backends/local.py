@@ -48,6 +48,7 @@ from broker.backends.startdelay import VenueDelays
 from broker.backends.volumes import tree_bytes, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.fencing import Term
 from broker.fleet.nodes import Node
 from broker.health.gpuhealth import GpuHealth
 from broker.podtemplate import parse_binds, parse_limits, parse_network
@@ -74,10 +75,12 @@ class LocalBackend(PodStarting, KeptCaches):
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
                  python_prefix: str = sys.prefix, sandbox_uid: int | None = None,
-                 gpus_per_node: int | None = None) -> None:
+                 gpus_per_node: int | None = None, term: Term | None = None) -> None:
+        """`term`: the broker's (`broker.fencing`), named by every request to a pod's agent."""
         if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
+        self.term = term
         self.clock = clock
         self.pods_dir = self.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -362,7 +365,8 @@ class LocalBackend(PodStarting, KeptCaches):
             if fd is None:
                 fd = self._dir_fds[name] = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             dial = f"/proc/self/fd/{fd}/agent.sock"
-        client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
+        client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial,
+                                term=self.term)
         self._clients[name] = client
         return client
 

@@ -37,6 +37,21 @@ SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "
            "USR2": signal.SIGUSR2, "QUIT": signal.SIGQUIT, "KILL": signal.SIGKILL}
 
 
+def job_of(attempt_id: str) -> str:
+    """The job an attempt id belongs to: the broker names attempt n of job J `J:n` (`broker.jobs.attempt_id`)."""
+    job, sep, n = attempt_id.rpartition(":")
+    return job if sep and n.isdigit() else attempt_id
+
+
+def busy_message(running: str, launching: str) -> str:
+    """Why a launch waits: one attempt at a time, and never two attempts of one job (a re-queued attempt
+    overlapping the predecessor the broker thought lost)."""
+    if job_of(running) == job_of(launching):
+        return (f"attempt {running} of the same job is still running: {launching} may start only once it has "
+                "ended or was killed")
+    return f"attempt {running} is running"
+
+
 class Attempts:
     def __init__(self, config: AgentConfig, reaper: Reaper) -> None:
         self.config = config
@@ -90,7 +105,8 @@ class Attempts:
         attempt = Attempt(spec.attempt_id, spec.session, self.attempts_dir / safe_name(spec.attempt_id))
         with self.cond:
             if self.current is not None:
-                raise Conflict(f"attempt {self.current.attempt_id} is running")
+                raise Conflict(busy_message(self.current.attempt_id, spec.attempt_id), retryable=True,
+                               details={"running": self.current.attempt_id})
             if spec.attempt_id in self.by_id:
                 raise Conflict(f"attempt {spec.attempt_id} was launched before")
             self.current = attempt

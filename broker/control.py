@@ -67,7 +67,8 @@ class Tuning:
     node_check_s: float = 10.0
     """How often the nodes' boot epochs are read and judged (R5: a rebooted node voids its pods)."""
     agent_heartbeat_s: float = EVERY_S
-    """How often every pod's agent, idle ones included, hears from the leader (well within its orphan bound)."""
+    """How often every pod's agent, idle ones included, hears from the leader (well within its orphan bound);
+    0: never (a simulation, whose pods have no agents that could orphan themselves)."""
 
 
 class ControlPlane:
@@ -141,7 +142,8 @@ class ControlPlane:
             self.tasks.spawn("event log", self.events.run())
             self.tasks.spawn("node epochs", self._watch_nodes())
             self.tasks.spawn("log retention", self.log_sweeper.run())
-            self.tasks.spawn("agent heartbeat", self.heartbeat.run())
+            if self.tuning.agent_heartbeat_s > 0:
+                self.tasks.spawn("agent heartbeat", self.heartbeat.run())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:

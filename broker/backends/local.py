@@ -98,6 +98,10 @@ class LocalBackend(PodStarting, KeptCaches):
         self._records: dict[str, dict[str, Any]] = {}
         self.nets = PodNetworks(self._records, self._write, isolated=self.isolated, root=self.uid is not None)
         self._starting: set[str] = set()
+        self._creates: dict[str, asyncio.Task[Any]] = {}
+        """The create in flight of each starting pod: `close` ends those still running."""
+        self._abandoned: dict[str, asyncio.Future[None]] = {}
+        """The destruction of each half-made pod whose create failed or was cancelled (a broker stopping)."""
         self.venue_delays = VenueDelays()
         """A pool's `template.venue_delay`: a modelled cold start added to each real start (startdelay.py)."""
         self._clients: dict[str, HttpAgentClient] = {}
@@ -252,6 +256,9 @@ class LocalBackend(PodStarting, KeptCaches):
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
+        current = asyncio.current_task()
+        if current is not None:
+            self._creates[name] = current
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
                            network=network, tmp_size=limits.tmp_size, shm_size=limits.shm_size,
@@ -265,18 +272,36 @@ class LocalBackend(PodStarting, KeptCaches):
             for task in (starting, sleeping):
                 if task is not None and not task.done():
                     task.cancel()
-            await asyncio.shield(self._destroy(name))
+            await asyncio.shield(self._abandon(name, starting))
             if isinstance(exc, BackendError) or not isinstance(exc, Exception):
                 raise
             raise BackendError(f"creating pod {name} failed: {exc!r}") from exc
         finally:
             self._starting.discard(name)
+            self._creates.pop(name, None)
         return self._info(record)
+
+    def _abandon(self, name: str, starting: asyncio.Future[None]) -> asyncio.Future[None]:
+        """Destroy a half-made pod once its start has stopped, on a task `close` waits for: a broker stopped
+        (SIGTERM) while a pod starts must not leave its sandbox behind, however long the stop of its loops
+        may wait (`Supervisor.stop` gives up after 5 s and the event loop then cancels what is left)."""
+        ending = self._abandoned.get(name)
+        if ending is None:
+            async def destroy() -> None:
+                await asyncio.gather(starting, return_exceptions=True)  # no process spawns after this
+                await self._destroy(name)
+
+            ending = self._abandoned[name] = asyncio.ensure_future(destroy())
+            ending.add_done_callback(lambda _: self._abandoned.pop(name, None))
+        return ending
 
     # -- delete ---------------------------------------------------------------------------------
 
     async def delete(self, name: str) -> None:
-        if name in self._records or self._dirs(name).root.exists():
+        ending = self._abandoned.get(name)
+        if ending is not None:  # a failed create is destroying it already
+            await asyncio.shield(ending)
+        elif name in self._records or self._dirs(name).root.exists():
             await self._destroy(name)
 
     async def _destroy(self, name: str) -> None:
@@ -374,7 +399,12 @@ class LocalBackend(PodStarting, KeptCaches):
         return self.nets.rendezvous(coordinator, world, members)
 
     async def close(self) -> None:
-        """Close agent connections; pods keep running for the next broker."""
+        """End the pods still starting (nobody will ever use them) and close agent connections; pods that
+        started keep running for the next broker."""
+        for task in list(self._creates.values()):
+            task.cancel()
+        while pending := [t for t in (*self._creates.values(), *self._abandoned.values()) if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()

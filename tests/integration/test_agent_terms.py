@@ -4,12 +4,14 @@ one job at once, and ends its sandbox when no broker has spoken to it for its or
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import secrets
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -102,20 +104,25 @@ async def test_a_deposed_brokers_commands_are_refused_and_it_ends(
         await healthy(old.client, process)
         running = await old.client.launch(sleeper("job-1:0"))  # term 4 leads: its launch runs
         await new.client.health()  # the new leader's first probe teaches the agent term 5
+        package = root / "package.zip"
+        with zipfile.ZipFile(package, "w") as archive:
+            archive.writestr("main.py", "print('never')\n")
+        digest = hashlib.sha256(package.read_bytes()).hexdigest()
         for command in (old.client.launch(sleeper("job-2:0")), old.client.cancel("job-1:0"),
                         old.client.signal("job-1:0", "KILL"), old.client.reset(ResetRequest()),
-                        old.client.keep_kernels(True)):
+                        old.client.keep_kernels(True), old.client.upgrade("/v1/exec", {"argv": "true"}, "firepool-exec"),
+                        old.client.put_package(digest, str(package), 1 << 20, 10.0)):
             with pytest.raises(AgentError) as refused:
                 await command
             assert refused.value.details["agent_class"] == "StaleTerm"
-        assert len(old.deposed) == 5 and not new.deposed
+        assert len(old.deposed) == 7 and not new.deposed
         assert running.pid is not None and alive(running.pid)  # nothing of the old term's commands landed
         assert await new.client.status("job-2:0") is None
         status = await old.client.status("job-1:0")  # reads stay open: the old broker may still look
         assert status is not None and status.running
         health = await new.client.health()
-        assert health.info["term"] == 5 and health.info["stale_term_refused"] == 5
-        assert (root / "agent.log").read_text().count("stale term refused") == 5
+        assert health.info["term"] == 5 and health.info["stale_term_refused"] == 7
+        assert (root / "agent.log").read_text().count("stale term refused") == 7
         await new.client.cancel("job-1:0", grace_s=0.5)  # the leader's own commands are obeyed
         assert not (await new.client.wait("job-1:0", 10)).running
     finally:

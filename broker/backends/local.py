@@ -281,20 +281,6 @@ class LocalBackend(PodStarting, KeptCaches):
             self._creates.pop(name, None)
         return self._info(record)
 
-    def _abandon(self, name: str, starting: asyncio.Future[None]) -> asyncio.Future[None]:
-        """Destroy a half-made pod once its start has stopped, on a task `close` waits for: a broker stopped
-        (SIGTERM) while a pod starts must not leave its sandbox behind, however long the stop of its loops
-        may wait (`Supervisor.stop` gives up after 5 s and the event loop then cancels what is left)."""
-        ending = self._abandoned.get(name)
-        if ending is None:
-            async def destroy() -> None:
-                await asyncio.gather(starting, return_exceptions=True)  # no process spawns after this
-                await self._destroy(name)
-
-            ending = self._abandoned[name] = asyncio.ensure_future(destroy())
-            ending.add_done_callback(lambda _: self._abandoned.pop(name, None))
-        return ending
-
     # -- delete ---------------------------------------------------------------------------------
 
     async def delete(self, name: str) -> None:
@@ -401,10 +387,7 @@ class LocalBackend(PodStarting, KeptCaches):
     async def close(self) -> None:
         """End the pods still starting (nobody will ever use them) and close agent connections; pods that
         started keep running for the next broker."""
-        for task in list(self._creates.values()):
-            task.cancel()
-        while pending := [t for t in (*self._creates.values(), *self._abandoned.values()) if not t.done()]:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.end_starts()
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()

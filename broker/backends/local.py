@@ -75,12 +75,15 @@ class LocalBackend(PodStarting, KeptCaches):
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
                  python_prefix: str = sys.prefix, sandbox_uid: int | None = None,
-                 gpus_per_node: int | None = None, term: Term | None = None) -> None:
-        """`term`: the broker's (`broker.fencing`), named by every request to a pod's agent."""
+                 gpus_per_node: int | None = None, term: Term | None = None,
+                 orphan_after_s: float | None = None) -> None:
+        """`term`: the broker's (`broker.fencing`), named by every request to a pod's agent. `orphan_after_s`: how
+        long a pod's agent lives on with no broker speaking to it (None: the agent's default, 300 s; 0: for ever)."""
         if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
         self.term = term
+        self.orphan_after_s = orphan_after_s
         self.clock = clock
         self.pods_dir = self.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -42,6 +42,7 @@ class _Pods(Protocol):
     bwrap: str | None
     mode: str
     uid: int | None
+    orphan_after_s: float | None
 
     @property
     def isolated(self) -> bool: ...
@@ -108,6 +109,8 @@ class PodStarting:
             "--incarnation",
             str(record["incarnation"]),
         ]  # the agent's own flags end it
+        if self.orphan_after_s is not None:
+            argv += ["--orphan-after-s", str(self.orphan_after_s)]
         argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = (

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,9 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from broker.backends.local import LocalBackend
+from broker.clock import RealClock
 from broker.errors import AgentError
 from broker.fencing import Term
+from broker.pools import PoolSpec
 from broker.ports.agent import LaunchRequest, ResetRequest
+from broker.ports.backend import PodRequest
 from broker.running.agent_http import HttpAgentClient
 
 pytestmark = pytest.mark.integration
@@ -193,3 +199,26 @@ async def test_an_agent_no_broker_speaks_to_kills_its_attempts_and_exits(root: P
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+async def test_an_orphaned_pod_ends_its_whole_sandbox(tmp_path: Path) -> None:
+    """The agent is the sandbox's PID 1: its exit takes bwrap and every job process with it."""
+    assert shutil.which("bwrap"), "bubblewrap is not installed"
+    backend = LocalBackend(tmp_path / "state", RealClock(), sandbox="bwrap", orphan_after_s=2.0)
+    try:
+        info = await backend.create(PodRequest(name="lonely", pool=PoolSpec(name="cpu")))
+        started = await backend.agent("lonely").launch(sleeper("job-1:0"))
+        assert started.running
+        record = json.loads((backend.pods_dir / "lonely" / "pod.json").read_text())
+        sandbox = [record["launcher_pid"], record["pid"]]
+        assert all(alive(pid) for pid in sandbox), info
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in sandbox) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not any(alive(pid) for pid in sandbox)
+        assert "orphaned: no broker request" in (backend.pods_dir / "lonely" / "agent.log").read_text()
+        assert await backend.list_pods() == []  # the backend drops the dead pod's record
+    finally:
+        for pod in await backend.list_pods():
+            await backend.delete(pod.name)
+        await backend.close()

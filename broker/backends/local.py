@@ -311,6 +311,9 @@ class LocalBackend(PodStarting, KeptCaches):
         await asyncio.to_thread(self.nets.detach, record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
+        late = self._clients.pop(name, None)  # made by a call while the pod was being destroyed
+        if late is not None:
+            await late.close()
 
     # -- list, annotate, agents -----------------------------------------------------------------
 

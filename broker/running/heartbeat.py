@@ -26,8 +26,8 @@ EVERY_S = 30.0
 CALL_TIMEOUT_S = 5.0
 PARALLEL = 32
 """Calls in flight at once: a large fleet's beat is spread, not a burst of thousands of connections."""
-_SKIPPED = frozenset({PodState.STARTING, PodState.GONE})
-"""A starting pod's agent is polled by its start; a gone one has none."""
+_SKIPPED = frozenset({PodState.STARTING, PodState.RETIRING, PodState.GONE})
+"""A starting pod's agent is polled by its start; a retiring one is being deleted; a gone one has none."""
 
 
 class Heartbeat:

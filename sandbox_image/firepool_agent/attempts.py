@@ -93,9 +93,14 @@ class Attempts:
         env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
         return env
 
-    def launch(self, spec: LaunchSpec) -> Attempt:
-        """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError)."""
+    def launch(self, spec: LaunchSpec, fence: Callable[[], None] | None = None) -> Attempt:
+        """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError).
+
+        `fence` runs once the launch lock is held and may refuse (raise): a launch that waited for a reset or
+        another launch is judged again against the newest broker term (`terms`), not the one of its arrival."""
         with self.launch_lock:
+            if fence is not None:
+                fence()
             try:
                 return self._launch(spec)
             finally:

@@ -98,6 +98,8 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 300.0
     """Idle connections close after this; the broker's client drops its idle ones after 60 s, first."""
     agent: Agent  # set on the subclass made by `make_server`
+    _term = 0
+    """The term of the request being handled (`_check_term`)."""
 
     def setup(self) -> None:
         super().setup()
@@ -194,6 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             raise wire.HttpError(400, f"{terms.TERM_HEADER} must be a non-negative integer") from None
         route = parts[1] if parts[:1] == ["v1"] and len(parts) > 1 else ""
         self.agent.terms.check(sent, terms.changes(method, route), f"{method} {'/'.join(parts)}")
+        self._term = sent
 
     def _attempt(self, attempt_id: str) -> Attempt:
         attempt = self.agent.attempts.get(attempt_id)
@@ -216,7 +219,8 @@ class Handler(BaseHTTPRequestHandler):
             # a bad query must not leave an attempt running that the broker was told failed.
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
-            attempt = attempts.launch(wire.parse_launch(body))
+            fence = partial(self.agent.terms.check, self._term, True, "POST v1/attempts")
+            attempt = attempts.launch(wire.parse_launch(body), fence)
             self._json(201, attempts.wait(attempt, wait_s, int(inline)) if wait_s or inline else attempt.to_json())
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)

@@ -4,15 +4,18 @@ orphan bound, and the leader's heartbeat that keeps every idle pod within it."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from broker.jobs import attempt_id
 from broker.pods import PodState
-from firepool_agent.attempts import busy_message, job_of
-from firepool_agent.config import parse_args
+from firepool_agent.attempt import LaunchSpec
+from firepool_agent.attempts import Attempts, busy_message, job_of
+from firepool_agent.config import AgentConfig, parse_args
 from firepool_agent.orphan import OrphanWatch
+from firepool_agent.reaping import Reaper
 from firepool_agent.terms import StaleTerm, Terms, changes, parse
 from tests.unit.harness import Harness, cpu_pool
 
@@ -144,3 +147,15 @@ async def test_the_leader_calls_every_idle_pods_agent_within_its_heartbeat() -> 
         assert sorted(set(calls)) == sorted(idle)
     finally:
         await h.stop()
+
+
+def test_a_launch_that_waited_for_the_lock_is_judged_against_the_newest_term(tmp_path: Path) -> None:
+    config = AgentConfig(pod="p", listen="unix:/x", workspace=str(tmp_path / "w"), package_dir=str(tmp_path / "p"),
+                         run_dir=str(tmp_path / "r"), tmp_dir=str(tmp_path / "t"))
+    attempts = Attempts(config, Reaper())
+    terms = Terms()
+    terms.check(4, changing=True, what="POST v1/attempts")  # the old leader's launch passed at its arrival
+    terms.check(5, changing=False, what="GET v1/health")  # the new leader's probe came in while it waited
+    with pytest.raises(StaleTerm):
+        attempts.launch(LaunchSpec("job-1:0", ["true"], {}, "s1"), partial(terms.check, 4, True, "POST v1/attempts"))
+    assert attempts.get("job-1:0") is None and attempts.current is None and not attempts.launch_lock.locked()

@@ -38,6 +38,7 @@ from firepool_agent import (
     kernel_report,
     ptyframes,
     terminal,
+    terms,
     tunnel,
     wire,
 )
@@ -55,10 +56,13 @@ KEEP_LOCK_S = 2.0
 class Agent:
     """What the handlers act on: settings, the secret, the attempts and the resetter."""
 
-    def __init__(self, config: AgentConfig, secret: bytes, attempts: Attempts) -> None:
+    def __init__(self, config: AgentConfig, secret: bytes, attempts: Attempts,
+                 broker_terms: terms.Terms | None = None) -> None:
         self.config = config
         self.secret = secret
         self.attempts = attempts
+        self.terms = broker_terms or terms.Terms(config.state_dir)
+        """The newest broker term and the last current broker's request (`terms`, `orphan`)."""
         self.resetter = Resetter(attempts)
         attempts.prepare = partial(binding.prepare, attempts)
         self.started = time.monotonic()
@@ -72,7 +76,8 @@ class Agent:
             "info": {"pid": os.getpid(), "python": sys.version.split()[0], "version": __version__,
                      "cuda_visible_devices": self.config.cuda_visible_devices,
                      "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,
-                     "kernel_prestart": self.attempts.prestarter.state()},
+                     "kernel_prestart": self.attempts.prestarter.state(),
+                     "term": self.terms.newest, "stale_term_refused": self.terms.refused},
         }
 
     def keep_kernels(self, keep: bool) -> dict[str, Any]:
@@ -93,6 +98,8 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 300.0
     """Idle connections close after this; the broker's client drops its idle ones after 60 s, first."""
     agent: Agent  # set on the subclass made by `make_server`
+    _term = 0
+    """The term of the request being handled (`_check_term`)."""
 
     def setup(self) -> None:
         super().setup()
@@ -125,8 +132,13 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: Any) -> None:
         self._send(status, json.dumps(payload, separators=(",", ":")).encode())
 
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": {"status": status, "message": message}})
+    def _error(self, status: int, message: str, error_class: str | None = None, retryable: bool = False,
+               details: dict[str, Any] | None = None) -> None:
+        """The agent's error shape; a refusal the broker acts on also names its class (the broker's wire shape)."""
+        error: dict[str, Any] = {"status": status, "message": message}
+        if error_class is not None:
+            error.update({"class": error_class, "retryable": retryable, "details": details or {}})
+        self._json(status, {"error": error})
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -157,19 +169,34 @@ class Handler(BaseHTTPRequestHandler):
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")]
+            self._check_term(method, parts)
             query = parse_qs(url.query)
             body = self._body() if method == "POST" else b""
             self._route(method, parts, query, body)
         except wire.HttpError as exc:
             self._error(exc.status, exc.message)
+        except terms.StaleTerm as exc:
+            self.close_connection = True  # the body was not read
+            self._error(409, str(exc), "StaleTerm", False, {"term": exc.newest})
         except Conflict as exc:
-            self._error(409, str(exc))
+            self._error(409, str(exc), "Conflict", exc.retryable, exc.details)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:
             log.exception("request %s %s failed", method, self.path)
             self.close_connection = True
             self._error(500, f"agent error: {exc!r}")
+
+    def _check_term(self, method: str, parts: list[str]) -> None:
+        """Learn a newer term; refuse a change sent under an older one (`terms`). Before any body is read."""
+        try:
+            sent = terms.parse(self.headers.get(terms.TERM_HEADER))
+        except ValueError:
+            self.close_connection = True
+            raise wire.HttpError(400, f"{terms.TERM_HEADER} must be a non-negative integer") from None
+        route = parts[1] if parts[:1] == ["v1"] and len(parts) > 1 else ""
+        self.agent.terms.check(sent, terms.changes(method, route), f"{method} {'/'.join(parts)}")
+        self._term = sent
 
     def _attempt(self, attempt_id: str) -> Attempt:
         attempt = self.agent.attempts.get(attempt_id)
@@ -192,7 +219,8 @@ class Handler(BaseHTTPRequestHandler):
             # a bad query must not leave an attempt running that the broker was told failed.
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
-            attempt = attempts.launch(wire.parse_launch(body))
+            fence = partial(self.agent.terms.check, self._term, True, "POST v1/attempts")
+            attempt = attempts.launch(wire.parse_launch(body), fence)
             self._json(201, attempts.wait(attempt, wait_s, int(inline)) if wait_s or inline else attempt.to_json())
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)

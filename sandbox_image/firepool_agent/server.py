@@ -45,7 +45,7 @@ from firepool_agent import (
 from firepool_agent.attempt import Attempt, Conflict
 from firepool_agent.attempts import Attempts
 from firepool_agent.config import AgentConfig
-from firepool_agent.resetting import Resetter
+from firepool_agent.resetting import ResetOutcome, ResetSpec, Resetter
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -64,6 +64,10 @@ class Agent:
         self.terms = broker_terms or terms.Terms(config.state_dir)
         """The newest broker term and the last current broker's request (`terms`, `orphan`)."""
         self.resetter = Resetter(attempts)
+        self.changes = 0
+        """Changing requests served (all but resets): a reset is 'still clean' while none came after it."""
+        self.clean_for: tuple[int, dict[str, Any]] | None = None
+        """(changes when it began, its spec) of the last clean reset."""
         attempts.prepare = partial(binding.prepare, attempts)
         self.started = time.monotonic()
 
@@ -77,8 +81,24 @@ class Agent:
                      "cuda_visible_devices": self.config.cuda_visible_devices,
                      "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,
                      "kernel_prestart": self.attempts.prestarter.state(),
-                     "term": self.terms.newest, "stale_term_refused": self.terms.refused},
+                     "term": self.terms.newest, "stale_term_refused": self.terms.refused,
+                     "clean_for": self.still_clean()},
         }
+
+    def still_clean(self) -> dict[str, Any] | None:
+        """The spec of the last reset when it was clean and nothing changed the pod since: a broker that takes
+        over (docs/ha.md) need not reset such a pod again before it reuses it."""
+        if self.clean_for is None or self.clean_for[0] != self.changes:
+            return None
+        return self.clean_for[1]
+
+    def reset(self, spec: ResetSpec) -> ResetOutcome:
+        began = self.changes
+        outcome = self.resetter.reset(spec)
+        clean = outcome.clean and self.changes == began
+        self.clean_for = (began, {"wipe_workspace": spec.wipe_workspace, "wipe_paths": list(spec.wipe_paths),
+                                  "keep_paths": list(spec.keep_paths)}) if clean else None
+        return outcome
 
     def keep_kernels(self, keep: bool) -> dict[str, Any]:
         """The broker's word that the pod's pool serves kernels (or no longer does); acted on when idle."""
@@ -169,10 +189,14 @@ class Handler(BaseHTTPRequestHandler):
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")]
-            self._check_term(method, parts)
+            changing = self._check_term(method, parts)
             query = parse_qs(url.query)
             body = self._body() if method == "POST" else b""
-            self._route(method, parts, query, body)
+            try:
+                self._route(method, parts, query, body)
+            finally:
+                if changing:  # counted as it ends too: one that waited out a reset still made the pod unclean
+                    self.agent.changes += 1
         except wire.HttpError as exc:
             self._error(exc.status, exc.message)
         except terms.StaleTerm as exc:
@@ -187,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(500, f"agent error: {exc!r}")
 
-    def _check_term(self, method: str, parts: list[str]) -> None:
+    def _check_term(self, method: str, parts: list[str]) -> bool:
         """Learn a newer term; refuse a change sent under an older one (`terms`). Before any body is read."""
         try:
             sent = terms.parse(self.headers.get(terms.TERM_HEADER))
@@ -195,8 +219,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise wire.HttpError(400, f"{terms.TERM_HEADER} must be a non-negative integer") from None
         route = parts[1] if parts[:1] == ["v1"] and len(parts) > 1 else ""
-        self.agent.terms.check(sent, terms.changes(method, route), f"{method} {'/'.join(parts)}")
+        changing = terms.changes(method, route)
+        self.agent.terms.check(sent, changing, f"{method} {'/'.join(parts)}")
         self._term = sent
+        changing = changing and route != "reset"
+        if changing:
+            self.agent.changes += 1
+        return changing
 
     def _attempt(self, attempt_id: str) -> Attempt:
         attempt = self.agent.attempts.get(attempt_id)
@@ -240,7 +269,7 @@ class Handler(BaseHTTPRequestHandler):
         elif route == ("PUT", "packages", 3):
             self._receive_package(parts[2], query)
         elif route == ("POST", "reset", 2):
-            self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
+            self._json(200, self.agent.reset(wire.parse_reset(body)).to_json())
         elif route == ("POST", "kernels", 2):
             self._json(200, self.agent.keep_kernels(wire.parse_kernels(body)))
         elif route == ("GET", "tunnel", 2):

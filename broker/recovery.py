@@ -253,10 +253,10 @@ def _verdict(info: PodInfo, health: AgentHealth | None) -> tuple[Verdict, str]:
 
 
 def still_clean(health: AgentHealth, request: ResetRequest) -> bool:
-    """The agent's last reset was `request`'s and nothing changed the pod since (`clean_for` in its health)."""
-    return health.info.get("clean_for") == {"wipe_workspace": request.wipe_workspace,
-                                             "wipe_paths": list(request.wipe_paths),
-                                             "keep_paths": list(request.keep_paths)}
+    """The agent's last reset was `request`'s (or it is new) and nothing changed the pod since (`clean_for`)."""
+    found = health.info.get("clean_for")
+    return found == "any" or found == {"wipe_workspace": request.wipe_workspace, "wipe_paths": list(request.wipe_paths),
+                                       "keep_paths": list(request.keep_paths)}
 
 
 def _announce(cp: ControlPlane, report: RecoveryReport, pod: str, verdict: Verdict, epoch: str, detail: dict[str, object],

@@ -66,8 +66,8 @@ class Agent:
         self.resetter = Resetter(attempts)
         self.changes = 0
         """Changing requests served (all but resets): a reset is 'still clean' while none came after it."""
-        self.clean_for: tuple[int, dict[str, Any]] | None = None
-        """(changes when it began, its spec) of the last clean reset."""
+        self.clean_for: tuple[int, dict[str, Any] | str] | None = (0, "any")
+        """(changes when it began, its spec) of the last clean reset; a new pod is clean for any reset."""
         attempts.prepare = partial(binding.prepare, attempts)
         self.started = time.monotonic()
 
@@ -85,7 +85,7 @@ class Agent:
                      "clean_for": self.still_clean()},
         }
 
-    def still_clean(self) -> dict[str, Any] | None:
+    def still_clean(self) -> dict[str, Any] | str | None:
         """The spec of the last reset when it was clean and nothing changed the pod since: a broker that takes
         over (docs/ha.md) need not reset such a pod again before it reuses it."""
         if self.clean_for is None or self.clean_for[0] != self.changes:
@@ -222,7 +222,7 @@ class Handler(BaseHTTPRequestHandler):
         changing = terms.changes(method, route)
         self.agent.terms.check(sent, changing, f"{method} {'/'.join(parts)}")
         self._term = sent
-        changing = changing and route != "reset"
+        changing = changing and route not in ("reset", "kernels")  # a kept kernel is the pool's, not a job's
         if changing:
             self.agent.changes += 1
         return changing

@@ -222,3 +222,29 @@ async def test_an_orphaned_pod_ends_its_whole_sandbox(tmp_path: Path) -> None:
         for pod in await backend.list_pods():
             await backend.delete(pod.name)
         await backend.close()
+
+
+async def test_an_agent_says_a_pod_is_clean_until_anything_changes_it_and_again_after_a_clean_reset(
+        agent: tuple[Path, str, subprocess.Popen[bytes]]) -> None:
+    """What lets a broker that takes over skip resetting an idle pod (docs/ha.md): only a pod that nothing
+    changed since its last clean reset (or since it started) says so, and only for that reset's spec."""
+    root, secret, process = agent
+    broker = Broker(root, secret, 1)
+    spec = ResetRequest(wipe_paths=("/tmp",), keep_paths=())
+    try:
+        await healthy(broker.client, process)
+        assert (await broker.client.health()).info["clean_for"] == "any"  # a new pod: nothing ran in it
+        await broker.client.keep_kernels(False)  # the pool's word on kernels changes no job state
+        assert (await broker.client.health()).info["clean_for"] == "any"
+        launched = await broker.client.launch(LaunchRequest(attempt_id="job-3:0", argv=(PY, "-S", "-c", "pass"),
+                                                            env={}, session="s1"))
+        assert launched is not None and (await broker.client.health()).info["clean_for"] is None
+        await broker.client.wait("job-3:0", 10)
+        assert (await broker.client.reset(spec)).clean
+        assert (await broker.client.health()).info["clean_for"] == {"wipe_workspace": False, "wipe_paths": ["/tmp"],
+                                                                    "keep_paths": []}
+        _, writer = await broker.client.upgrade("/v1/exec", {"argv": json.dumps(["true"])}, "firepool-exec")
+        writer.close()  # any process started in the pod makes it unclean
+        assert (await broker.client.health()).info["clean_for"] is None
+    finally:
+        await broker.client.close()

@@ -86,16 +86,18 @@ async def _probe(backend: Backend, pod: str, aid: str) -> tuple[bool, AttemptSta
     for attempt in range(PROBE_TRIES):
         try:
             return True, await backend.agent(pod).status(aid)
-        except FirepoolError:
+        except FirepoolError as exc:
+            log.warning("recovery: asking pod %s about %s failed (try %d of %d): %s", pod, aid, attempt + 1,
+                        PROBE_TRIES, exc)
             await asyncio.sleep(0.2 * (attempt + 1))
     return False, None
 
 
-async def _all_jobs(book: JobBook, state: JobState) -> list[Job]:
+async def _all_jobs(book: JobBook, *states: JobState) -> list[Job]:
     jobs: list[Job] = []
     before: str | None = None
     while True:
-        page = await book.io(lambda b=before: book.store.list_jobs(states=[state], limit=1000, before=b))
+        page = await book.io(lambda b=before: book.store.list_jobs(states=list(states), limit=1000, before=b))
         jobs.extend(page)
         if len(page) < 1000:
             return jobs
@@ -114,16 +116,20 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         mark = time.perf_counter()
 
     infos: dict[str, PodInfo] = {}
-    listed, running, queued = await asyncio.gather(  # one wait, not three: a take-over waits on this
-        cp.backend.list_pods(), _all_jobs(cp.book, JobState.RUNNING), _all_jobs(cp.book, JobState.QUEUED))
+    # The pods and the jobs at once, and both job states in one query: a take-over waits on this.
+    listed, unfinished = await asyncio.gather(cp.backend.list_pods(),
+                                              _all_jobs(cp.book, JobState.RUNNING, JobState.QUEUED))
+    running = [j for j in unfinished if j.state is JobState.RUNNING]
+    queued = [j for j in unfinished if j.state is JobState.QUEUED]
     for info in listed:
         if info.pool not in cp.catalog.pools:
             await _delete(cp, info.name, report)
             continue
         infos[info.name] = info
+    phase("list")
     healths = await _healths(cp, infos.values())
     epochs = {name: _verdict(infos[name], health) for name, health in healths.items()}
-    phase("list")
+    phase("health")
 
     for job in running:
         cp.book.adopt(job)

@@ -370,7 +370,10 @@ class Attempts:
             small = output is not None and not attempt.running and sum(
                 output.sizes[s] for s in LOG_STREAMS) <= inline_logs
         if small and output is not None:
-            status["logs"] = {s: base64.b64encode(output.read(s, 0, inline_logs)).decode() for s in LOG_STREAMS}
+            try:
+                status["logs"] = {s: base64.b64encode(output.read(s, 0, inline_logs)).decode() for s in LOG_STREAMS}
+            except FileNotFoundError:
+                pass  # a reset wiped them (the broker that reset the pod had copied them): the status still counts
         return status
 
     def read_log(self, attempt: Attempt, stream: str, offset: int, max_bytes: int,

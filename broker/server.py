@@ -368,8 +368,8 @@ def serve(settings: ServeSettings) -> int:
         if reread is not None:
             reread()
         await cp.start()
+        leadership.leading = True  # it dispatches: say so first, the rest is bookkeeping
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
-        leadership.leading = True
         server.announce()
         took = time.monotonic() - (election.locked_at or time.monotonic())
         log.info("control plane started at term %d, %.3f s after taking the store's lock (backend %s, isolated %s, "

@@ -39,7 +39,7 @@ class StoreLock(Protocol):
         """End the session of whoever holds the lock; False where that is impossible."""
 
     def session(self, conn: sa.Connection) -> int:
-        """The database's id of `conn`'s session (0 where sessions have none)."""
+        """The database's id of `conn`'s session (0 where sessions have none), as its driver knows it."""
 
     def end_blockers(self, session: int) -> int:
         """End the sessions whose transactions block `session`'s statement; how many were ended."""
@@ -106,7 +106,7 @@ class PostgresLock:
         return any(ended)
 
     def session(self, conn: sa.Connection) -> int:
-        return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+        return int(conn.connection.driver_connection.info.backend_pid)  # type: ignore[union-attr]
 
     def end_blockers(self, session: int) -> int:
         with self.engine.connect() as conn:
@@ -151,7 +151,7 @@ class MysqlLock:
         return True
 
     def session(self, conn: sa.Connection) -> int:
-        return int(conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar_one())
+        return int(conn.connection.driver_connection.thread_id())  # type: ignore[union-attr]
 
     def end_blockers(self, session: int) -> int:
         with self.engine.connect() as conn:

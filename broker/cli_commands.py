@@ -61,7 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.pools import load_catalog
     from broker.running.logretention import LogRetention
     from broker.running.packages import PackageLimits
-    from broker.server import KubernetesTarget, ServeSettings, foreign_leader, serve
+    from broker.server import KubernetesTarget, ServeSettings, serve
+    from broker.standby import foreign_leader
     from broker.ui.session import SessionSettings
 
     if args.pools:
@@ -121,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lease_s=args.lease_s, advertise_url=args.advertise_url)
     if not args.lease_s > 0:
         raise UsageError("--lease-s is a positive number of seconds")
-    other = foreign_leader(settings)
+    other = foreign_leader(settings.state_dir, settings.store)
     if other is not None:
         raise UsageError(other)
     return serve(settings)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
@@ -33,12 +32,13 @@ from broker.control import ControlPlane, Tuning
 from broker.errors import FirepoolError
 from broker.fencing import DEFAULT_LEASE_S, Term
 from broker.gateway.kernels import GatewaySettings
-from broker.locations import BROKER_FILE, DEFAULT_PORT, pid_alive
+from broker.locations import DEFAULT_PORT
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 from broker.running.logretention import LogRetention
 from broker.running.packages import FilePackageStore, PackageLimits
+from broker.standby import remove_address, stand_by, warm_up, write_address
 from broker.ui.session import SessionSettings
 
 log = logging.getLogger("firepool.server")
@@ -109,6 +109,14 @@ class ServeSettings:
     """Leadership lease (docs/ha.md): a leader silent this long is replaced; it deposes itself after half."""
     advertise_url: str | None = None
     """The URL a standby names when it refers clients to this broker; None: scheme://host:port as served."""
+
+    @property
+    def store(self) -> str:
+        """The job store's URL as broker.json names it (no password)."""
+        from broker.store.engines import normalize_url
+
+        url = self.db_url or f"sqlite:///{self.state_dir / 'firepool.db'}"
+        return normalize_url(url).render_as_string(hide_password=True)
 
     @property
     def exposure(self) -> Exposure:
@@ -215,50 +223,6 @@ def build_control_plane(settings: ServeSettings, term: Term | None = None) -> Co
                         quarantine=SqlQuarantineStore(store.engine), log_retention=settings.log_retention)
 
 
-def write_address(settings: ServeSettings, port: int) -> Path:
-    """Tell local clients where the leading broker listens; called once it leads and its port is bound, so a
-    client that reads the file can connect. Written whole (rename), so nobody reads half a file. `store` lets a
-    broker started later on this state dir refuse a different store (two leaders of one set of pods)."""
-    path = settings.state_dir / BROKER_FILE
-    tmp = path.with_name(f".{BROKER_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"url": settings.url(port), "pid": os.getpid(), "store": store_name(settings)}))
-    os.replace(tmp, path)
-    return path
-
-
-def foreign_leader(settings: ServeSettings) -> str | None:
-    """Why this broker must not start: a live broker leads its state dir from another store (both would drive
-    the same pods). Brokers of one store on one state dir are expected: the later ones stand by (docs/ha.md)."""
-    path = settings.state_dir / BROKER_FILE
-    try:
-        data = json.loads(path.read_text())
-        pid, store = int(data["pid"]), data.get("store")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if store is None or store == store_name(settings) or not pid_alive(pid):
-        return None
-    return (f"a broker on another job store ({store}) leads state dir {settings.state_dir} at {data.get('url')}: "
-            "give this one the same --db to stand by, or another --state-dir")
-
-
-def store_name(settings: ServeSettings) -> str:
-    """The job store of `settings` as broker.json names it (no password)."""
-    from broker.store.engines import normalize_url
-
-    url = settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}"
-    return normalize_url(url).render_as_string(hide_password=True)
-
-
-def remove_address(settings: ServeSettings) -> None:
-    """At shutdown: remove broker.json if it is still ours (another broker may have taken the dir over)."""
-    path = settings.state_dir / BROKER_FILE
-    try:
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 class _Server(uvicorn.Server):
     """uvicorn's server, announcing itself in broker.json only once its socket is bound and it leads."""
 
@@ -281,12 +245,12 @@ class _Server(uvicorn.Server):
     def announce(self) -> None:
         if self.bound is None:
             return  # not bound yet: startup announces
-        path = write_address(self.settings, self.bound)
+        path = write_address(self.settings.state_dir, self.settings.url(self.bound), self.settings.store)
         log.info("broker ready on %s:%s, leading at term %d (clients find it through %s)", self.settings.host,
                  self.bound, self.leadership.term.value, path)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        remove_address(self.settings)  # first: no new client should find a broker that is stopping
+        remove_address(self.settings.state_dir)  # first: no new client should find a broker that is stopping
         await super().shutdown(sockets)
 
 
@@ -304,15 +268,6 @@ def settle_heap() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_COLLECTION_EVERY, older, oldest)
-
-
-def warm_up() -> None:
-    """What a standby pays before it campaigns so that its take-over does not: the agent clients' HTTP transport
-    imports httpcore (with h2, hpack and trio where installed) when the first one is made, ~0.15 s here, which
-    made the first recovery's health checks of the adopted pods the slowest part of a fail-over."""
-    import httpx
-
-    httpx.AsyncHTTPTransport(verify=False)
 
 
 def serve(settings: ServeSettings) -> int:
@@ -360,7 +315,12 @@ def serve(settings: ServeSettings) -> int:
     async def lead() -> None:
         """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
         warm_up()
-        term.value = await asyncio.to_thread(election.campaign)
+        warming = asyncio.get_running_loop().create_task(stand_by(cp))
+        try:
+            term.value = await asyncio.to_thread(election.campaign)
+        finally:
+            warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
         if not term.value:
             return  # stopped while a standby
         election.lead()
@@ -420,7 +380,7 @@ def serve(settings: ServeSettings) -> int:
     try:
         server.run()  # SIGINT/SIGTERM end it gracefully: uvicorn handles them and returns
     finally:
-        remove_address(settings)
+        remove_address(settings.state_dir)
     if not server.started:
         return 1  # the port could not be bound (uvicorn logged why)
     return 1 if cp.tasks.failure is not None else 0

@@ -112,6 +112,25 @@ class LocalBackend(PodStarting, KeptCaches):
         self.procs = PodProcesses()
         self.reread()
 
+    async def stand_by(self) -> None:
+        """A standby broker's view of the state dir's pods, kept warm for the moment it leads (docs/ha.md): the
+        records re-read, the clients of pods that are gone closed, and one connection open to each agent (a
+        health read, under term 0 while standing by: it changes nothing and is no broker's contact)."""
+        self.reread()
+        for name in [n for n in self._clients if n not in self._records]:
+            await self._clients.pop(name).close()
+            fd = self._dir_fds.pop(name, None)
+            if fd is not None:
+                os.close(fd)
+
+        async def touch(name: str) -> None:
+            try:
+                await asyncio.wait_for(self.agent(name).health(), HEALTH_TIMEOUT_S)
+            except (AgentError, BackendError, TimeoutError):
+                pass  # starting, ending, or not ours to judge: the leader decides about pods
+
+        await asyncio.gather(*(touch(n) for n in list(self._records)))
+
     def reread(self) -> None:
         """Load the pod records of the state dir: at start, and again when this broker takes the lead from
         another broker of the same state dir (docs/ha.md), whose pods it then adopts."""

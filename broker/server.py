@@ -254,6 +254,8 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+FIRST_TRY_S = 10.0
+"""At most this long before a new broker serves: its first try of the store's lock (a database to reach)."""
 YOUNG_COLLECTION_EVERY = 20_000
 """Net allocations between the collector's young-generation passes (CPython's default is 700)."""
 
@@ -312,6 +314,8 @@ def serve(settings: ServeSettings) -> int:
         chores.add(task)
         task.add_done_callback(chores.discard)
 
+    led = asyncio.Event()
+
     async def lead() -> None:
         """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
         warm_up()
@@ -329,6 +333,7 @@ def serve(settings: ServeSettings) -> int:
             reread()
         await cp.start()
         leadership.leading = True  # it dispatches: say so first, the rest is bookkeeping
+        led.set()
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         server.announce()
         took = time.monotonic() - (election.locked_at or time.monotonic())
@@ -351,6 +356,11 @@ def serve(settings: ServeSettings) -> int:
     async def lifespan(_: object) -> AsyncIterator[None]:
         settle_heap()  # a standby settles before it leads: its first dispatch pays no collection
         candidacy = asyncio.get_running_loop().create_task(leading_or_exit())
+        await asyncio.to_thread(election.first_try.wait, FIRST_TRY_S)
+        if election.locked_at is not None:  # nobody led: serve once leading, as a broker alone always did
+            waiter = asyncio.ensure_future(led.wait())
+            await asyncio.wait({candidacy, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         try:
             if mcp_lifespan is None:

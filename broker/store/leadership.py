@@ -89,6 +89,8 @@ class Election:
         self._beating: threading.Thread | None = None
         self._kick = threading.Event()
         self._campaigning = False
+        self.first_try = threading.Event()
+        """Set once the lock was tried: a broker that got it at once starts serving only when it leads."""
         self.locked_at: float | None = None
         """When this broker got the store's lock (monotonic): the start of its take-over."""
 
@@ -123,7 +125,9 @@ class Election:
         seen: tuple[int, int] | None = None
         changed = self.monotonic()
         while not self.stopping.is_set():
-            if self.lock.acquire(WAIT_S):
+            got = self.lock.acquire(WAIT_S)
+            self.first_try.set()
+            if got:
                 if self.stopping.is_set():
                     break
                 self.locked_at = self.monotonic()

@@ -93,6 +93,8 @@ class Brokers:
     callers: tuple[str, ...] = ("bench",)
     lease_s: float | None = None
     extra: tuple[str, ...] = ()
+    db_urls: dict[int, str] = field(default_factory=dict)
+    """Per broker, a store URL other than `db_url` (the same database through a proxy that can cut it)."""
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     lives: list[Life] = field(default_factory=list)
@@ -123,7 +125,8 @@ class Brokers:
     def command(self, i: int) -> list[str]:
         cmd = [sys.executable, "-m", "broker.cli", "serve", "--host", "127.0.0.1", "--port", str(self.ports[i]),
                "--state-dir", str(self.state_dir), "--tokens", str(self.root / "tokens.json"),
-               "--pools", str(self.root / "pools.yaml"), "--db", self.db_url, "--log-level", "info"]
+               "--pools", str(self.root / "pools.yaml"), "--db", self.db_urls.get(i, self.db_url),
+               "--log-level", "info"]
         if self.lease_s is not None:
             cmd += ["--lease-s", str(self.lease_s)]
         return cmd + list(self.extra)

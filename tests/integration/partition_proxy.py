@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 
@@ -39,10 +40,17 @@ class PartitionProxy:
         self._loop.close()
 
     def cut(self) -> None:
-        self._loop.call_soon_threadsafe(self._open.clear)
+        """From now on (once this returns) nothing passes either way."""
+        self._on_loop(self._open.clear)
 
     def heal(self) -> None:
-        self._loop.call_soon_threadsafe(self._open.set)
+        self._on_loop(self._open.set)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        async def call() -> None:
+            fn()
+
+        asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
 
     async def _start(self) -> None:
         self._open.set()

@@ -19,6 +19,7 @@ from broker.cli_e2b import add_e2b_parser
 from broker.cli_ports import add_port_parser
 from broker.cli_sessions import add_session_parsers
 from broker.errors import FirepoolError
+from broker.fencing import DEFAULT_LEASE_S
 from broker.locations import DEFAULT_PORT
 from broker.pools import CatalogError
 
@@ -107,6 +108,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--unisolated", action="store_true",
                    help="run local pods WITHOUT a sandbox (plain processes sharing this host); only for a trusted "
                         "single user on a machine without bubblewrap; /healthz then says isolation: none")
+    p.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
+                   help="leadership lease (docs/ha.md): brokers on one store elect one leader; a leader silent this "
+                        "long is replaced by a standby, and it deposes itself after half of it")
+    p.add_argument("--advertise-url", help="the URL standbys name when they send clients to this broker "
+                   "(default: scheme://host:port as served; set it behind a proxy or in a cluster)")
     p.add_argument("--keep-pods", action="store_true",
                    help="keep idle pods on a clean shutdown (busy pods always survive a restart)")
     p.add_argument("--capacity", help="borrowed-capacity source: a JSON file or an http(s) URL (model -> GPUs)")

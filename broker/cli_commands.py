@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.cli_output import console, one_line_command, print_table
-from broker.locations import read_broker_file, state_dir_for
+from broker.locations import state_dir_for
 
 if TYPE_CHECKING:
     from broker.client import Client, JobInfo
@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.pools import load_catalog
     from broker.running.logretention import LogRetention
     from broker.running.packages import PackageLimits
-    from broker.server import KubernetesTarget, ServeSettings, serve
+    from broker.server import KubernetesTarget, ServeSettings, foreign_leader, serve
     from broker.ui.session import SessionSettings
 
     if args.pools:
@@ -81,10 +81,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.jwks and not args.jwt_audience:
         raise UsageError("--jwks needs --jwt-audience (the audience every accepted JWT must carry)")
     state_dir = state_dir_for(args.state_dir)
-    running, _ = read_broker_file(state_dir)
-    if running:
-        raise UsageError(f"a broker is already running for state dir {state_dir} at {running}: use it, stop it, "
-                         "or give this one another --state-dir")
     _check_port(args.host, args.port)
     if args.backend != "kubernetes" and (args.namespace or args.kubeconfig):
         raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
@@ -121,7 +117,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            max_link_ttl_s=max(3600.0, args.port_link_ttl), max_body_bytes=args.port_max_body_bytes,
                            max_ws_message=args.port_max_ws_message),
         gateway=GatewaySettings(max_kernels=args.gateway_max_kernels, cull_idle_s=args.gateway_cull_idle,
-                                allowed_envs=tuple(n for n in args.gateway_allowed_envs.split(",") if n)))
+                                allowed_envs=tuple(n for n in args.gateway_allowed_envs.split(",") if n)),
+        lease_s=args.lease_s, advertise_url=args.advertise_url)
+    if not args.lease_s > 0:
+        raise UsageError("--lease-s is a positive number of seconds")
+    other = foreign_leader(settings)
+    if other is not None:
+        raise UsageError(other)
     return serve(settings)
 
 

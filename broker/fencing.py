@@ -17,6 +17,8 @@ log = logging.getLogger("firepool.fencing")
 
 TERM_HEADER = "X-Firepool-Term"
 """The header of every broker -> agent request that names the sender's term."""
+DEFAULT_LEASE_S = 5.0
+"""A leader silent this long is replaced (broker.store.leadership); it deposes itself after half of it."""
 DEPOSED_EXIT = 75
 """The exit status of a deposed broker (EX_TEMPFAIL: start it again and it comes back a standby)."""
 

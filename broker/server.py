@@ -25,12 +25,14 @@ import uvicorn
 from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.api.exposure import Exposure
 from broker.api.jwt_auth import JwtSettings, JwtVerifier
+from broker.api.leading import Leadership
 from broker.api.portlinks import PortSettings, load_key
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
 from broker.errors import FirepoolError
+from broker.fencing import DEFAULT_LEASE_S, Term
 from broker.gateway.kernels import GatewaySettings
-from broker.locations import BROKER_FILE, DEFAULT_PORT
+from broker.locations import BROKER_FILE, DEFAULT_PORT, pid_alive
 from broker.pools import Catalog, default_catalog, load_catalog_file
 from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
@@ -102,10 +104,24 @@ class ServeSettings:
     from the state dir at start."""
     gateway: GatewaySettings = GatewaySettings()
     """The Jupyter gateway's per-caller kernel limit, idle culling and client envs (broker.gateway)."""
+    lease_s: float = DEFAULT_LEASE_S
+    """Leadership lease (docs/ha.md): a leader silent this long is replaced; it deposes itself after half."""
+    advertise_url: str | None = None
+    """The URL a standby names when it refers clients to this broker; None: scheme://host:port as served."""
 
     @property
     def exposure(self) -> Exposure:
         return Exposure(self.host, tls=self.tls_cert is not None, insecure_http=self.insecure_http)
+
+    def url(self, port: int | None = None) -> str:
+        """Where clients reach this broker: `advertise_url`, else its scheme, host (loopback for a wildcard) and port."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        scheme = "https" if self.tls_cert is not None else "http"
+        return f"{scheme}://{host}:{self.port if port is None else port}"
 
 
 def build_capacity(settings: ServeSettings) -> CapacitySource | None:
@@ -156,7 +172,8 @@ def check_networks(backend: Backend, catalog: Catalog) -> None:
         check(catalog.pools)
 
 
-def build_control_plane(settings: ServeSettings) -> ControlPlane:
+def build_control_plane(settings: ServeSettings, term: Term | None = None) -> ControlPlane:
+    """The control plane of `settings`; with `term`, its store refuses writes once another broker leads."""
     from broker.running.logstore import FileLogStore
     from broker.store.sql import SqlJobStore
 
@@ -184,6 +201,10 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
     catalog = build_catalog(settings, len(devices), devices[0].model if devices else "gpu")
     check_networks(backend, catalog)
     store = SqlJobStore.open(settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}")
+    if term is not None:
+        from broker.store.leadership import install_fence
+
+        install_fence(store.engine, term)
     logs = FileLogStore(settings.state_dir / "logs")
     packages = FilePackageStore(settings.state_dir / "packages", settings.packages)
     from broker.store.quarantine import SqlQuarantineStore
@@ -194,17 +215,37 @@ def build_control_plane(settings: ServeSettings) -> ControlPlane:
 
 
 def write_address(settings: ServeSettings, port: int) -> Path:
-    """Tell local clients where the broker listens; called once the port is bound, so a client that
-    reads the file can connect. Written whole (rename), so nobody reads half a file."""
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    if ":" in host:
-        host = f"[{host}]"
+    """Tell local clients where the leading broker listens; called once it leads and its port is bound, so a
+    client that reads the file can connect. Written whole (rename), so nobody reads half a file. `store` lets a
+    broker started later on this state dir refuse a different store (two leaders of one set of pods)."""
     path = settings.state_dir / BROKER_FILE
     tmp = path.with_name(f".{BROKER_FILE}.{os.getpid()}")
-    scheme = "https" if settings.tls_cert is not None else "http"
-    tmp.write_text(json.dumps({"url": f"{scheme}://{host}:{port}", "pid": os.getpid()}))
+    tmp.write_text(json.dumps({"url": settings.url(port), "pid": os.getpid(), "store": store_name(settings)}))
     os.replace(tmp, path)
     return path
+
+
+def foreign_leader(settings: ServeSettings) -> str | None:
+    """Why this broker must not start: a live broker leads its state dir from another store (both would drive
+    the same pods). Brokers of one store on one state dir are expected: the later ones stand by (docs/ha.md)."""
+    path = settings.state_dir / BROKER_FILE
+    try:
+        data = json.loads(path.read_text())
+        pid, store = int(data["pid"]), data.get("store")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if store is None or store == store_name(settings) or not pid_alive(pid):
+        return None
+    return (f"a broker on another job store ({store}) leads state dir {settings.state_dir} at {data.get('url')}: "
+            "give this one the same --db to stand by, or another --state-dir")
+
+
+def store_name(settings: ServeSettings) -> str:
+    """The job store of `settings` as broker.json names it (no password)."""
+    from broker.store.engines import normalize_url
+
+    url = settings.db_url or f"sqlite:///{settings.state_dir / 'firepool.db'}"
+    return normalize_url(url).render_as_string(hide_password=True)
 
 
 def remove_address(settings: ServeSettings) -> None:
@@ -218,19 +259,30 @@ def remove_address(settings: ServeSettings) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, announcing itself in broker.json only after its socket is bound."""
+    """uvicorn's server, announcing itself in broker.json only once its socket is bound and it leads."""
 
-    def __init__(self, config: uvicorn.Config, settings: ServeSettings) -> None:
+    def __init__(self, config: uvicorn.Config, settings: ServeSettings, leadership: Leadership) -> None:
         super().__init__(config)
         self.settings = settings
+        self.leadership = leadership
+        self.bound: int | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.should_exit or not self.servers:
             return  # the bind failed (uvicorn logged why) or a signal came first: announce nothing
-        port = self.servers[0].sockets[0].getsockname()[1]
-        path = write_address(self.settings, int(port))
-        log.info("broker ready on %s:%s (clients find it through %s)", self.settings.host, port, path)
+        self.bound = int(self.servers[0].sockets[0].getsockname()[1])
+        if self.leadership.leading:
+            self.announce()
+        else:
+            log.info("standby on %s:%s: serving /healthz and /readyz until it leads", self.settings.host, self.bound)
+
+    def announce(self) -> None:
+        if self.bound is None:
+            return  # not bound yet: startup announces
+        path = write_address(self.settings, self.bound)
+        log.info("broker ready on %s:%s, leading at term %d (clients find it through %s)", self.settings.host,
+                 self.bound, self.leadership.term.value, path)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         remove_address(self.settings)  # first: no new client should find a broker that is stopping
@@ -256,19 +308,24 @@ def settle_heap() -> None:
 def serve(settings: ServeSettings) -> int:
     """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
     from broker.api.app import create_app
+    from broker.store.leadership import Election
     from broker.store.sql import SqlJobStore
     from broker.store.ui_sessions import SqlSessionStore
     from broker.ui import end_stale_sessions, start_ui
 
     auth = build_auth(settings)
-    cp = build_control_plane(settings)
+    term = Term()
+    cp = build_control_plane(settings, term)
     exposure = settings.exposure
     assert isinstance(cp.store, SqlJobStore)  # build_control_plane opens a SQL store
+    election = Election(cp.store.engine, term, holder=f"{socket.gethostname()}:{os.getpid()}",
+                        url=settings.url(), lease_s=settings.lease_s)
+    leadership = Leadership(term, leading=False, leader=election.known_leader)
     app = create_app(cp, auth, metrics_caller_labels=settings.metrics_caller_labels,
                      max_request_bytes=settings.max_request_bytes, exposure=exposure,
                      ui_sessions=SqlSessionStore(cp.store.engine), ui_session_settings=settings.ui_sessions,
                      ports=replace(settings.ports, key=load_key(settings.state_dir)),
-                     gateway_settings=settings.gateway)
+                     gateway_settings=settings.gateway, leadership=leadership)
     mcp_lifespan = _mount_mcp(app, auth, settings) if settings.mcp else None
     if exposure.transport == "http-insecure":
         log.warning("serving PLAIN HTTP on %s (--insecure-http): bearer tokens and dashboard cookies cross the "
@@ -290,15 +347,37 @@ def serve(settings: ServeSettings) -> int:
         chores.add(task)
         task.add_done_callback(chores.discard)
 
+    async def lead() -> None:
+        """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
+        term.value = await asyncio.to_thread(election.campaign)
+        if not term.value:
+            return  # stopped while a standby
+        election.lead()
+        reread = getattr(cp.backend, "reread", None)  # pods the previous leader of this state dir started
+        if reread is not None:
+            reread()
+        await cp.start()
+        start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
+        leadership.leading = True
+        server.announce()
+        log.info("control plane started at term %d (backend %s, isolated %s, pools %s; recovery %s)", term.value,
+                 cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
+        chores.add(asyncio.get_running_loop().create_task(_stop_on_failure(cp, server)))
+        await _end_sessions(app, end_stale_sessions)  # tokens removed while the broker was down end theirs
+
+    async def leading_or_exit() -> None:
+        try:
+            await lead()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception("taking the lead failed; shutting down")
+            server.should_exit = True
+
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
-        await cp.start()
-        settle_heap()
-        start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
-        await _end_sessions(app, end_stale_sessions)  # tokens removed while the broker was down end theirs
-        log.info("control plane started (backend %s, isolated %s, pools %s; recovery %s)",
-                 cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
-        watchdog = asyncio.get_running_loop().create_task(_stop_on_failure(cp, server))
+        settle_heap()  # a standby settles before it leads: its first dispatch pays no collection
+        candidacy = asyncio.get_running_loop().create_task(leading_or_exit())
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         try:
             if mcp_lifespan is None:
@@ -307,9 +386,15 @@ def serve(settings: ServeSettings) -> int:
                 async with mcp_lifespan():
                     yield
         finally:
-            watchdog.cancel()
-            await app.state.gateway.close()  # its kernels' jobs run on, for the next broker to adopt
-            await cp.stop(delete_idle_pods=not settings.keep_pods)
+            election.stopping.set()
+            candidacy.cancel()
+            for chore in chores:
+                chore.cancel()
+            if leadership.leading:
+                leadership.leading = False
+                await app.state.gateway.close()  # its kernels' jobs run on, for the next broker to adopt
+                await cp.stop(delete_idle_pods=not settings.keep_pods)
+            election.stop()  # the lock goes last: a standby takes over a broker that has finished stopping
             await asyncio.to_thread(cp.store.close)
 
     app.router.lifespan_context = lifespan
@@ -318,7 +403,7 @@ def serve(settings: ServeSettings) -> int:
                             ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
                             proxy_headers=settings.forwarded_allow_ips is not None,
                             forwarded_allow_ips=settings.forwarded_allow_ips)
-    server = _Server(config, settings)
+    server = _Server(config, settings, leadership)
     try:
         server.run()  # SIGINT/SIGTERM end it gracefully: uvicorn handles them and returns
     finally:

@@ -21,6 +21,7 @@ from broker.api.command_routes import add_command_routes
 from broker.api.e2b.layer import E2BLayer
 from broker.api.exposure import Exposure
 from broker.api.health_routes import add_health_routes
+from broker.api.leading import LeaderGate, Leadership
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.port_routes import add_port_routes
@@ -129,7 +130,9 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                max_request_bytes: int = door.DEFAULT_MAX_REQUEST_BYTES, exposure: Exposure = Exposure(),
                ui_sessions: UiSessionStore | None = None, ui_session_settings: SessionSettings | None = None,
                ports: PortSettings | None = None, gateway_settings: GatewaySettings | None = None,
-               ) -> FastAPI:
+               leadership: Leadership | None = None) -> FastAPI:
+    """The broker's ASGI app; `leadership` (default: a broker that always leads) gates a standby's routes."""
+    leadership = leadership or Leadership()
     app = FastAPI(title="Firepool", version=__version__,
                   description="A broker of warm, isolated GPU sandboxes for agentic and RL workloads.")
     door.install(app, max_request_bytes)
@@ -148,7 +151,15 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     async def healthz() -> dict[str, Any]:
         return {"ok": cp.dispatching_at is not None, "version": __version__, "backend": cp.backend.kind,
                 "isolated": cp.backend_isolated, "isolation": "sandbox" if cp.backend_isolated else "none",
-                "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools), "transport": exposure.transport}
+                "limits": cp.backend_limits, "pools": sorted(cp.catalog.pools), "transport": exposure.transport,
+                "role": leadership.role, "term": leadership.current_term}
+
+    @app.get("/readyz", responses=ERRORS)
+    async def readyz() -> JSONResponse:
+        """200 on the leader once it dispatches, else 503: a Kubernetes Service sends traffic to the leader only."""
+        if leadership.leading and cp.dispatching_at is not None:
+            return JSONResponse({"role": "leader", "term": leadership.term.value})
+        return _error_response(leadership.refusal())
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: TEXT, **TEXT_ROUTE_ERRORS})
     async def metrics(who: Who) -> Response:
@@ -284,4 +295,5 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     app.add_middleware(PortProxy, streams=cp.streams, auth=auth, settings=port_settings, ui=settings)
     # Outermost too: the E2B SDKs' control plane and envd (multipart, connect+json) under /e2b (docs/e2b.md).
     app.add_middleware(E2BLayer, cp=cp, gateway=app.state.gateway, auth=auth, port_domain=port_settings.domain)
+    app.add_middleware(LeaderGate, leadership=leadership)  # outermost of all: a standby serves only its role
     return app

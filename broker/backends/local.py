@@ -100,6 +100,12 @@ class LocalBackend(PodStarting, KeptCaches):
         self._clients: dict[str, HttpAgentClient] = {}
         self._dir_fds: dict[str, int] = {}
         self.procs = PodProcesses()
+        self.reread()
+
+    def reread(self) -> None:
+        """Load the pod records of the state dir: at start, and again when this broker takes the lead from
+        another broker of the same state dir (docs/ha.md), whose pods it then adopts."""
+        self._records.clear()
         for path in sorted(self.pods_dir.glob("*/pod.json")):
             record = self._read(path)
             if record is not None:

@@ -144,3 +144,16 @@ ui_sessions = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 """Dashboard sessions (broker.ui.session), by the digest of their id; 0007_ui_sessions."""
+
+leadership = sa.Table(
+    "leadership",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("term", sa.BigInteger(), nullable=False),
+    sa.Column("holder", sa.String(255), nullable=False),
+    sa.Column("url", sa.String(1024), nullable=False),
+    sa.Column("beat", sa.BigInteger(), nullable=False),
+    sa.Column("since", sa.Double(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+"""One row (id 1): the leading broker, its term and heartbeat (broker.store.leadership); 0008_leadership."""

@@ -140,7 +140,8 @@ def test_broker_json_is_written_after_bind_and_removed_at_shutdown(tmp_path: Pat
         announced = tmp_path / "state" / "broker.json"
         wait_for(announced, True)
         data = json.loads(announced.read_text())
-        assert b.proc is not None and data == {"url": b.url, "pid": b.proc.pid}
+        assert b.proc is not None and data == {"url": b.url, "pid": b.proc.pid,
+                                               "store": f"sqlite:///{tmp_path / 'state' / 'firepool.db'}"}
         assert httpx.get(data["url"] + "/healthz", timeout=5).json()["ok"]  # announced, so reachable
         os.kill(b.proc.pid, sig)
         assert b.proc.wait(30) in (0, -sig, 128 + sig)  # uvicorn re-raises the signal once it has shut down
@@ -173,9 +174,12 @@ def test_a_broker_that_cannot_bind_never_announces_itself(tmp_path: Path) -> Non
     assert not (state / "broker.json").exists()
 
 
-def test_serve_refuses_a_taken_port_and_a_running_broker_up_front(broker: BrokerProcess, tmp_path: Path) -> None:
+def test_serve_refuses_a_taken_port_and_a_state_dir_led_from_another_store_up_front(broker: BrokerProcess,
+                                                                                    tmp_path: Path) -> None:
     env = no_broker_env(tmp_path)
     assert_one_line(firepool("serve", "--port", str(broker.port), "--state-dir", str(tmp_path / "other"), env=env),
                     f"--port {broker.port}", "--port 0")
-    assert_one_line(firepool("serve", "--port", "0", "--state-dir", str(broker.state_dir), env=env),
-                    "already running", broker.url)
+    # The same store would make a standby (docs/ha.md); another store would drive the same pods from two leaders.
+    assert_one_line(firepool("serve", "--port", "0", "--state-dir", str(broker.state_dir), "--db",
+                             f"sqlite:///{tmp_path / 'elsewhere.db'}", env=env),
+                    "another job store", broker.url)

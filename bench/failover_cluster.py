@@ -94,7 +94,9 @@ class Brokers:
     lease_s: float | None = None
     extra: tuple[str, ...] = ()
     db_urls: dict[int, str] = field(default_factory=dict)
-    """Per broker, a store URL other than `db_url` (the same database through a proxy that can cut it)."""
+    """Per broker, a store URL other than `db_url` (the same database through a proxy that can cut it). Such a
+    broker gets a state dir of its own: a broker refuses a state dir that a live broker leads from a store of
+    another URL (`firepool serve`'s check that two stores never drive the same pods)."""
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     lives: list[Life] = field(default_factory=list)
@@ -119,12 +121,15 @@ class Brokers:
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.ports]
 
+    def state_of(self, i: int) -> Path:
+        return self.root / f"state-{i}" if i in self.db_urls else self.state_dir
+
     def log_path(self, i: int) -> Path:
         return self.root / f"broker-{i}.log"
 
     def command(self, i: int) -> list[str]:
         cmd = [sys.executable, "-m", "broker.cli", "serve", "--host", "127.0.0.1", "--port", str(self.ports[i]),
-               "--state-dir", str(self.state_dir), "--tokens", str(self.root / "tokens.json"),
+               "--state-dir", str(self.state_of(i)), "--tokens", str(self.root / "tokens.json"),
                "--pools", str(self.root / "pools.yaml"), "--db", self.db_urls.get(i, self.db_url),
                "--log-level", "info"]
         if self.lease_s is not None:

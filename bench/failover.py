@@ -5,7 +5,8 @@ Per database (MariaDB, PostgreSQL; a scratch database each, dropped after): thre
 on one state dir, the local backend, a cpu pool whose pods bind a host file. W-Agent (3 callers, tagged
 sessions) and W-RL (a trainer's batches) run through the SDK with the three URLs in one list. At random
 moments the leader is SIGKILLed (`--kills`): the time from its death to a standby's /healthz saying
-`leader` (polled every 5 ms) is the fail-over; the killed broker is restarted (a standby now). Or it is
+`leader` (polled every 5 ms) is the fail-over (of which the election: until the standby's log says it took
+the store's lock and the next term; the rest is its recovery before it dispatches); the killed broker is restarted (a standby now). Or it is
 SIGSTOPped (`--pauses`) until a standby has taken over (longer than the lease) and a while more, then
 SIGCONTed: it must learn it was deposed and exit (status 75, log line `deposed:`) without anything it had in
 flight landing; its refused writes and agent commands are counted from the logs (`deposed:` in the
@@ -81,7 +82,8 @@ class LeaderWatch:
 
 
 def run_database(kind: str, kills: int, pauses: int, gap: tuple[float, float], lease_s: float,
-                 rng: random.Random, drain_s: float = 90.0, server: str | None = None) -> dict[str, Any]:
+                 rng: random.Random, drain_s: float = 90.0, server: str | None = None,
+                 keep: bool = False) -> dict[str, Any]:
     """One database: three brokers, the kills and pauses in random order under load, then the audit."""
     root = Path(tempfile.mkdtemp(prefix="fp-failover-"))
     events = ["kill"] * kills + ["pause"] * pauses
@@ -90,6 +92,8 @@ def run_database(kind: str, kills: int, pauses: int, gap: tuple[float, float], l
                            "paused_s": [], "deposed_exits": [], "pods": {"held": [0, 0], "idle": [0, 0],
                                                                          "busy": [0, 0]}}
     agent_refusals: set[str] = set()
+    kills_at: dict[int, float] = {}
+    """The term a kill handed over -> when the kill was sent (epoch seconds)."""
     with ScratchDatabase(kind, server) as db:
         brokers = Brokers(root, db.url, callers=(*AGENTS, TRAINER), lease_s=lease_s)
         load = Load(brokers.urls, brokers.tokens)
@@ -104,10 +108,11 @@ def run_database(kind: str, kills: int, pauses: int, gap: tuple[float, float], l
                     before = pods(brokers.urls, brokers.tokens)
                     others = [i for i in range(brokers.count) if i != leader]
                     if event == "kill":
-                        killed_at = time.monotonic()
+                        killed_at, killed_wall = time.monotonic(), time.time()
                         brokers.kill(leader)
-                        brokers.wait_leader(others, after_term=term)
+                        _, new_term, _ = brokers.wait_leader(others, after_term=term)
                         out["failover_s"].append(time.monotonic() - killed_at)
+                        kills_at[new_term] = killed_wall
                         out["kills"] += 1
                     else:
                         paused_at = time.monotonic()
@@ -133,19 +138,24 @@ def run_database(kind: str, kills: int, pauses: int, gap: tuple[float, float], l
                 states = load.audit(drain_s)
             agent_refusals |= set(brokers.agent_log_lines(STALE_LINE))
             executions = Counter(brokers.executions())
+            taken = brokers.terms_taken()
+            out["elected_s"] = [taken[term] - at for term, at in kills_at.items() if term in taken]
+            out.update(
+                jobs=len(states), states=dict(Counter(states.values())),
+                lost=sorted(j for j, s in states.items() if s == "LOST"),
+                executed_twice=sorted(j for j, n in executions.items() if n > 1),
+                succeeded_unexecuted=sorted(j for j, s in states.items() if s == "SUCCEEDED" and j not in executions),
+                broker_refusals=len(brokers.log_lines(DEPOSED_LINE)), agent_refusals=len(agent_refusals),
+                same_term_leaders=watch.same_term[:5], same_term_samples=len(watch.same_term),
+                stale_beside_new_samples=watch.stale_beside_new, watch_samples=watch.samples,
+                caller_refusals=load.refusals[:5])
         finally:
             load.stop.set()
             brokers.stop()
-            shutil.rmtree(root, ignore_errors=True)
-    out.update(
-        jobs=len(states), states=dict(Counter(states.values())),
-        lost=sorted(j for j, s in states.items() if s == "LOST"),
-        executed_twice=sorted(j for j, n in executions.items() if n > 1),
-        succeeded_unexecuted=sorted(j for j, s in states.items() if s == "SUCCEEDED" and j not in executions),
-        broker_refusals=len(brokers.log_lines(DEPOSED_LINE)), agent_refusals=len(agent_refusals),
-        same_term_leaders=watch.same_term[:5], same_term_samples=len(watch.same_term),
-        stale_beside_new_samples=watch.stale_beside_new, watch_samples=watch.samples,
-        caller_refusals=load.refusals[:5])
+            if keep or out.get("lost") or out.get("executed_twice") or out.get("succeeded_unexecuted"):
+                out["kept_dir"] = str(root)  # the brokers' and agents' logs, to see what went wrong
+            else:
+                shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -170,6 +180,8 @@ def rows(runs: list[dict[str, Any]], kills: int, pauses: int) -> list[Row]:
                 held[0] == held[1]),
             Row("B13", f"{db}: leader death -> standby leads, p50", failover, "s", "-", "<= 0.1 s",
                 at_most(failover, 0.1)),
+            Row("B13", f"{db}:   of which death -> store lock and term taken, p50",
+                percentile(r["elected_s"], 50) if r["elected_s"] else None, "s", "-"),
             Row("B13", f"{db}: leader death -> standby leads, p90",
                 percentile(r["failover_s"], 90) if r["failover_s"] else None, "s", "-"),
             Row("B13", f"{db}: pause -> standby leads, p50",
@@ -193,12 +205,15 @@ def main(argv: list[str], *, json_out: bool = False) -> int:
                     help="seconds of load before each kill or pause, drawn uniformly")
     ap.add_argument("--lease-s", type=float, default=None, help="the brokers' --lease-s (default: serve's)")
     ap.add_argument("--seed", type=int, default=26)
+    ap.add_argument("--keep", action="store_true", help="keep the brokers' dir with their logs (kept anyway when a "
+                    "job was lost or ran twice)")
     args = ap.parse_args(argv)
     if args.kills < 0 or args.pauses < 0 or args.kills + args.pauses == 0:
         ap.error("--kills and --pauses must not be negative, and not both 0")
     lease_s = args.lease_s if args.lease_s is not None else serve_lease_s()
     rng = random.Random(args.seed)
     kinds = list(SERVERS) if args.db == "both" else [args.db]
-    runs = [run_database(kind, args.kills, args.pauses, (args.gap[0], args.gap[1]), lease_s, rng) for kind in kinds]
+    runs = [run_database(kind, args.kills, args.pauses, (args.gap[0], args.gap[1]), lease_s, rng, keep=args.keep)
+            for kind in kinds]
     return report("failover", rows(runs, args.kills, args.pauses), json_out=json_out,
                   extra={"lease_s": lease_s, "runs": runs})

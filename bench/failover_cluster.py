@@ -6,8 +6,10 @@ writes (the execution count). Plus a scratch database per run on MariaDB or Post
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -21,6 +23,8 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+TERM_TAKEN = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*leading the store at term (\d+) ")
+"""The election's log line (broker.store.leadership), under `firepool serve`'s log format."""
 SERVERS = {"mariadb": "mysql+pymysql://root@127.0.0.1:3306", "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432"}
 """Where the scratch databases go: root with no password, postgres with trust auth (docs/benchmarks.md)."""
 
@@ -234,6 +238,16 @@ class Brokers:
         """Lines of every broker log that contain `needle`."""
         return [line for i in range(self.count) if self.log_path(i).exists()
                 for line in self.log_path(i).read_text(errors="replace").splitlines() if needle in line]
+
+    def terms_taken(self) -> dict[int, float]:
+        """term -> when (epoch seconds, from the log line's millisecond timestamp) a broker took it."""
+        out = {}
+        for line in self.log_lines("leading the store at term"):
+            m = TERM_TAKEN.match(line)
+            if m:
+                stamp = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+                out[int(m[2])] = stamp.timestamp()
+        return out
 
     def agent_log_lines(self, needle: str) -> list[str]:
         """Lines of the pods' agent logs (under the state dir) that contain `needle`."""

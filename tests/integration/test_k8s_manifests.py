@@ -204,6 +204,9 @@ def test_the_broker_is_a_non_root_leader_and_standby_serving_the_mounted_catalog
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts[parsed.pools]["subPath"] == "pools.yaml" and mounts[parsed.pools]["name"] == "catalog"
     assert str(Path(parsed.tokens).parent) in mounts and parsed.port == BROKER_PORT and parsed.host == "0.0.0.0"
+    assert parsed.advertise_url == f"http://$(POD_IP):{BROKER_PORT}", "standbys name the leader's pod, not loopback"
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def test_only_the_leader_is_in_the_service_and_a_rollout_or_drain_cannot_stall_on_that(

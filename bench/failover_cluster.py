@@ -23,6 +23,9 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from broker.backends.sandboxing import PodDirs
+from broker.backends.volumes import unmount_disk
+
 TERM_TAKEN = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*leading the store at term (\d+) ")
 """The election's log line (broker.store.leadership), under `firepool serve`'s log format."""
 SERVERS = {"mariadb": "mysql+pymysql://root@127.0.0.1:3306", "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432"}
@@ -262,7 +265,8 @@ class Brokers:
                 if line.startswith("S ") and len(line.split()) == 2]
 
     def stop(self) -> None:
-        """SIGCONT then SIGTERM every broker still running (SIGKILL after 20 s), then end any pod left."""
+        """SIGCONT then SIGTERM every broker still running (SIGKILL after 20 s), then end any pod left and
+        unmount its disk."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
@@ -273,11 +277,13 @@ class Brokers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 self._ended(i, proc.wait(10), "stopped")
-        for record in self.state_dir.glob("pods/*/pod.json"):
-            try:
-                pid = json.loads(record.read_text()).get("pid")
-                if pid:
-                    os.kill(int(pid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+        for state in {self.state_of(i) for i in range(self.count)}:  # pods outlive their brokers by design
+            for record in state.glob("pods/*/pod.json"):
+                try:
+                    pid = json.loads(record.read_text()).get("pid")
+                    if pid:
+                        os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+                unmount_disk(PodDirs(record.parent))  # the broker's loop mount would outlive the directory
         self._http.close()

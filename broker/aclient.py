@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -20,11 +21,12 @@ from broker.client_core import (
     kernel_wait,
     port_url,
     raise_for,
+    stream_broken,
     unreachable,
 )
 from broker.errors import KernelNotReady
-from broker.locations import discover
-from broker.retrying import RetryPolicy, retry_after, should_retry_error, should_retry_response
+from broker.locations import Brokers, discover
+from broker.retrying import RetryPolicy, Tries
 
 if TYPE_CHECKING:
     from broker.sandbox.handle import AsyncSandbox
@@ -33,16 +35,26 @@ if TYPE_CHECKING:
 class AsyncClient:
     """Asynchronous SDK (same methods as `Client`, awaited)."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, state_dir: str | os.PathLike[str] | None = None,
-                 timeout: float = 330.0, transport: httpx.AsyncBaseTransport | None = None,
-                 retry: RetryPolicy | None = None,
+    def __init__(self, url: str | Sequence[str] | None = None, token: str | None = None, *,
+                 state_dir: str | os.PathLike[str] | None = None, timeout: float = 330.0,
+                 transport: httpx.AsyncBaseTransport | None = None, retry: RetryPolicy | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.found = discover(url, token, state_dir)
-        self.url = self.found.url
+        self.brokers = Brokers(self.found.urls)
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
-        self._http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.found.token}"},
-                                       timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(headers={"Authorization": f"Bearer {self.found.token}"}, timeout=timeout,
+                                       transport=transport)
+
+    @property
+    def url(self) -> str:
+        """As `Client.url`: the broker that answered last."""
+        return self.brokers.current
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """As `Client.urls`: all its brokers, the current one first."""
+        return self.brokers.ordered()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -53,25 +65,40 @@ class AsyncClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, method: str, path: str, policy: RetryPolicy | None = None, **kw: Any) -> httpx.Response:
-        """One request, retried per `policy` or `self.retry` (see broker.retrying); raises Unavailable when
-        unreachable."""
-        policy = policy or self.retry
-        request = self._http.build_request(method, path, **kw)
-        for attempt in range(policy.attempts):
-            last = attempt == policy.attempts - 1
+    async def _send(self, method: str, path: str, policy: RetryPolicy | None = None, *, stream: bool = False,
+                    **kw: Any) -> httpx.Response:
+        """As `Client._send`, awaited (the same `Tries`: one rule for moving between brokers)."""
+        tries = Tries(self.brokers, policy or self.retry)
+        while True:
+            request = self._http.build_request(method, tries.url + path, **kw)
             try:
-                response = await self._http.send(request)
+                response = await self._http.send(request, stream=stream)
+                if stream and response.status_code >= 400:
+                    await response.aread()
             except httpx.TransportError as exc:
-                if last or not should_retry_error(exc, request):
+                wait = tries.after_error(exc, request)
+                if wait is None:
                     raise unreachable(self.found, exc) from exc
-                await self._sleep(policy.delay(attempt))
-                continue
-            if last or not should_retry_response(response):
-                return response
+            else:
+                wait = tries.after_response(response)
+                if wait is None:
+                    return response
+                await response.aclose()
+            if wait:
+                await self._sleep(wait)
+
+    @contextlib.asynccontextmanager
+    async def _stream(self, method: str, path: str, policy: RetryPolicy | None = None,
+                      **kw: Any) -> AsyncIterator[httpx.Response]:
+        """As `Client._stream`: opened with fail-over, never resumed (StreamBroken when it breaks off)."""
+        response = await self._send(method, path, policy, stream=True, **kw)
+        try:
+            raise_for(response)
+            yield response
+        except httpx.TransportError as exc:
+            raise stream_broken(response, exc) from exc
+        finally:
             await response.aclose()
-            await self._sleep(policy.delay(attempt, retry_after(response)))
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _call(self, method: str, path: str, policy: RetryPolicy | None = None, **kw: Any) -> httpx.Response:
         response = await self._send(method, path, policy, **kw)
@@ -135,15 +162,9 @@ class AsyncClient:
 
     async def stream_logs(self, job_id: str, stream: str = "combined", follow: bool = True) -> AsyncIterator[bytes]:
         params = {"stream": stream, "follow": "true" if follow else "false"}
-        try:
-            async with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise_for(response)
-                async for chunk in response.aiter_bytes():
-                    yield chunk
-        except httpx.TransportError as exc:
-            raise unreachable(self.found, exc) from exc
+        async with self._stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
+            async for chunk in response.aiter_bytes():
+                yield chunk
 
     async def jobs(self, state: str | None = None, limit: int = 100) -> list[JobInfo]:
         params: dict[str, Any] = {"limit": limit}

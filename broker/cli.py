@@ -55,7 +55,8 @@ def _subparser(sub: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentPa
 
 
 def _client_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="broker URL (default: $FIREPOOL_URL, else broker.json in the state dir)")
+    p.add_argument("--url", help="broker URL, or a comma-separated list of the brokers of one store "
+                                   "(default: $FIREPOOL_URL, else broker.json in the state dir)")
     p.add_argument("--token", help="bearer token (default: $FIREPOOL_TOKEN, else the state dir's token)")
     p.add_argument("--state-dir", help="find the local broker here (default: $FIREPOOL_STATE_DIR, else "
                                        "$XDG_DATA_HOME/firepool)")

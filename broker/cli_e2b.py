@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import Any
 
 
@@ -30,5 +31,8 @@ def cmd_e2b_env(args: argparse.Namespace) -> int:
     from broker.locations import discover
 
     found = discover(args.url, args.token, args.state_dir)
-    print("\n".join(env_lines(found.url, found.token)))
+    print("\n".join(env_lines(found.urls[0], found.token)))
+    if len(found.urls) > 1:  # E2B's SDKs take one URL and do not fail over
+        print(f"# the E2B SDKs take one URL: this is the first of {found.url}; for fail-over give them an address "
+              f"that follows the leader (e.g. a Service routed by /readyz)", file=sys.stderr)
     return 0

@@ -150,6 +150,8 @@ def attach(ws: ClientConnection) -> int:
 def shell(client: Client, tag: str, *, pool: str, queue: str = "default", command: str | None = None) -> int:
     rows, cols = _size()
     kw: dict[str, Any] = {"queue": queue, "rows": rows, "cols": cols, "command": command}
+    if len(client.brokers.urls) > 1:
+        client.whoami()  # a websocket does not move between brokers: find the leader first (client.url)
     try:
         ws = terminal_socket(client.url, client.found.token, tag, **kw)
     except NotFound:

@@ -10,6 +10,7 @@ switch on `UnknownPool`, `Unauthorized`, `NotFound`, ... instead of status codes
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,11 +30,12 @@ from broker.client_core import (
     kernel_wait,
     port_url,
     raise_for,
+    stream_broken,
     unreachable,
 )
 from broker.errors import KernelNotReady
-from broker.locations import discover
-from broker.retrying import RetryPolicy, retry_after, should_retry_error, should_retry_response
+from broker.locations import Brokers, discover
+from broker.retrying import RetryPolicy, Tries
 
 if TYPE_CHECKING:
     from broker.sandbox.blocking import Sandbox
@@ -44,15 +46,26 @@ __all__ = ["TERMINAL", "AsyncClient", "Client", "JobInfo", "port_url"]
 class Client:
     """Synchronous SDK."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, state_dir: str | os.PathLike[str] | None = None,
-                 timeout: float = 330.0, transport: httpx.BaseTransport | None = None,
-                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, url: str | Sequence[str] | None = None, token: str | None = None, *,
+                 state_dir: str | os.PathLike[str] | None = None, timeout: float = 330.0,
+                 transport: httpx.BaseTransport | None = None, retry: RetryPolicy | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.found = discover(url, token, state_dir)
-        self.url = self.found.url
+        self.brokers = Brokers(self.found.urls)
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
-        self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.found.token}"},
-                                  timeout=timeout, transport=transport)
+        self._http = httpx.Client(headers={"Authorization": f"Bearer {self.found.token}"}, timeout=timeout,
+                                  transport=transport)
+
+    @property
+    def url(self) -> str:
+        """The broker this client talks to now: the one that answered last (of `FIREPOOL_URL`'s list)."""
+        return self.brokers.current
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """All its brokers, the current one first (a client built from this one gets them)."""
+        return self.brokers.ordered()
 
     def __enter__(self) -> Client:
         return self
@@ -63,25 +76,43 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, method: str, path: str, policy: RetryPolicy | None = None, **kw: Any) -> httpx.Response:
-        """One request, retried per `policy` or `self.retry` (see broker.retrying); raises Unavailable when
-        unreachable."""
-        policy = policy or self.retry
-        request = self._http.build_request(method, path, **kw)
-        for attempt in range(policy.attempts):
-            last = attempt == policy.attempts - 1
+    def _send(self, method: str, path: str, policy: RetryPolicy | None = None, *, stream: bool = False,
+              **kw: Any) -> httpx.Response:
+        """One request, retried per `policy` or `self.retry` and moved to another broker when one does not
+        serve (broker.retrying); raises Unavailable when unreachable. `stream`: the body is left unread
+        (an error's is read)."""
+        tries = Tries(self.brokers, policy or self.retry)
+        while True:
+            request = self._http.build_request(method, tries.url + path, **kw)
             try:
-                response = self._http.send(request)
+                response = self._http.send(request, stream=stream)
+                if stream and response.status_code >= 400:
+                    response.read()
             except httpx.TransportError as exc:
-                if last or not should_retry_error(exc, request):
+                wait = tries.after_error(exc, request)
+                if wait is None:
                     raise unreachable(self.found, exc) from exc
-                self._sleep(policy.delay(attempt))
-                continue
-            if last or not should_retry_response(response):
-                return response
+            else:
+                wait = tries.after_response(response)
+                if wait is None:
+                    return response
+                response.close()
+            if wait:
+                self._sleep(wait)
+
+    @contextlib.contextmanager
+    def _stream(self, method: str, path: str, policy: RetryPolicy | None = None,
+                **kw: Any) -> Iterator[httpx.Response]:
+        """A streamed answer (a log, a command's events), opened like any request (moving on to the leader);
+        once it flows it is not resumed: a broker that goes away mid-way raises StreamBroken."""
+        response = self._send(method, path, policy, stream=True, **kw)
+        try:
+            raise_for(response)
+            yield response
+        except httpx.TransportError as exc:
+            raise stream_broken(response, exc) from exc
+        finally:
             response.close()
-            self._sleep(policy.delay(attempt, retry_after(response)))
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _call(self, method: str, path: str, policy: RetryPolicy | None = None, **kw: Any) -> httpx.Response:
         response = self._send(method, path, policy, **kw)
@@ -155,14 +186,8 @@ class Client:
 
     def stream_logs(self, job_id: str, stream: str = "combined", follow: bool = True) -> Iterator[bytes]:
         params = {"stream": stream, "follow": "true" if follow else "false"}
-        try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise_for(response)
-                yield from response.iter_bytes()
-        except httpx.TransportError as exc:
-            raise unreachable(self.found, exc) from exc
+        with self._stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
+            yield from response.iter_bytes()
 
     def read_log(self, job_id: str, stream: str = "combined", offset: int = 0) -> bytes:
         """What the job's log holds from `offset` now, without following."""

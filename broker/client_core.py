@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import httpx
 
-from broker.errors import FirepoolError, Unavailable, all_error_classes
+from broker.errors import FirepoolError, StreamBroken, Unavailable, all_error_classes
 from broker.locations import Discovery
 from broker.retrying import NO_RETRY
 
@@ -63,7 +63,15 @@ def unreachable(found: Discovery, exc: httpx.TransportError) -> Unavailable:
     """The broker did not answer: say where we looked and, when we guessed, what to do."""
     why = str(exc) or type(exc).__name__
     hint = f"; {found.hint}" if found.hint else ""
-    return Unavailable(f"cannot reach the broker at {found.url} ({why}){hint}", {"url": found.url})
+    where = f"the broker at {found.url}" if len(found.urls) < 2 else f"any of the brokers {', '.join(found.urls)}"
+    return Unavailable(f"cannot reach {where} ({why}){hint}", {"url": found.url})
+
+
+def stream_broken(response: httpx.Response, exc: httpx.TransportError) -> StreamBroken:
+    """A streamed answer broke off: not resumed (the job and its log are durable: ask again)."""
+    why = str(exc) or type(exc).__name__
+    return StreamBroken(f"the stream from {response.request.url} broke off ({why}); it is not resumed: "
+                        f"ask again (the job and its log are kept)", {"url": str(response.request.url)})
 
 
 def raise_for(response: httpx.Response) -> None:

@@ -10,6 +10,7 @@
     │   └── PayloadTooLarge (413: compressed or extracted limit)
     ├── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
     │   └── NotLeader (503: a standby)  └── Fenced (an old term's write)
+    │   └── StreamBroken (the SDK's own: a stream's broker went away mid-way)
     │                                  └── AgentError, PortClosed (502: nothing serves the port)
     └── at the API's door: MethodNotAllowed (405), RequestTooLarge (413), UnsupportedMediaType (415),
         InternalError (500: an unhandled exception, logged with its traceback)
@@ -150,6 +151,11 @@ class Unavailable(FirepoolError):
 
 class NotLeader(Unavailable):
     """This broker is a hot standby: details name the leader's URL (or null while none leads) and the term."""
+
+
+class StreamBroken(Unavailable):
+    """The SDK's side only: a streamed answer (a log followed, a command's events) lost its broker mid-way, e.g.
+    when the leader died. Streams are not resumed on another broker; what they showed is durable (ask again)."""
 
 
 class StoreError(FirepoolError):

@@ -51,7 +51,7 @@ class Kernel:
               env: Mapping[str, str] | None = None, ready_timeout: float = 120.0) -> Kernel:
         """As `AsyncKernel.start`, connected and answering kernel_info."""
         loop = BackgroundLoop()
-        client = AsyncClient(fp.url, fp.found.token, retry=fp.retry)
+        client = AsyncClient(fp.urls, fp.found.token, retry=fp.retry)
         try:
             kernel = loop.run(AsyncKernel.start(client, name, pool=pool, env=env, ready_timeout=ready_timeout))
         except BaseException:

@@ -201,7 +201,7 @@ class AsyncKernel:
     # ---------------------------------------------------------------- websocket
 
     def _ws_url(self) -> str:
-        parts = urlsplit(str(self.client._http.base_url))
+        parts = urlsplit(self.client.url)  # the broker that answered last (`connect` made sure it leads)
         scheme = "wss" if parts.scheme == "https" else "ws"
         path = parts.path.rstrip("/") + self._path("/channels")
         return urlunsplit((scheme, parts.netloc, path, f"session_id={self.session}", ""))
@@ -210,6 +210,8 @@ class AsyncKernel:
         """Open the channels websocket, offering the v1 protocol (the server may answer in the legacy form)."""
         if self._ws is not None:
             return
+        if len(self.client.brokers.urls) > 1:
+            await self.client.whoami()  # a websocket does not move between brokers: find the leader first
         headers = {"Authorization": self.client._http.headers["Authorization"]}
         try:
             ws = await connect(self._ws_url(), additional_headers=headers, max_size=MAX_FRAME,

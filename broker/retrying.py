@@ -9,8 +9,12 @@ that may have reached the broker is retried only when repeating it cannot do any
   submit returns the job the first attempt created instead of creating a second);
 - `POST /v1/jobs/{id}/cancel` (cancelling twice is cancelling once).
 
-Anything else (e.g. `POST .../signal`) is retried only when the connection was never made, so the
-broker provably never saw it.
+Anything else (e.g. `POST .../signal`) is retried only when the broker provably never acted on it: the
+connection was never made, or a standby answered NotLeader (a standby does nothing but say so).
+
+With several brokers (`broker.locations.Brokers`) a request that gets no answer or a NotLeader moves on at
+once to the leader named or the next URL, while some URL is untried in this round; once every URL was
+tried it backs off as above. The policy's `attempts` bounds the rounds (with one URL: the attempts).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+
+from broker.locations import Brokers
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -93,6 +99,58 @@ def should_retry_error(exc: httpx.TransportError, request: httpx.Request) -> boo
 
 def should_retry_response(response: httpx.Response) -> bool:
     return retryable_response(response) and safe_to_repeat(response.request)
+
+
+def not_leader(response: httpx.Response) -> tuple[bool, object]:
+    """Whether a standby answered (503 NotLeader), and the leader URL it named (None while none leads)."""
+    if response.status_code != 503:
+        return False, None
+    try:
+        error = response.json()["error"]
+        if error.get("class") != "NotLeader":
+            return False, None
+        return True, (error.get("details") or {}).get("leader")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, None
+
+
+class Tries:
+    """One request's tries across the brokers, the same for the sync and the async client: each answer or
+    failure says how long to wait before the next try (0: at once, on another broker), or None: stop."""
+
+    def __init__(self, brokers: Brokers, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.round = brokers.round()
+        self.backoffs = 0
+
+    @property
+    def url(self) -> str:
+        """Where to send the next try."""
+        return self.round.url
+
+    def after_error(self, exc: httpx.TransportError, request: httpx.Request) -> float | None:
+        """No answer: None to give up (raise), else the wait before the next try."""
+        if not should_retry_error(exc, request):
+            return None
+        return 0.0 if self.round.move_on() else self._back_off()
+
+    def after_response(self, response: httpx.Response) -> float | None:
+        """An answer: None when it is the one to return, else the wait before the next try."""
+        standby, leader = not_leader(response)
+        if standby:
+            return 0.0 if self.round.move_on(leader) else self._back_off(retry_after(response))
+        self.round.answered()
+        if not should_retry_response(response):
+            return None
+        return self._back_off(retry_after(response))
+
+    def _back_off(self, retry_after: float | None = None) -> float | None:
+        if self.backoffs >= self.policy.attempts - 1:
+            return None
+        wait = self.policy.delay(self.backoffs, retry_after)
+        self.backoffs += 1
+        self.round.again()
+        return wait
 
 
 Sleep = Callable[[float], None]

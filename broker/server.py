@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -360,8 +361,10 @@ def serve(settings: ServeSettings) -> int:
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         leadership.leading = True
         server.announce()
-        log.info("control plane started at term %d (backend %s, isolated %s, pools %s; recovery %s)", term.value,
-                 cp.backend.kind, cp.backend_isolated, ", ".join(cp.catalog.pools), cp.recovery)
+        took = time.monotonic() - (election.locked_at or time.monotonic())
+        log.info("control plane started at term %d, %.3f s after taking the store's lock (backend %s, isolated %s, "
+                 "pools %s; recovery %s)", term.value, took, cp.backend.kind, cp.backend_isolated,
+                 ", ".join(cp.catalog.pools), cp.recovery)
         chores.add(asyncio.get_running_loop().create_task(_stop_on_failure(cp, server)))
         await _end_sessions(app, end_stale_sessions)  # tokens removed while the broker was down end theirs
 

@@ -70,7 +70,8 @@ def add_parser(sub: Any, formatter: type[argparse.HelpFormatter] = argparse.Help
     i.add_argument("--pool", required=True, help="pool the kernel runs in")
     i.add_argument("--name", default=None, help="kernelspec name (default: firepool-POOL)")
     i.add_argument("--display-name", default=None, help='e.g. "Firepool GPU (H200)" (default: from the pool)')
-    i.add_argument("--url", default=None, help="broker URL (default: $FIREPOOL_URL, else the local broker)")
+    i.add_argument("--url", default=None, help="broker URL, or a comma-separated list of the brokers of one "
+                                               "store (default: $FIREPOOL_URL, else the local broker)")
     i.add_argument("--tag", default="kernel",
                    help="session tag: 'kernel' (each kernel its own sandbox session), 'notebook' (the notebook "
                         "path: reopening it lands on its warm sandbox), or a literal tag")

@@ -74,7 +74,8 @@ class FirepoolProvisioner(KernelProvisionerBase):
     """Runs the kernel as a Firepool job; configured from the kernelspec's `metadata.kernel_provisioner.config`."""
 
     pool = Unicode("cpu", config=True, help="The Firepool pool (hardware SKU) the kernel runs in.")
-    url = Unicode("", config=True, help="Broker URL (default: $FIREPOOL_URL, else the local broker).")
+    url = Unicode("", config=True, help="Broker URL, or a comma-separated list of the brokers of one store "
+                                        "(default: $FIREPOOL_URL, else the local broker).")
     lease_tag = Unicode("kernel", config=True,
                         help="Session tag: 'kernel' (the kernel id), 'notebook' (the notebook path), or a literal.")
     queue = Unicode("default", config=True, help="The broker queue of kernel jobs.")

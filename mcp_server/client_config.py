@@ -95,7 +95,8 @@ def add_config_parser(mcp_parser: argparse.ArgumentParser, formatter: type[argpa
     p.set_defaults(parser=p, fn=cmd_config)
     p.add_argument("--client", required=True, choices=CLIENTS, help="the MCP client the snippet is for")
     keep = argparse.SUPPRESS  # `firepool mcp --url U config ...` keeps the U given before `config`
-    p.add_argument("--url", default=keep, help="broker URL for the server (default: $FIREPOOL_URL, else the local broker, found "
+    p.add_argument("--url", default=keep, help="broker URL for the server, or a comma-separated list of the brokers "
+                                 "of one store (default: $FIREPOOL_URL, else the local broker, found "
                                  "through its state dir: no env in the snippet)")
     p.add_argument("--token", default=keep, help="put this broker token in the snippet (default: a placeholder to fill in, or "
                                    "none for the local broker)")

@@ -15,7 +15,8 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="broker URL (default: $FIREPOOL_URL, else the local broker)")
+    p.add_argument("--url", help="broker URL, or a comma-separated list of the brokers of one store "
+                                   "(default: $FIREPOOL_URL, else the local broker)")
     p.add_argument("--token", help="broker token for stdio (default: $FIREPOOL_TOKEN, else the local token)")
     p.add_argument("--pool", default=None,
                    help="pool the sessions' sandboxes come from (default: the broker's cpu pool, else its only "

@@ -17,10 +17,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, overload
 
-import httpx
-
 from broker.aclient import AsyncClient
-from broker.client_core import raise_for, unreachable
+from broker.errors import StreamBroken
 from broker.kernel_blocking import BackgroundLoop
 from broker.sandbox import commands
 from broker.sandbox.files import AsyncFiles, Entry
@@ -77,7 +75,7 @@ class Sandbox:
     def __init__(self, fp: Client, tag: str, *, pool: str = "cpu", queue: str = "default", keep: bool = False) -> None:
         self._fp = fp
         self._loop = BackgroundLoop()
-        self._client = AsyncClient(fp.url, fp.found.token, retry=fp.retry)
+        self._client = AsyncClient(fp.urls, fp.found.token, retry=fp.retry)
         self._sandbox = AsyncSandbox(self._client, tag, pool=pool, queue=queue, keep=keep)
         self.tag, self.pool, self.queue = tag, pool, queue
         self.files = Files(self._loop, self._sandbox.files)
@@ -119,15 +117,12 @@ class Sandbox:
             return commands.result(end, stdout if stdout is not None else self._log(end["id"], "stdout"),
                                    stderr if stderr is not None else self._log(end["id"], "stderr"), events.began)
         try:
-            with fp._http.stream("POST", where, json=request, timeout=None) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise_for(response)
+            with fp._stream("POST", where, json=request, timeout=None) as response:
                 for line in response.iter_lines():
                     events.feed(line)
-        except httpx.TransportError as exc:
+        except StreamBroken:
             if events.job is None:
-                raise unreachable(fp.found, exc) from exc
+                raise
         if events.end is None:  # the broker went away mid-command: the job is durable; its end and log are not lost
             assert events.job is not None
             job_id = str(events.job["id"])

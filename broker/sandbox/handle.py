@@ -18,10 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import httpx
-
-from broker.client_core import raise_for, unreachable
-from broker.errors import NotFound
+from broker.errors import NotFound, StreamBroken
 from broker.sandbox import commands
 from broker.sandbox.calls import GRACE_S, Calls
 from broker.sandbox.commands import OnOutput
@@ -101,15 +98,12 @@ class AsyncSandbox:
                                    stderr if stderr is not None else await self._log(end["id"], "stderr"),
                                    events.began)
         try:
-            async with self.client._http.stream("POST", where, json=request, timeout=None) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise_for(response)
+            async with self.client._stream("POST", where, json=request, timeout=None) as response:
                 async for line in response.aiter_lines():
                     events.feed(line)
-        except httpx.TransportError as exc:
+        except StreamBroken:
             if events.job is None:
-                raise unreachable(self.client.found, exc) from exc
+                raise
         if events.end is None:  # the broker went away mid-command: the job is durable; its end and log are not lost
             assert events.job is not None
             job_id = str(events.job["id"])

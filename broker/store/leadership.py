@@ -86,6 +86,8 @@ class Election:
         self._last_beat = monotonic()
         self._beating: threading.Thread | None = None
         self._campaigning = False
+        self.locked_at: float | None = None
+        """When this broker got the store's lock (monotonic): the start of its take-over."""
 
     def known_leader(self) -> tuple[str | None, int]:
         """(URL, term) of the leader as last read; the URL is None while the row names nobody or a stale one."""
@@ -112,6 +114,7 @@ class Election:
             if self.lock.acquire(WAIT_S):
                 if self.stopping.is_set():
                     break
+                self.locked_at = self.monotonic()
                 return self._take_term()
             try:
                 with self.engine.connect() as conn:

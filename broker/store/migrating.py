@@ -42,6 +42,10 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def known_revisions() -> set[str]:
+    return {r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
 def current_revision(engine: sa.Engine) -> str | None:
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})

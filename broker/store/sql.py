@@ -122,6 +122,11 @@ class SqlJobStore:
             engine = create_store_engine(url)
             try:
                 head = migrating.head_revision()
+                found = migrating.current_revision(engine)
+                if found is not None and found not in migrating.known_revisions():
+                    raise StoreError(f"the job store's schema is at {found}, newer than this broker knows (up to "
+                                     f"{head}): run a broker of the release that upgraded it",
+                                     {"operation": "open", "current": found, "head": head})
                 if migrate:
                     migrating.upgrade(engine)
                 current = migrating.current_revision(engine)

@@ -45,7 +45,7 @@ class _Blocking:
 
     def __init__(self, fp: Client) -> None:
         self.loop = BackgroundLoop()
-        self.client = AsyncClient(fp.url, fp.found.token, retry=fp.retry)
+        self.client = AsyncClient(fp.urls, fp.found.token, retry=fp.retry)
 
     @staticmethod
     def close(loop: BackgroundLoop, client: AsyncClient) -> None:

@@ -172,6 +172,8 @@ def rows(runs: list[dict[str, Any]], kills: int, pauses: int) -> list[Row]:
                 r["pauses"] >= pauses),
             Row("B13", f"{db}: jobs acknowledged", r["jobs"], "", "-"),
             Row("B13", f"{db}: lost jobs", len(r["lost"]), "", "0", "0", not r["lost"]),
+            Row("B13", f"{db}: jobs that did not succeed", sum(n for s, n in r["states"].items() if s != "SUCCEEDED")
+                - len(r["lost"]), "", "-", "0", not set(r["states"]) - {"SUCCEEDED", "LOST"}),
             Row("B13", f"{db}: attempts executed twice (bound log)", len(r["executed_twice"]), "", "0", "0",
                 not r["executed_twice"]),
             Row("B13", f"{db}: succeeded without executing", len(r["succeeded_unexecuted"]), "", "0", "0",

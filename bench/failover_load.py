@@ -64,7 +64,8 @@ class Load:
         return None
 
     def wait(self, fp: Client, job_id: str, limit_s: float = 120.0) -> str | None:
-        """The job's terminal state, asked through fail-overs; None if it never got there."""
+        """The job's terminal state (with its error class unless it succeeded), asked through fail-overs;
+        None if it never got there."""
         give_up = time.monotonic() + limit_s
         while time.monotonic() < give_up:
             try:
@@ -75,8 +76,8 @@ class Load:
                     return None
                 time.sleep(0.05)
                 continue
-            if job.state in TERMINAL:
-                return str(job.state)
+            if job.state in TERMINAL:  # a failure names its class (PodLost, ...): the audit counts them apart
+                return str(job.state) if job.state == "SUCCEEDED" else f"{job.state} {job.error_class}"
         return None
 
     def agent(self, caller: str) -> None:

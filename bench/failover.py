@@ -152,7 +152,8 @@ def run_database(kind: str, kills: int, pauses: int, gap: tuple[float, float], l
         finally:
             load.stop.set()
             brokers.stop()
-            if keep or out.get("lost") or out.get("executed_twice") or out.get("succeeded_unexecuted"):
+            if keep or set(out.get("states", {})) - {"SUCCEEDED"} or out.get("executed_twice") or \
+                    out.get("succeeded_unexecuted"):
                 out["kept_dir"] = str(root)  # the brokers' and agents' logs, to see what went wrong
             else:
                 shutil.rmtree(root, ignore_errors=True)
@@ -208,7 +209,7 @@ def main(argv: list[str], *, json_out: bool = False) -> int:
     ap.add_argument("--lease-s", type=float, default=None, help="the brokers' --lease-s (default: serve's)")
     ap.add_argument("--seed", type=int, default=26)
     ap.add_argument("--keep", action="store_true", help="keep the brokers' dir with their logs (kept anyway when a "
-                    "job was lost or ran twice)")
+                    "job did not succeed or ran twice)")
     args = ap.parse_args(argv)
     if args.kills < 0 or args.pauses < 0 or args.kills + args.pauses == 0:
         ap.error("--kills and --pauses must not be negative, and not both 0")

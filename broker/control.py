@@ -36,6 +36,7 @@ from broker.ports.store import JobStore
 from broker.recovery import RecoveryReport, log_ready, recover
 from broker.running.delivering import PackageDelivery
 from broker.running.executing import Executor
+from broker.running.heartbeat import EVERY_S, Heartbeat
 from broker.running.kernelconns import KernelConnections
 from broker.running.kernelwarm import KernelWarmth
 from broker.running.logretention import LogRetention, LogSweeper
@@ -65,6 +66,9 @@ class Tuning:
     """TERM -> KILL grace when a caller cancels a running job."""
     node_check_s: float = 10.0
     """How often the nodes' boot epochs are read and judged (R5: a rebooted node voids its pods)."""
+    agent_heartbeat_s: float = EVERY_S
+    """How often every pod's agent, idle ones included, hears from the leader (well within its orphan bound);
+    0: never (a simulation, whose pods have no agents that could orphan themselves)."""
 
 
 class ControlPlane:
@@ -104,6 +108,8 @@ class ControlPlane:
         self.dispatcher.executor = self.executor
         self.connections = KernelConnections(clock=clock, jobs=self.book, launched=self.executor.launched,
                                              leases=self.tracker, agents=backend)
+        self.heartbeat = Heartbeat(clock, self.tracker, backend, tuning.agent_heartbeat_s)
+        """Keeps every pod's agent from orphaning itself while this broker leads (`broker.running.heartbeat`)."""
         self.streams = SessionStreams(self.tracker, backend, self.book.live)
         """Kernel jobs' connection info, fetched from their agents for their owners (`broker.api.access`)."""
         self.controller.events = self.events
@@ -136,6 +142,8 @@ class ControlPlane:
             self.tasks.spawn("event log", self.events.run())
             self.tasks.spawn("node epochs", self._watch_nodes())
             self.tasks.spawn("log retention", self.log_sweeper.run())
+            if self.tuning.agent_heartbeat_s > 0:
+                self.tasks.spawn("agent heartbeat", self.heartbeat.run())
             if self.controller.borrowing is not None:
                 self.tasks.spawn("capacity source", self.controller.borrowing.run(self.controller.wake), critical=True)
         elif self.controller.borrowing is not None:

@@ -28,7 +28,7 @@ from broker.health.decisions import EPOCH_INVALIDATED, decided
 from broker.health.epochs import Verdict, judge, recorded_epoch, reported_epoch
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
-from broker.ports.agent import AttemptStatus, ResetRequest
+from broker.ports.agent import AgentHealth, AttemptStatus, ResetRequest
 from broker.ports.backend import Backend, PodInfo
 
 if TYPE_CHECKING:
@@ -114,13 +114,15 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
         mark = time.perf_counter()
 
     infos: dict[str, PodInfo] = {}
-    for info in await cp.backend.list_pods():
+    listed, running, queued = await asyncio.gather(  # one wait, not three: a take-over waits on this
+        cp.backend.list_pods(), _all_jobs(cp.book, JobState.RUNNING), _all_jobs(cp.book, JobState.QUEUED))
+    for info in listed:
         if info.pool not in cp.catalog.pools:
             await _delete(cp, info.name, report)
             continue
         infos[info.name] = info
-    running = await _all_jobs(cp.book, JobState.RUNNING)
-    epochs = await _epochs(cp, infos.values())
+    healths = await _healths(cp, infos.values())
+    epochs = {name: _verdict(infos[name], health) for name, health in healths.items()}
     phase("list")
 
     for job in running:
@@ -176,12 +178,15 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
 
     async def settle(info: PodInfo) -> None:
         spec = cp.catalog.pools[info.pool]
-        try:
-            result = await cp.backend.agent(info.name).reset(ResetRequest(wipe_paths=spec.wipe_paths,
-                                                                          keep_paths=spec.keep_paths))
-            clean = result.clean
-        except FirepoolError:
-            clean = False
+        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
+        health = healths[info.name]
+        if health is not None and still_clean(health, request):
+            clean = True  # its last reset was this one and nothing changed the pod since (the agent counts)
+        else:
+            try:
+                clean = (await cp.backend.agent(info.name).reset(request)).clean
+            except FirepoolError:
+                clean = False
         if not clean:
             await _delete(cp, info.name, report)
             return
@@ -195,10 +200,15 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
     await asyncio.gather(*(settle(info) for info in infos.values()))
     phase("reset")
 
-    for job in await _all_jobs(cp.book, JobState.QUEUED):
+    for job in queued:
         cp.book.adopt(job)
         cp.dispatcher.enqueue(job)
         report.queued += 1
+    for job_id in report.requeued:  # read as RUNNING above, QUEUED since
+        requeued = await cp.book.get(job_id)
+        if requeued is not None and requeued.state is JobState.QUEUED:
+            cp.dispatcher.enqueue(requeued)
+            report.queued += 1
     phase("queue")
     return report
 
@@ -223,20 +233,30 @@ async def _finish(cp: ControlPlane, job: Job, aid: str, pods: list[Pod], statuse
     await cp.executor.end(job.id, aid, pods, statuses, may_retry=False)
 
 
-async def _epochs(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, tuple[Verdict, str]]:
-    """Each listed pod's epoch verdict (R5) and the epoch it reports now."""
-    async def one(info: PodInfo) -> tuple[str, tuple[Verdict, str]]:
-        incarnation = None
+async def _healths(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, AgentHealth | None]:
+    """Each listed pod's agent health (None: it never answered)."""
+    async def one(info: PodInfo) -> tuple[str, AgentHealth | None]:
         for attempt in range(PROBE_TRIES):  # a slow answer on a loaded host must not read as "unknown"
             try:
-                incarnation = (await cp.backend.agent(info.name).health()).incarnation
-                break
+                return info.name, await cp.backend.agent(info.name).health()
             except FirepoolError:
                 await asyncio.sleep(0.2 * (attempt + 1))
-        reported = reported_epoch(info.details, incarnation)
-        return info.name, (judge(recorded_epoch(info.details, info.annotations), reported), str(reported))
+        return info.name, None
 
     return dict(await asyncio.gather(*(one(i) for i in infos)))
+
+
+def _verdict(info: PodInfo, health: AgentHealth | None) -> tuple[Verdict, str]:
+    """A listed pod's epoch verdict (R5) and the epoch it reports now."""
+    reported = reported_epoch(info.details, health.incarnation if health is not None else None)
+    return judge(recorded_epoch(info.details, info.annotations), reported), str(reported)
+
+
+def still_clean(health: AgentHealth, request: ResetRequest) -> bool:
+    """The agent's last reset was `request`'s and nothing changed the pod since (`clean_for` in its health)."""
+    return health.info.get("clean_for") == {"wipe_workspace": request.wipe_workspace,
+                                             "wipe_paths": list(request.wipe_paths),
+                                             "keep_paths": list(request.keep_paths)}
 
 
 def _announce(cp: ControlPlane, report: RecoveryReport, pod: str, verdict: Verdict, epoch: str, detail: dict[str, object],

@@ -189,13 +189,13 @@ def build_control_plane(settings: ServeSettings, term: Term | None = None) -> Co
         first = build_catalog(settings, 0, "gpu")  # the catalog paces the creates and names the domain labels
         rate = first.create_rate
         backend = kubernetes_backend(clock, k8s.namespace, k8s.kubeconfig, k8s.broker_id, rate.qps, rate.burst,
-                                     first.topology_domain_labels)
+                                     first.topology_domain_labels, term=term)
     elif settings.backend == "local":
         from broker.backends.local import LocalBackend
 
         backend = LocalBackend(settings.state_dir, clock, virtual_gpus=settings.virtual_gpus,
                                sandbox="none" if settings.unisolated else settings.sandbox,
-                               gpus_per_node=settings.virtual_gpus_per_node)
+                               gpus_per_node=settings.virtual_gpus_per_node, term=term)
     else:
         raise ValueError(f"backend {settings.backend!r} is not available here (choose: local, kubernetes)")
     devices = backend.devices()
@@ -306,6 +306,15 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_COLLECTION_EVERY, older, oldest)
 
 
+def warm_up() -> None:
+    """What a standby pays before it campaigns so that its take-over does not: the agent clients' HTTP transport
+    imports httpcore (with h2, hpack and trio where installed) when the first one is made, ~0.15 s here, which
+    made the first recovery's health checks of the adopted pods the slowest part of a fail-over."""
+    import httpx
+
+    httpx.AsyncHTTPTransport(verify=False)
+
+
 def serve(settings: ServeSettings) -> int:
     """Run the broker until SIGINT/SIGTERM; returns the process exit code."""
     from broker.api.app import create_app
@@ -350,6 +359,7 @@ def serve(settings: ServeSettings) -> int:
 
     async def lead() -> None:
         """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
+        warm_up()
         term.value = await asyncio.to_thread(election.campaign)
         if not term.value:
             return  # stopped while a standby

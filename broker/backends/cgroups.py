@@ -14,6 +14,7 @@ import errno
 import hashlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -199,6 +200,26 @@ def create(host: CgroupHost, name: str, limits: Limits) -> PodCgroup | None:
         remove(cgroup, timeout_s=0.0)
         raise
     return cgroup
+
+
+def kill_members(cgroup: PodCgroup, timeout_s: float = REMOVE_TIMEOUT_S) -> int:
+    """SIGKILL every process still in the pod's cgroup(s) until none is left (or `timeout_s` passed); returns
+    how many were found. A backstop at deletion: a sandbox's process the pod's known pids missed (bwrap forked
+    it while the broker stopped that very start) is still in the pod's cgroup, and would outlive the pod."""
+    found: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members: set[int] = set()
+        for procs in cgroup.procs_files:
+            with contextlib.suppress(OSError, ValueError):
+                members.update(int(line) for line in procs.read_text().split())
+        if not members or time.monotonic() >= deadline:
+            return len(found)
+        found |= members
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def remove(cgroup: PodCgroup, timeout_s: float = REMOVE_TIMEOUT_S) -> bool:

@@ -48,6 +48,7 @@ from broker.backends.startdelay import VenueDelays
 from broker.backends.volumes import tree_bytes, volume_binds
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.fencing import Term
 from broker.fleet.nodes import Node
 from broker.health.gpuhealth import GpuHealth
 from broker.podtemplate import parse_binds, parse_limits, parse_network
@@ -74,10 +75,15 @@ class LocalBackend(PodStarting, KeptCaches):
 
     def __init__(self, state_dir: Path, clock: Clock, *, virtual_gpus: int | None = None, sandbox: str = "auto",
                  python_prefix: str = sys.prefix, sandbox_uid: int | None = None,
-                 gpus_per_node: int | None = None) -> None:
+                 gpus_per_node: int | None = None, term: Term | None = None,
+                 orphan_after_s: float | None = None) -> None:
+        """`term`: the broker's (`broker.fencing`), named by every request to a pod's agent. `orphan_after_s`: how
+        long a pod's agent lives on with no broker speaking to it (None: the agent's default, 300 s; 0: for ever)."""
         if sandbox not in ("auto", "bwrap", "none"):  # auto is bwrap: nothing falls back to unisolated silently
             raise ValueError(f"sandbox must be auto, bwrap or none, got {sandbox!r}")
         self.state_dir = Path(state_dir).resolve()
+        self.term = term
+        self.orphan_after_s = orphan_after_s
         self.clock = clock
         self.pods_dir = self.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,6 +101,10 @@ class LocalBackend(PodStarting, KeptCaches):
         self._records: dict[str, dict[str, Any]] = {}
         self.nets = PodNetworks(self._records, self._write, isolated=self.isolated, root=self.uid is not None)
         self._starting: set[str] = set()
+        self._creates: dict[str, asyncio.Task[Any]] = {}
+        """The create in flight of each starting pod: `close` ends those still running."""
+        self._abandoned: dict[str, asyncio.Future[None]] = {}
+        """The destruction of each half-made pod whose create failed or was cancelled (a broker stopping)."""
         self.venue_delays = VenueDelays()
         """A pool's `template.venue_delay`: a modelled cold start added to each real start (startdelay.py)."""
         self._clients: dict[str, HttpAgentClient] = {}
@@ -255,6 +265,9 @@ class LocalBackend(PodStarting, KeptCaches):
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)
+        current = asyncio.current_task()
+        if current is not None:
+            self._creates[name] = current
         spec = SandboxSpec(name=name, dirs=self._dirs(name), python=self.python, prefixes=self.prefixes,
                            agent_dir=self.agent_dir, cuda_visible_devices=cuda, binds=binds + volumes, uid=self.uid,
                            network=network, tmp_size=limits.tmp_size, shm_size=limits.shm_size,
@@ -268,18 +281,22 @@ class LocalBackend(PodStarting, KeptCaches):
             for task in (starting, sleeping):
                 if task is not None and not task.done():
                     task.cancel()
-            await asyncio.shield(self._destroy(name))
+            await asyncio.shield(self._abandon(name, starting))
             if isinstance(exc, BackendError) or not isinstance(exc, Exception):
                 raise
             raise BackendError(f"creating pod {name} failed: {exc!r}") from exc
         finally:
             self._starting.discard(name)
+            self._creates.pop(name, None)
         return self._info(record)
 
     # -- delete ---------------------------------------------------------------------------------
 
     async def delete(self, name: str) -> None:
-        if name in self._records or self._dirs(name).root.exists():
+        ending = self._abandoned.get(name)
+        if ending is not None:  # a failed create is destroying it already
+            await asyncio.shield(ending)
+        elif name in self._records or self._dirs(name).root.exists():
             await self._destroy(name)
 
     async def _destroy(self, name: str) -> None:
@@ -300,6 +317,9 @@ class LocalBackend(PodStarting, KeptCaches):
         await asyncio.to_thread(self.nets.detach, record)
         await asyncio.to_thread(remove_tree, self._dirs(name).root)
         self._records.pop(name, None)
+        late = self._clients.pop(name, None)  # made by a call while the pod was being destroyed
+        if late is not None:
+            await late.close()
 
     # -- list, annotate, agents -----------------------------------------------------------------
 
@@ -368,7 +388,8 @@ class LocalBackend(PodStarting, KeptCaches):
             if fd is None:
                 fd = self._dir_fds[name] = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             dial = f"/proc/self/fd/{fd}/agent.sock"
-        client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial)
+        client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial,
+                                term=self.term)
         self._clients[name] = client
         return client
 
@@ -376,7 +397,9 @@ class LocalBackend(PodStarting, KeptCaches):
         return self.nets.rendezvous(coordinator, world, members)
 
     async def close(self) -> None:
-        """Close agent connections; pods keep running for the next broker."""
+        """End the pods still starting (nobody will ever use them) and close agent connections; pods that
+        started keep running for the next broker."""
+        await self.end_starts()
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()

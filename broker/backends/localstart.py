@@ -1,4 +1,5 @@
-"""Starting a local pod: its directories, limits and sandbox, the agent as PID 1, then its first answer.
+"""Starting a local pod: its directories, limits and sandbox, the agent as PID 1, then its first answer; and
+the end of a start that failed or was stopped (a half-made pod is destroyed, and `close` waits for that).
 
 A mixin of `LocalBackend` (its create path). The pod's record is written before the agent starts, so a
 restarted broker finds (and can clean up) a half-made pod; the agent's incarnation (design R5) is counted
@@ -41,6 +42,7 @@ class _Pods(Protocol):
     bwrap: str | None
     mode: str
     uid: int | None
+    orphan_after_s: float | None
 
     @property
     def isolated(self) -> bool: ...
@@ -54,6 +56,11 @@ class _Pods(Protocol):
     def _log_tail(self, name: str) -> str: ...
 
     async def _wait_healthy(self, name: str, launcher: int) -> None: ...
+
+    async def _destroy(self, name: str) -> None: ...
+
+    _creates: dict[str, asyncio.Task[Any]]
+    _abandoned: dict[str, asyncio.Future[None]]
 
 
 class PodStarting:
@@ -102,6 +109,8 @@ class PodStarting:
             "--incarnation",
             str(record["incarnation"]),
         ]  # the agent's own flags end it
+        if self.orphan_after_s is not None:
+            argv += ["--orphan-after-s", str(self.orphan_after_s)]
         argv = [*join, *argv]
         # The agent's own env in the fallback; bwrap clears it and sets the sandbox's.
         env = (
@@ -167,3 +176,24 @@ class PodStarting:
                     ) from exc
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.05)
+
+    def _abandon(self: _Pods, name: str, starting: asyncio.Future[None]) -> asyncio.Future[None]:
+        """Destroy a half-made pod once its start has stopped, on a task `close` waits for: a broker stopped
+        (SIGTERM) while a pod starts must not leave its sandbox behind, however long the stop of its loops
+        may wait (`Supervisor.stop` gives up after 5 s and the event loop then cancels what is left)."""
+        ending = self._abandoned.get(name)
+        if ending is None:
+            async def destroy() -> None:
+                await asyncio.gather(starting, return_exceptions=True)  # no process spawns after this
+                await self._destroy(name)
+
+            ending = self._abandoned[name] = asyncio.ensure_future(destroy())
+            ending.add_done_callback(lambda _: self._abandoned.pop(name, None))
+        return ending
+
+    async def end_starts(self: _Pods) -> None:
+        """Cancel the starts in flight and wait until every half-made pod is destroyed (at `close`)."""
+        for task in list(self._creates.values()):
+            task.cancel()
+        while pending := [t for t in (*self._creates.values(), *self._abandoned.values()) if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -70,10 +70,14 @@ class PodLimiter:
 
     def release(self, dirs: PodDirs, record: Mapping[str, Any]) -> None:
         """Unmount the pod's disk and remove its cgroup (its processes are gone by now); logs what stays."""
+        cgroup = cgroups.from_record(self.cgroups, record)
+        stray = cgroups.kill_members(cgroup) if cgroup is not None else 0
+        if stray:
+            log.warning("pod %s: %d process(es) outside its known tree killed through its cgroup", dirs.root.name,
+                        stray)
         try:
             unmount_disk(dirs)
         except OSError as exc:
             log.error("pod %s: %s", dirs.root.name, exc)
-        cgroup = cgroups.from_record(self.cgroups, record)
         if cgroup is not None and not cgroups.remove(cgroup):
             log.error("pod %s: cgroup %s not removed", dirs.root.name, sorted(map(str, cgroup.dirs.values())))

@@ -108,7 +108,10 @@ class PodProcesses:
         agent = same_process(record.get("pid"), record.get("pid_start"))
         launcher = same_process(record.get("launcher_pid"), record.get("launcher_start"))
         if agent is None and launcher is not None and record.get("mode") == "bwrap":
-            # The broker died before it learnt the sandbox's pid: it is the launcher's child.
+            # The broker died (or stopped the start) before it learnt the sandbox's pid: it is the launcher's
+            # child. Frozen first: a launcher that forks the sandbox between the walk and its own SIGKILL would
+            # leave that child behind for good (a broker stopped while a pod starts).
+            _signal(launcher, signal.SIGSTOP)
             for proc in proctree.descendants(launcher):
                 _signal(proc.pid, signal.SIGKILL)
         if record.get("mode") == "none" and agent is not None:

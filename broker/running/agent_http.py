@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from broker.errors import AgentError
+from broker.fencing import Term
 from broker.ports.agent import (
     AgentHealth,
     AttemptStatus,
@@ -34,6 +35,8 @@ from broker.ports.agent import (
 )
 from broker.running.http1 import AgentUnreachable, Http1Pool, Reply
 
+STALE_TERM = "StaleTerm"
+"""The class of an agent's refusal of a request under a term older than the newest it has seen."""
 _STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptStatus))
 SETUP_S = 660.0
 """Extra time a launch may take when the agent installs requirements before the first instruction."""
@@ -41,6 +44,10 @@ INLINE_LOGS = 256 << 10
 """A finished attempt's logs up to this size come with its status: no read per stream after a short job."""
 _SLACK_S = 10.0
 """Added to a long-poll's own wait, so the HTTP timeout never fires before the agent answers."""
+
+
+def _no_broker(reason: str) -> None:
+    """A client of no broker has nothing to end: the refusal still raises."""
 
 
 def _attempt_path(attempt_id: str, suffix: str = "") -> str:
@@ -59,11 +66,17 @@ class HttpAgentClient:
     """Talks to one pod's agent. `endpoint` is `unix:/path/to/agent.sock`, `tcp:host:port` or a URL."""
 
     def __init__(self, endpoint: str, secret: str, *, pod: str = "", timeout_s: float = 10.0,
-                 uds_path: str | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        """`uds_path` overrides the socket path actually dialled (e.g. a short /proc/self/fd alias)."""
+                 uds_path: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 term: Term | None = None) -> None:
+        """`uds_path` overrides the socket path actually dialled (e.g. a short /proc/self/fd alias).
+
+        `term` is the broker's (`broker.fencing`), one object for all its clients: every request names its current
+        value, and an agent that refuses it as stale deposes the broker. None: a client of no broker (a test, a
+        tool) speaks as term 0, and a stale-term refusal only raises."""
         self.endpoint = endpoint
         self.pod = pod
         self.timeout_s = timeout_s
+        self.term = term if term is not None else Term(on_deposed=_no_broker)
         limits = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=60.0)
         # Plain HTTP needs no CA bundle: loading one costs 50-100 ms per pod's client, which made a
         # restarted broker's first health checks of its pods (before dispatching) take half a second.
@@ -71,10 +84,10 @@ class HttpAgentClient:
         auth = {"Authorization": f"Bearer {secret}"}
         self._fast: Http1Pool | None = None
         if transport is None and endpoint.startswith("unix:"):
-            self._fast = Http1Pool(uds=uds_path or endpoint[len("unix:"):], headers=auth)
+            self._fast = Http1Pool(uds=uds_path or endpoint[len("unix:"):], headers=auth, current=self.term.headers)
         elif transport is None and endpoint.startswith("tcp:"):
             host, _, port = endpoint[len("tcp:"):].rpartition(":")
-            self._fast = Http1Pool(host=host.strip("[]"), port=int(port), headers=auth)
+            self._fast = Http1Pool(host=host.strip("[]"), port=int(port), headers=auth, current=self.term.headers)
         if endpoint.startswith("unix:"):
             base_url = "http://agent"
             transport = transport or httpx.AsyncHTTPTransport(uds=uds_path or endpoint[len("unix:"):], limits=limits,
@@ -111,7 +124,8 @@ class HttpAgentClient:
             return reply
         timeout = httpx.Timeout(seconds)
         try:
-            response = await self._client.request(method, path, json=json, params=params, timeout=timeout)
+            response = await self._client.request(method, path, json=json, params=params, timeout=timeout,
+                                                  headers=self.term.headers())
         except RuntimeError as exc:
             if not self._client.is_closed:
                 raise
@@ -125,13 +139,24 @@ class HttpAgentClient:
         return response
 
     def _refusal(self, method: str, path: str, response: httpx.Response | Reply) -> AgentError:
+        """The AgentError of a refusal; one for a stale term first deposes this broker (`broker.fencing`)."""
+        error_class: str | None = None
         try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+            error = response.json()["error"]
+            message = error["message"]
+            error_class = error.get("class")
+        except (ValueError, KeyError, TypeError, AttributeError):
             message = response.text[:200]
-        return AgentError(f"agent of pod {self.pod or self.endpoint} refused {method} {path}: "
-                          f"{response.status_code} {message}",
-                          {"pod": self.pod, "status": response.status_code, "agent_message": message})
+        details: dict[str, Any] = {"pod": self.pod, "status": response.status_code, "agent_message": message}
+        if isinstance(error_class, str):
+            details["agent_class"] = error_class
+            details["agent_retryable"] = bool(error.get("retryable"))
+        refused = AgentError(f"agent of pod {self.pod or self.endpoint} refused {method} {path}: "
+                             f"{response.status_code} {message}", details)
+        if response.status_code == 409 and error_class == STALE_TERM:
+            self.term.deposed(f"the agent of pod {self.pod or self.endpoint} refused {method} {path} under term "
+                              f"{self.term.value}: {message}")
+        return refused
 
     @contextmanager
     def _decoding(self) -> Iterator[None]:
@@ -226,7 +251,7 @@ class HttpAgentClient:
         try:
             response = await self._client.put(
                 f"/v1/packages/{digest}", content=chunks(), params={"max_extracted": max_extracted},
-                headers={"Content-Length": str(size), "Content-Type": "application/zip"},
+                headers={"Content-Length": str(size), "Content-Type": "application/zip", **self.term.headers()},
                 timeout=httpx.Timeout(timeout_s))
         except httpx.HTTPError as exc:
             raise AgentError(f"pushing package {digest[:12]} to pod {self.pod or self.endpoint} failed: "

@@ -16,6 +16,7 @@ import asyncio
 import json
 import socket
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,14 +60,22 @@ class Http1Pool:
     """Keep-alive connections to one agent, on a Unix socket (`uds`) or TCP (`host`, `port`)."""
 
     def __init__(
-        self, *, uds: str | None = None, host: str = "", port: int = 0, headers: dict[str, str]
+        self, *, uds: str | None = None, host: str = "", port: int = 0, headers: dict[str, str],
+        current: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
+        """`headers` go with every request; so do `current()`'s, read anew for each (the sender's term grows)."""
         self.uds = uds
         self.host = host
         self.port = port
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host or "agent", **headers}.items())
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host or "agent", **headers}.items())
+        self._current = current
         self._idle: list[_Conn] = []
         self.closed = False
+
+    def _head(self) -> str:
+        if self._current is None:
+            return self._fixed
+        return self._fixed + "".join(f"{k}: {v}\r\n" for k, v in self._current().items())
 
     async def request(self, method: str, target: str, body: bytes | None, timeout: float) -> Reply:
         """One request and its reply; raises AgentUnreachable (or RuntimeError once closed)."""
@@ -77,7 +86,7 @@ class Http1Pool:
             async with asyncio.timeout(timeout):
                 if conn is None:
                     conn = await self._connect()
-                head = f"{method} {target} HTTP/1.1\r\n{self._head}"
+                head = f"{method} {target} HTTP/1.1\r\n{self._head()}"
                 if body is not None:
                     head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 conn.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
@@ -113,7 +122,7 @@ class Http1Pool:
         try:
             async with asyncio.timeout(timeout):
                 conn = await self._connect(STREAM_BUFFER)
-                conn.writer.write(f"GET {target} HTTP/1.1\r\n{self._head}Connection: Upgrade\r\n"
+                conn.writer.write(f"GET {target} HTTP/1.1\r\n{self._head()}Connection: Upgrade\r\n"
                                   f"Upgrade: {protocol}\r\n\r\n".encode("latin-1"))
                 reply, _ = await _read_reply(conn.reader)
         except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,

@@ -34,7 +34,8 @@ from broker.sim.backend import Costs, SimBackend
 
 T = TypeVar("T")
 
-SIM_TUNING = Tuning(dispatch_tick_s=3.0, reconcile_tick_s=30.0, capacity_poll_s=10.0, kill_grace_s=5.0)
+SIM_TUNING = Tuning(dispatch_tick_s=3.0, reconcile_tick_s=30.0, capacity_poll_s=10.0, kill_grace_s=5.0,
+                    agent_heartbeat_s=0.0)  # simulated pods never orphan: no heartbeat to model
 """The production loop timings (paper App. A.5: reconcile every 30 s; dispatch event-driven, 3 s fallback)."""
 
 EPOCH = 1_800_000_000.0

@@ -163,7 +163,8 @@ class Election:
             raise failed[0]
         self.leader = taken[0]
         self._last_beat = self.monotonic()
-        log.info("leading the store at term %d as %s", self.leader.term, self.holder)
+        log.info("leading the store at term %d as %s (%.3f s after taking its lock)", self.leader.term, self.holder,
+                 self.monotonic() - (self.locked_at or self.monotonic()))
         return self.leader.term
 
     # -- leader ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from firepool_agent.attempts import Attempts
 from firepool_agent.config import parse_args
 from firepool_agent.incarnation import FILE, next_incarnation
 from firepool_agent.ledger import Ledger
+from firepool_agent.orphan import OrphanWatch
 from firepool_agent.reaping import Reaper
 from firepool_agent.server import Agent, make_server
 
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-    log.info("listening on %s (isolated=%s, pid namespace=%s)", config.listen, config.isolated,
-             proctree.in_own_pid_namespace())
+    OrphanWatch(agent.terms, config.orphan_after_s).start()
+    log.info("listening on %s (isolated=%s, pid namespace=%s, term %d, orphan after %gs)", config.listen,
+             config.isolated, proctree.in_own_pid_namespace(), agent.terms.newest, config.orphan_after_s)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -17,7 +17,12 @@ from firepool_agent.output import Output
 
 
 class Conflict(Exception):
-    """Another attempt is running, or the attempt id was used before."""
+    """Another attempt is running (`retryable`: ask again once it ended), or the attempt id was used before."""
+
+    def __init__(self, message: str, *, retryable: bool = False, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.details = dict(details or {})
 
 
 @dataclass(frozen=True)

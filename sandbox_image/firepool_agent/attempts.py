@@ -37,6 +37,21 @@ SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "
            "USR2": signal.SIGUSR2, "QUIT": signal.SIGQUIT, "KILL": signal.SIGKILL}
 
 
+def job_of(attempt_id: str) -> str:
+    """The job an attempt id belongs to: the broker names attempt n of job J `J:n` (`broker.jobs.attempt_id`)."""
+    job, sep, n = attempt_id.rpartition(":")
+    return job if sep and n.isdigit() else attempt_id
+
+
+def busy_message(running: str, launching: str) -> str:
+    """Why a launch waits: one attempt at a time, and never two attempts of one job (a re-queued attempt
+    overlapping the predecessor the broker thought lost)."""
+    if job_of(running) == job_of(launching):
+        return (f"attempt {running} of the same job is still running: {launching} may start only once it has "
+                "ended or was killed")
+    return f"attempt {running} is running"
+
+
 class Attempts:
     def __init__(self, config: AgentConfig, reaper: Reaper) -> None:
         self.config = config
@@ -78,9 +93,14 @@ class Attempts:
         env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
         return env
 
-    def launch(self, spec: LaunchSpec) -> Attempt:
-        """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError)."""
+    def launch(self, spec: LaunchSpec, fence: Callable[[], None] | None = None) -> Attempt:
+        """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError).
+
+        `fence` runs once the launch lock is held and may refuse (raise): a launch that waited for a reset or
+        another launch is judged again against the newest broker term (`terms`), not the one of its arrival."""
         with self.launch_lock:
+            if fence is not None:
+                fence()
             try:
                 return self._launch(spec)
             finally:
@@ -90,7 +110,8 @@ class Attempts:
         attempt = Attempt(spec.attempt_id, spec.session, self.attempts_dir / safe_name(spec.attempt_id))
         with self.cond:
             if self.current is not None:
-                raise Conflict(f"attempt {self.current.attempt_id} is running")
+                raise Conflict(busy_message(self.current.attempt_id, spec.attempt_id), retryable=True,
+                               details={"running": self.current.attempt_id})
             if spec.attempt_id in self.by_id:
                 raise Conflict(f"attempt {spec.attempt_id} was launched before")
             self.current = attempt

@@ -47,7 +47,8 @@ def receive_package(attempts: Attempts, digest: str, body: BinaryIO, length: int
     with attempts.launch_lock:
         with attempts.cond:
             if attempts.current is not None:
-                raise Conflict(f"attempt {attempts.current.attempt_id} is running; packages arrive before a launch")
+                raise Conflict(f"attempt {attempts.current.attempt_id} is running; packages arrive before a launch",
+                               retryable=True)
         attempts.delivered = None
         began = time.perf_counter()
         staging = os.path.join(config.run_dir, f".package-{digest}.zip")

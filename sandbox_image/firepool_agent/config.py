@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -46,7 +47,19 @@ class AgentConfig:
     incarnation: int | None = None
     """This start's incarnation (`incarnation`), given by the launcher or bumped in `state_dir`."""
     state_dir: str = ""
-    """Where the agent persists its incarnation counter itself when the launcher does not give one."""
+    """Where the agent persists its incarnation counter itself when the launcher does not give one, and the
+    newest broker term it has seen (`terms`)."""
+    orphan_after_s: float = 300.0
+    """With no request of a current broker for this long, the agent kills its attempts and exits (`orphan`);
+    0 never does."""
+
+
+def _orphan_default() -> float:
+    """$FIREPOOL_AGENT_ORPHAN_AFTER_S (an image or a pod spec may set it), else 300 s."""
+    try:
+        return float(os.environ.get("FIREPOOL_AGENT_ORPHAN_AFTER_S", "") or 300.0)
+    except ValueError:
+        return 300.0
 
 
 def _auto_cuda_devices() -> str:
@@ -81,7 +94,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
                         help="append each started attempt id to this fd (fsync'd) before its code runs")
     parser.add_argument("--incarnation", type=int, default=None,
                         help="this start's incarnation, persisted by the launcher (reported by /v1/health)")
-    parser.add_argument("--state-dir", default="", help="persist the incarnation counter here (when not given)")
+    parser.add_argument("--state-dir", default="",
+                        help="persist the incarnation counter (when not given) and the newest broker term here")
+    parser.add_argument("--orphan-after-s", type=float, default=_orphan_default(),
+                        help="end the sandbox after this long without a request of a current broker; 0: never "
+                             "(default: $FIREPOOL_AGENT_ORPHAN_AFTER_S or 300)")
     args = parser.parse_args(argv)
     cuda = _auto_cuda_devices() if args.cuda_visible_devices == "auto" else args.cuda_visible_devices
     config = AgentConfig(
@@ -100,7 +117,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
         ledger_fd=args.ledger_fd,
         incarnation=args.incarnation,
         state_dir=os.path.abspath(args.state_dir) if args.state_dir else "",
+        orphan_after_s=args.orphan_after_s,
     )
+    if not (config.orphan_after_s >= 0 and math.isfinite(config.orphan_after_s)):
+        parser.error("--orphan-after-s must be a finite number of seconds, 0 or more")
     if not (config.listen.startswith("unix:") or config.listen.startswith("tcp:")):
         parser.error("--listen must be unix:/path or tcp:host:port")
     value = _read_fd(args.secret_fd) if args.secret_fd is not None else _read_file(args.secret_file)

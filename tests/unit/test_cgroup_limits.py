@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,22 @@ def test_removing_a_pod_cgroup_removes_its_directories(tmp_path: Path) -> None:
     assert cgroups.from_record(host, {"cgroup_dirs": {"pids": "/elsewhere/p3"}}) == \
         cgroups.PodCgroup({"pids": Path("/elsewhere/p3")})
     assert cgroups.from_record(host, {"limits": {"cgroup": "off"}}) is None
+
+
+def test_a_pods_deletion_kills_what_its_cgroup_still_holds(tmp_path: Path) -> None:
+    # A process the pod's known pids missed (a sandbox bwrap forked as its start was stopped) is in its cgroup.
+    stray = subprocess.Popen(["sleep", "60"])
+    try:
+        group = tmp_path / "pids" / "pod"
+        group.mkdir(parents=True)
+        (group / "cgroup.procs").write_text(f"{stray.pid}\n")  # a fake hierarchy keeps the pid listed
+        assert cgroups.kill_members(cgroups.PodCgroup({"pids": group}), timeout_s=0.2) == 1
+        assert stray.wait(5) == -signal.SIGKILL
+    finally:
+        stray.kill()
+        stray.wait()
+    (group / "cgroup.procs").write_text("")
+    assert cgroups.kill_members(cgroups.PodCgroup({"pids": group})) == 0
 
 
 def test_cgroup_names_differ_between_state_dirs() -> None:

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from broker.errors import AgentError
+from broker.fencing import Term
+from broker.running.agent_http import HttpAgentClient
 from broker.running.http1 import AgentUnreachable, Http1Pool
 
 Reply = Callable[[bytes], bytes]
@@ -43,7 +46,8 @@ class Server:
                     break
         except asyncio.IncompleteReadError:
             pass
-        writer.close()
+        finally:  # cancelled too, when the test's loop ends before the client's close reached us
+            writer.close()
 
 
 def ok(body: bytes = b'{"ok":true}', extra: str = "") -> Reply:
@@ -116,3 +120,30 @@ async def test_a_closed_client_refuses_new_requests(tmp_path: Path) -> None:
     await pool.aclose()
     with pytest.raises(RuntimeError):
         await pool.request("GET", "/v1/health", None, 5.0)
+
+
+async def test_every_agent_request_names_the_brokers_current_term_and_a_stale_term_deposes_it(
+    tmp_path: Path,
+) -> None:
+    stale = b'{"error":{"class":"StaleTerm","message":"term 9 leads","retryable":false,"details":{"term":9}}}'
+
+    def reply(head: bytes) -> bytes:
+        if head.startswith(b"POST"):
+            return f"HTTP/1.1 409 Conflict\r\nContent-Length: {len(stale)}\r\n\r\n".encode() + stale
+        return ok(b'{"pod":"p","isolated":true}')(head)
+
+    server = Server(tmp_path / "t.sock", reply)
+    async with await _listen(server):
+        deposed: list[str] = []
+        term = Term(3, on_deposed=deposed.append)
+        client = HttpAgentClient(f"unix:{server.path}", "s" * 32, pod="p", term=term)
+        await client.health()
+        term.value = 4  # the holder is read at each request: a broker that becomes leader needs no new clients
+        await client.health()
+        assert [b"X-Firepool-Term: 3" in h for h in server.heads] == [True, False]
+        assert b"X-Firepool-Term: 4" in server.heads[1]
+        assert not deposed
+        with pytest.raises(AgentError) as refused:
+            await client.keep_kernels(True)
+        assert refused.value.details["agent_class"] == "StaleTerm" and len(deposed) == 1 and "term 9" in deposed[0]
+        await client.close()

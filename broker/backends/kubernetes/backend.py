@@ -16,6 +16,7 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 from broker.backends.kubernetes import hami, podstatus, volcano
@@ -49,6 +50,7 @@ from broker.backends.local import agent_kernels
 from broker.backends.netports import DEFAULT_MASTER_PORT
 from broker.clock import Clock
 from broker.errors import AgentError, BackendError
+from broker.fencing import Term
 from broker.fleet.nodes import Node
 from broker.health.epochs import Epoch, Verdict, judge
 from broker.pools import PoolSpec
@@ -79,11 +81,12 @@ class KubernetesBackend(NodeView, Starting, Deleting):
     """A job's custom image replaces the template's in its pod's agent container (broker.images)."""
 
     def __init__(self, clock: Clock, api: KubeApi, settings: KubernetesSettings = KubernetesSettings(),
-                 agent_factory: AgentFactory | None = None) -> None:
-        """`agent_factory(endpoint, secret, pod)` makes agent clients (tests: fakes); default HTTP."""
+                 agent_factory: AgentFactory | None = None, term: Term | None = None) -> None:
+        """`agent_factory(endpoint, secret, pod)` makes agent clients (tests: fakes); default HTTP, whose requests
+        name `term` (the broker's, `broker.fencing`)."""
         self.clock = clock
         self.api = api
-        self.agent_factory: AgentFactory = agent_factory or http_agent
+        self.agent_factory: AgentFactory = agent_factory or partial(http_agent, term=term)
         self.settings = settings
         self.selector = f"{LABEL_BROKER}={settings.broker_id}"
         self.cache = PodCache()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import AgentError
+from broker.fencing import Term
 from broker.ports.agent import AgentClient, AttemptStatus
 from broker.running.agent_http import HttpAgentClient
 
@@ -20,8 +21,8 @@ LOST_GRACE_S = 0.5
 """How long a signal-killed attempt waits for the watch to say whether its pod was deleted from outside."""
 
 
-def http_agent(endpoint: str, secret: str, pod: str) -> AgentClient:
-    return HttpAgentClient(endpoint, secret, pod=pod)
+def http_agent(endpoint: str, secret: str, pod: str, term: Term | None = None) -> AgentClient:
+    return HttpAgentClient(endpoint, secret, pod=pod, term=term)
 
 
 class PodAgent:

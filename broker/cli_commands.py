@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 BENCHMARKS = ("tracker", "warm-start", "reset", "late-binding", "gangs", "standby", "rollout", "mcp", "jupyter",
               "recovery", "k8s", "dashboard", "loops", "all", "frontier", "fragmentation", "dispatch", "throughput",
-              "output-flood", "one-door", "sandbox-sdk", "e2b")
+              "output-flood", "one-door", "sandbox-sdk", "e2b", "failover")
 """The benchmarks built so far (modules of `bench/`); `all` runs every other one in sequence."""
 
 EXIT_TIMEOUT = 124

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from k8s_emulator import validation
+from k8s_emulator import disruption, validation
 from k8s_emulator.faults import VERBS, Faults
 from k8s_emulator.objects import CLUSTER_SCOPED, KINDS, ApiError, Obj, Store
 from k8s_emulator.rbac import Authorizer
@@ -163,11 +163,12 @@ class Api:
         assert name is not None or verb == "create"
         ns = namespace or ""
         if verb == "get":
-            return web.json_response(self.store.get(resource, ns, name or ""))
+            return web.json_response(self._with_status(resource, self.store.get(resource, ns, name or "")))
         body = await request.json() if request.can_read_body else {}
         if verb == "create":
             return web.json_response(self._create(resource, ns, body), status=201)
-        if verb == "evict":  # the Eviction API: a graceful delete (no PodDisruptionBudgets here)
+        if verb == "evict":  # the Eviction API: a graceful delete, unless it breaks the pod's budget (429)
+            disruption.check_eviction(self.store, ns, name or "")
             self._delete(resource, ns, name or "", body.get("deleteOptions") or {}, {})
             return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                       "code": 201}, status=201)
@@ -201,7 +202,16 @@ class Api:
                 [int(meta["resourceVersion"]), list(_sort_key(items[-1]))]).encode()).decode()
             meta["remainingItemCount"] = 0  # unknown without a snapshot; the client only reads `continue`
         kind = KINDS[resource]
+        items = [self._with_status(resource, item) for item in items]
         return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
+
+    def _with_status(self, resource: str, obj: Obj) -> Obj:
+        """A PodDisruptionBudget's status as its controller keeps it, figured from the pods now."""
+        if resource == disruption.RESOURCE:
+            pods = self.store.list("pods", obj["metadata"].get("namespace", ""))[0]
+            obj["status"] = {**disruption.status(obj, pods),
+                             "observedGeneration": obj["metadata"].get("generation", 1)}
+        return obj
 
     def _create(self, resource: str, namespace: str, body: Obj) -> Obj:
         if not isinstance(body, dict):

@@ -25,7 +25,8 @@ Key = tuple[str, str, str]
 """(resource, namespace, name); cluster-scoped objects have namespace ""."""
 
 KINDS = {"pods": "Pod", "secrets": "Secret", "nodes": "Node", "events": "Event", "configmaps": "ConfigMap",
-         "namespaces": "Namespace", "services": "Service", "podgroups": "PodGroup"}
+         "namespaces": "Namespace", "services": "Service", "podgroups": "PodGroup",
+         "poddisruptionbudgets": "PodDisruptionBudget"}
 CLUSTER_SCOPED = {"nodes", "namespaces"}
 EVENTS_KEPT = 10_000
 

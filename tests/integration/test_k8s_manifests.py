@@ -1,6 +1,6 @@
 """deploy/ and its overlays render with the real `kubectl kustomize`, every object passes the Kubernetes
 API schema strictly (kubernetes-validate, offline), and the rules the schema misses hold: extended
-resources, standby requests, label syntax, least-privilege RBAC, one Recreate broker, network isolation
+resources, standby requests, label syntax, least-privilege RBAC, a leader and a standby with only the leader Ready, network isolation
 of the sandbox pods, the catalog the broker really parses, and a pre-pull for every sandbox image."""
 
 from __future__ import annotations
@@ -172,17 +172,18 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_the_broker_is_one_recreated_non_root_replica_serving_the_mounted_catalog(rendered: list[dict[str, Any]]) -> None:
+def test_the_broker_is_a_non_root_leader_and_standby_serving_the_mounted_catalog(rendered: list[dict[str, Any]]) -> None:
     deployment = _broker(rendered)
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["resources"]["requests"] and container["resources"]["limits"]
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("livenessProbe", "startupProbe"):  # a standby is alive: only readiness tells the roles apart
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert {"name": "http", "containerPort": BROKER_PORT, "protocol": "TCP"} in container["ports"]
 
     command, *args = container["args"]
@@ -203,6 +204,34 @@ def test_the_broker_is_one_recreated_non_root_replica_serving_the_mounted_catalo
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts[parsed.pools]["subPath"] == "pools.yaml" and mounts[parsed.pools]["name"] == "catalog"
     assert str(Path(parsed.tokens).parent) in mounts and parsed.port == BROKER_PORT and parsed.host == "0.0.0.0"
+    assert parsed.advertise_url == f"http://$(POD_IP):{BROKER_PORT}", "standbys name the leader's pod, not loopback"
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_only_the_leader_is_in_the_service_and_a_rollout_or_drain_cannot_stall_on_that(
+        rendered: list[dict[str, Any]]) -> None:
+    """Readiness (/readyz) is the leader's alone, and Kubernetes counts available pods by it: a rollout
+    that had to keep one available would never delete the leader and never see the new standby Ready.
+    The budget keeps the leader from eviction; the brokers share the state volume across nodes."""
+    deployment = _broker(rendered)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = _one(rendered, "Service", "firepool-broker")
+    assert rules.selects({"matchLabels": service["spec"]["selector"]}, labels)
+    assert not service["spec"].get("publishNotReadyAddresses"), "a standby would get clients"
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["maxUnavailable"] == "100%"
+    budget = _one(rendered, "PodDisruptionBudget", "firepool-broker")
+    assert budget["apiVersion"] == "policy/v1" and budget["spec"]["minAvailable"] == 1
+    assert rules.selects(budget["spec"]["selector"], labels)
+    (anti,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert rules.selects(anti["podAffinityTerm"]["labelSelector"], labels)
+    mounts = {m["name"] for m in deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "state")
+    claim = _one(rendered, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert "state" in mounts and claim["spec"]["accessModes"] == ["ReadWriteMany"], "two pods on two nodes"
 
 
 def _policies(rendered: list[dict[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:

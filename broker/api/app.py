@@ -156,7 +156,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
 
     @app.get("/readyz", responses=ERRORS)
     async def readyz() -> JSONResponse:
-        """200 on the leader once it dispatches, else 503: a Kubernetes Service sends traffic to the leader only."""
+        """200 on the leader once it dispatches, else 503 (a readiness probe: only the leader takes traffic)."""
         if leadership.leading and cp.dispatching_at is not None:
             return JSONResponse({"role": "leader", "term": leadership.term.value})
         return _error_response(leadership.refusal())

@@ -17,8 +17,10 @@ log = logging.getLogger("firepool.fencing")
 
 TERM_HEADER = "X-Firepool-Term"
 """The header of every broker -> agent request that names the sender's term."""
-DEFAULT_LEASE_S = 5.0
-"""A leader silent this long is replaced (broker.store.leadership); it deposes itself after half of it."""
+DEFAULT_LEASE_S = 15.0
+"""A leader silent this long is replaced (broker.store.leadership). A leader cut off from its store deposes itself
+after 3/4 of it, so it rides through a shorter store outage (a database restart or fail-over) and a paused leader
+is replaced within it (Kubernetes' leader election uses the same 15 s)."""
 DEPOSED_EXIT = 75
 """The exit status of a deposed broker (EX_TEMPFAIL: start it again and it comes back a standby)."""
 

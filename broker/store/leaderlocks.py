@@ -15,6 +15,7 @@ never replaced, so nothing it does conflicts), and the standbys wait.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -116,9 +117,10 @@ class PostgresLock:
         return sum(1 for e in ended if e)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a session the server already ended
+                conn.close()
 
 
 class MysqlLock:
@@ -165,9 +167,10 @@ class MysqlLock:
         return len(blockers)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a session the server already ended
+                conn.close()
 
 
 class FileLock:

@@ -206,8 +206,8 @@ class Election:
             try:
                 self.lock.check()
             except Exception as exc:  # noqa: BLE001 - whatever ended the session, the lock is gone with it
-                self.term.deposed(f"the store lock's session is gone ({exc}): another broker may lead")
-                return
+                if not self._retake(exc):
+                    return
             try:
                 with self.engine.begin() as conn:  # not a fenced write: the UPDATE's own WHERE is the fence
                     moved = conn.execute(update).rowcount == 0
@@ -218,6 +218,23 @@ class Election:
                 self.term.deposed(f"another broker took a newer term than {self.term.value}")
                 return
             self._last_beat = self.monotonic()
+
+    def _retake(self, lost: BaseException) -> bool:
+        """The lock's session ended (a database restart, a dropped connection, or a standby that ended it): take
+        the lock again at once if it is free, and the beat that follows checks the term did not move. Held by
+        another broker: deposed (False). The store unreachable: try again at the next beat; the watch bounds
+        how long."""
+        self.lock.close()
+        try:
+            got = self.lock.acquire(0.0)
+        except Exception as exc:  # noqa: BLE001 - unreachable for now: the next beat tries again
+            log.warning("the store lock's session ended (%s) and the store does not answer: %s", lost, exc)
+            return True
+        if not got:
+            self.term.deposed(f"the store lock's session ended ({lost}) and another broker holds the lock")
+            return False
+        log.warning("the store lock's session ended (%s); took the lock again, checking the term", lost)
+        return True
 
     def _watch(self) -> None:
         """A beat older than lease/2 (a hung store, a paused process that just woke up): ask for one now and

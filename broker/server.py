@@ -254,6 +254,8 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+WARM_S = 5.0
+"""At most this long a new broker warms up (broker.standby) before it campaigns."""
 FIRST_TRY_S = 10.0
 """At most this long before a new broker serves: its first try of the store's lock (a database to reach)."""
 YOUNG_COLLECTION_EVERY = 20_000
@@ -319,8 +321,11 @@ def serve(settings: ServeSettings) -> int:
     async def lead() -> None:
         """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
         warm_up()
-        warming = asyncio.get_running_loop().create_task(stand_by(cp))
+        warm = asyncio.Event()
+        warming = asyncio.get_running_loop().create_task(stand_by(cp, warm))
         try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(warm.wait(), WARM_S)
             term.value = await asyncio.to_thread(election.campaign)
         finally:
             warming.cancel()

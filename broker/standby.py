@@ -33,8 +33,10 @@ def warm_up() -> None:
     httpx.AsyncHTTPTransport(verify=False)
 
 
-async def stand_by(cp: ControlPlane) -> None:
-    """While campaigning: keep warm what a take-over reads first, so it reads it at the speed of a warm broker."""
+async def stand_by(cp: ControlPlane, warm: asyncio.Event) -> None:
+    """While campaigning: keep warm what a take-over reads first, so it reads it at the speed of a warm broker;
+    `warm` is set after the first pass (a broker campaigns once warm, so a warm standby wins over one that has
+    just started)."""
     keep_warm = getattr(cp.backend, "stand_by", None)
     while True:
         try:
@@ -43,6 +45,7 @@ async def stand_by(cp: ControlPlane) -> None:
                 await keep_warm()
         except FirepoolError as exc:
             log.debug("standby: keeping warm failed this time: %s", exc)
+        warm.set()
         await asyncio.sleep(REFRESH_S)
 
 

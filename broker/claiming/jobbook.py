@@ -41,7 +41,7 @@ class JobBook:
         self.finished: OrderedDict[str, Job] = OrderedDict()
         """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
         client polling for its result reads it here, not from the store."""
-        self.writer = StoreWriter(store.commit_group)
+        self.writer = StoreWriter(lambda writes, inserts: self.store.commit_group(writes, inserts))
         """Runs the group commits of a blocking store on its own thread (broker.claiming.storewriter)."""
         self._enders: dict[str, list[asyncio.Queue[Job]]] = {}
         """job id -> the queues of the watches (broker.intake.Watch) that want it once it is terminal."""

@@ -2,9 +2,9 @@
 
 The event loop never waits on the database, and it hands writes over without a worker-pool hop per commit
 (`asyncio.to_thread` cost a thread-pool submit, a wrapped future and a wake-up per commit, ~70 futex calls a
-job): a write is appended under a lock, and the writer is signalled only when it sleeps. While it commits
-one group the next one gathers, so a busy broker pays one hand-off and one commit for many jobs, and the
-outcomes of a whole group come back to the loop in one call.
+job): the writes of one loop iteration (every task woken together) are handed over at its end under one
+lock, and the writer is signalled only when it sleeps. While it commits one group the next one gathers, so a
+busy broker pays one hand-off and one commit for many jobs, and a group's outcomes come back in one call.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ Item = tuple[Job, int | None, asyncio.Future[Any]]
 class StoreWriter:
     def __init__(self, commit: Commit) -> None:
         self._commit = commit
+        self._outbox: list[Item] = []
+        """Writes of the loop's current iteration, not yet handed to the thread."""
+        self._handing_over = False
         self._pending: list[Item] = []
         self._cond = threading.Condition(threading.Lock())
         self._asleep = False
@@ -50,9 +53,18 @@ class StoreWriter:
         self._thread: threading.Thread | None = None
 
     def put(self, items: Sequence[Item]) -> None:
-        """Queue writes for the next group, all in the same one (called on the event loop)."""
+        """Queue writes for the next group (called on the event loop). They are handed over once the loop's
+        current iteration has run, so the writes of every task woken together go in one group."""
+        self._outbox.extend(items)
+        if not self._handing_over:
+            self._handing_over = True
+            asyncio.get_running_loop().call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        self._handing_over = False
+        outbox, self._outbox = self._outbox, []
         with self._cond:
-            self._pending.extend(items)
+            self._pending.extend(outbox)
             if self._asleep or (self._gathering and len(self._pending) >= GATHER_MAX):
                 self._cond.notify()
             elif self._thread is None:

@@ -204,8 +204,9 @@ def test_a_lost_race_in_the_job_books_group_commit_affects_only_that_job(store: 
     rival = transition(jobs[3], JobState.CANCELLED, at=5.0)  # another writer moves j-3 behind the book's back
     assert store.commit([(rival, jobs[3].version)]) == [True]
     batches: list[int] = []
-    commit = store.commit
-    monkeypatch.setattr(store, "commit", lambda writes: batches.append(len(writes)) or commit(writes))
+    commit_group = store.commit_group
+    monkeypatch.setattr(store, "commit_group", lambda writes, inserts=(): batches.append(len(writes))
+                        or commit_group(writes, inserts))
 
     async def bind_all() -> list[Job | None]:
         return await asyncio.gather(*(book.write(j.id, lambda cur: transition(cur, JobState.RUNNING, at=6.0,

@@ -41,7 +41,10 @@ class CallFailed(FirepoolError):
     `job` is the job as it ended, `log_tail` the end of its combined output (the traceback, usually)."""
 
     def __init__(self, job: JobInfo, index: int, log_tail: str) -> None:
-        how = f"exit code {job.exit_code}" if job.exit_code not in (None, 0) else job.error_class or job.state
+        if job.state == "SUCCEEDED":
+            how = "it printed no result line"
+        else:
+            how = f"exit code {job.exit_code}" if job.exit_code not in (None, 0) else job.error_class or job.state
         last = log_tail.strip().splitlines()[-1:] if log_tail.strip() else []
         super().__init__(f"the call of input {index} failed in job {job.id} ({how})"
                          + (f": {last[0][:300]}" if last else ""),

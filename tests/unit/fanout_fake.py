@@ -49,6 +49,7 @@ class FakeBroker:
     plans: list[Plan] = field(default_factory=list)
     stdout: dict[str, str] = field(default_factory=dict)  # by job index
     refuse: dict[int, int] = field(default_factory=dict)  # batch number -> item index to refuse
+    fails: set[int] = field(default_factory=set)  # job indexes that end FAILED (as does a command naming "fail")
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     batches: list[list[dict[str, Any]]] = field(default_factory=list)
@@ -88,7 +89,7 @@ class FakeBroker:
             if key not in self.keys:
                 job_id = f"j-{len(self.jobs)}"
                 self.keys[key] = job_id
-                failed = "fail" in item["command"]
+                failed = "fail" in item["command"] or len(self.jobs) in self.fails
                 self.jobs[job_id] = {"id": job_id, "state": "QUEUED", "caller": "alice", "pool": item["pool"],
                                      "index": len(self.jobs), "end": ("FAILED", 1) if failed else ("SUCCEEDED", 0)}
             views.append(self.view(self.keys[key], terminal=False))

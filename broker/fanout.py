@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -21,6 +21,9 @@ BATCH_PATH = "/v1/jobs:batch"
 WATCH_PATH = "/v1/jobs:watch"
 MAX_BATCH = 1000
 """Jobs in one `POST /v1/jobs:batch` (the broker's limit); `submit_many` sends longer lists in chunks."""
+MAX_BATCH_BYTES = 1 << 20
+"""JSON bytes of jobs in one batch request: half the broker's default `--max-request-bytes` (2 MiB), so long
+commands split into more requests rather than get 413 RequestTooLarge."""
 MAX_WATCH = 10000
 """Ids in one `POST /v1/jobs:watch` (the broker's limit)."""
 WATCH_WAIT_S = 60.0
@@ -32,7 +35,6 @@ MAX_BREAKS = 5
 
 Item = Sequence[str] | Mapping[str, Any]
 """One job for `submit_many`: an argv list, or a job body with `command` and per-item fields."""
-T = TypeVar("T")
 
 
 def map_args(first: Any, args: Sequence[Any], fields: Mapping[str, Any]
@@ -55,10 +57,17 @@ def map_args(first: Any, args: Sequence[Any], fields: Mapping[str, Any]
     return fn, given["inputs"] if fn is not None else first, str(given.get("pool", "cpu")), rest
 
 
-def chunked(items: Sequence[T], size: int) -> Iterator[tuple[int, Sequence[T]]]:
-    """(offset, slice) pieces of at most `size`."""
-    for start in range(0, len(items), size):
-        yield start, items[start:start + size]
+def batches(bodies: Sequence[dict[str, Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(offset, bodies) of each batch request: at most MAX_BATCH jobs and about MAX_BATCH_BYTES of JSON."""
+    start, size = 0, 0
+    for i, body in enumerate(bodies):
+        weight = len(json.dumps(body)) + 1
+        if i > start and (i - start >= MAX_BATCH or size + weight > MAX_BATCH_BYTES):
+            yield start, list(bodies[start:i])
+            start, size = i, 0
+        size += weight
+    if start < len(bodies):
+        yield start, list(bodies[start:])
 
 
 def batch_items(items: Iterable[Item], pool: str, fields: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -15,14 +15,13 @@ from broker.client_core import JobInfo
 from broker.errors import FirepoolError, StreamBroken
 from broker.fanout import (
     BATCH_PATH,
-    MAX_BATCH,
     WATCH_PATH,
     InOrder,
     Item,
     Watch,
     batch_error,
     batch_items,
-    chunked,
+    batches,
     job_ids,
     jobs_of,
     watch_timeout,
@@ -52,9 +51,9 @@ async def submit_many(http: AsyncJobsHttp, items: Iterable[Item], pool: str,
                       fields: Mapping[str, Any]) -> list[JobInfo]:
     """As `fanout_blocking.submit_many`."""
     jobs: list[JobInfo] = []
-    for offset, chunk in chunked(batch_items(items, pool, fields), MAX_BATCH):
+    for offset, chunk in batches(batch_items(items, pool, fields)):
         try:
-            answer = await http._call("POST", BATCH_PATH, json={"jobs": list(chunk)})
+            answer = await http._call("POST", BATCH_PATH, json={"jobs": chunk})
         except FirepoolError as exc:
             raise batch_error(exc, offset) from None
         jobs += jobs_of(answer.json())

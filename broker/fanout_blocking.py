@@ -17,13 +17,12 @@ from broker.client_core import JobInfo
 from broker.errors import FirepoolError, StreamBroken
 from broker.fanout import (
     BATCH_PATH,
-    MAX_BATCH,
     WATCH_PATH,
     Item,
     Watch,
     batch_error,
     batch_items,
-    chunked,
+    batches,
     finished_in_order,
     job_ids,
     jobs_of,
@@ -52,9 +51,9 @@ class JobsHttp(Protocol):
 def submit_many(http: JobsHttp, items: Iterable[Item], pool: str, fields: Mapping[str, Any]) -> list[JobInfo]:
     """Every item as a job, MAX_BATCH to a request; see `Client.submit_many`."""
     jobs: list[JobInfo] = []
-    for offset, chunk in chunked(batch_items(items, pool, fields), MAX_BATCH):
+    for offset, chunk in batches(batch_items(items, pool, fields)):
         try:
-            answer = http._call("POST", BATCH_PATH, json={"jobs": list(chunk)})
+            answer = http._call("POST", BATCH_PATH, json={"jobs": chunk})
         except FirepoolError as exc:
             raise batch_error(exc, offset) from None
         jobs += jobs_of(answer.json())

@@ -12,7 +12,7 @@ import pytest
 
 from broker.client import AsyncClient, Client
 from broker.errors import InvalidRequest, StreamBroken
-from broker.fanout import MAX_BATCH, MAX_WATCH, ROTATE_WAIT_S, SseParser, Watch
+from broker.fanout import MAX_BATCH, MAX_BATCH_BYTES, MAX_WATCH, ROTATE_WAIT_S, SseParser, Watch
 from broker.retrying import safe_to_repeat
 from tests.unit.fanout_fake import FakeBroker, Plan
 
@@ -43,6 +43,15 @@ def test_a_long_list_goes_in_chunks_of_the_batch_limit_and_comes_back_in_order()
         jobs = fp.submit_many([["echo", str(i)] for i in range(2 * MAX_BATCH + 5)])
     assert [len(b) for b in fake.batches] == [MAX_BATCH, MAX_BATCH, 5]
     assert [j.id for j in jobs] == [f"j-{i}" for i in range(2 * MAX_BATCH + 5)]
+
+
+def test_long_commands_split_a_batch_before_the_request_grows_past_the_byte_budget() -> None:
+    fake = FakeBroker()
+    arg = "x" * 100_000
+    with client(fake) as fp:
+        jobs = fp.submit_many([["echo", arg]] * 25)
+    sizes = [len(json.dumps({"jobs": b})) for b in fake.batches]
+    assert len(fake.batches) == 3 and max(sizes) <= MAX_BATCH_BYTES + 1000 and len(jobs) == 25
 
 
 def test_a_refused_item_is_named_by_its_index_in_the_whole_list() -> None:

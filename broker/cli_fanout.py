@@ -19,15 +19,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from broker.cli_commands import UsageError, _client, checked_requirements, submit_fields
 from broker.cli_output import console
 from broker.client_core import JobInfo
+from broker.errors import FirepoolError
 from broker.fanout import InOrder, Item
 
 PLAIN_EVERY_S = 5.0
 """Off a terminal, a progress line this often (and one at the end)."""
 
 
-def read_items(source: str, stdin: TextIO | None = None) -> list[Item]:
-    """The jobs of a JSON Lines file (`-`: stdin); UsageError naming the line that is not a job. Blank lines
-    are skipped."""
+def read_items(source: str, stdin: TextIO | None = None) -> tuple[list[Item], list[int]]:
+    """The jobs of a JSON Lines file (`-`: stdin) and the line number of each; UsageError naming the line that
+    is not a job. Blank lines are skipped."""
     try:
         if source == "-":
             text = (stdin or sys.stdin).read()
@@ -39,6 +40,7 @@ def read_items(source: str, stdin: TextIO | None = None) -> list[Item]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--from {source}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     items: list[Item] = []
+    numbers: list[int] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -51,9 +53,10 @@ def read_items(source: str, stdin: TextIO | None = None) -> list[Item]:
             raise UsageError(f"--from {source} line {number}: a job is an argv array of strings or an object "
                              f"with a `command` array")
         items.append(item)
+        numbers.append(number)
     if not items:
         raise UsageError(f"--from {source}: no jobs in it")
-    return items
+    return items, numbers
 
 
 class FanoutProgress:
@@ -114,11 +117,17 @@ def cmd_submit_from(args: argparse.Namespace) -> int:
     """`firepool submit --from FILE`: exit 0 when every job succeeded, else 1."""
     if [a for a in args.command if a != "--"]:
         raise UsageError("--from FILE takes its jobs from the file: give no command after --")
-    items = read_items(args.from_file)
+    items, numbers = read_items(args.from_file)
     requirements = checked_requirements(args)
     with _client(args) as fp:
         defaults: dict[str, Any] = submit_fields(args, fp, requirements)
-        jobs = fp.submit_many(items, pool=args.pool, **defaults)
+        try:
+            jobs = fp.submit_many(items, pool=args.pool, **defaults)
+        except FirepoolError as exc:
+            index = exc.details.get("index")
+            if isinstance(index, int) and 0 <= index < len(numbers):  # the broker counts jobs; the user, lines
+                exc.message = f"--from {args.from_file} line {numbers[index]}: {exc.message}"
+            raise
         ids = [j.id for j in jobs]
         with FanoutProgress(len(set(ids))) as progress:
             follow(fp.as_completed(ids), ids, args.json, progress)

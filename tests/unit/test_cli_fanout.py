@@ -17,8 +17,8 @@ from broker.client_core import JobInfo
 def test_lines_are_argv_arrays_or_job_bodies_and_blank_ones_are_skipped(tmp_path: Path) -> None:
     source = tmp_path / "jobs.jsonl"
     source.write_text('["echo", "a"]\n\n{"command": ["echo", "b"], "pool": "gpu"}\n   \n')
-    assert read_items(str(source)) == [["echo", "a"], {"command": ["echo", "b"], "pool": "gpu"}]
-    assert read_items("-", io.StringIO('["true"]\n')) == [["true"]]
+    assert read_items(str(source)) == ([["echo", "a"], {"command": ["echo", "b"], "pool": "gpu"}], [1, 3])
+    assert read_items("-", io.StringIO('["true"]\n')) == ([["true"]], [1])
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -31,7 +31,8 @@ WATCH_WAIT_S = 60.0
 ROTATE_WAIT_S = 2.0
 """With more than MAX_WATCH ids pending, each chunk is watched this long in turn, so no chunk waits on another."""
 MAX_BREAKS = 5
-"""Watch streams in a row that break off before they deliver anything: then StreamBroken is raised."""
+"""Watch streams in a row that break off (or close before `end`) with no job delivered in between: then
+StreamBroken is raised."""
 
 Item = Sequence[str] | Mapping[str, Any]
 """One job for `submit_many`: an argv list, or a job body with `command` and per-item fields."""

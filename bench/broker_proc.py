@@ -20,10 +20,12 @@ import httpx
 
 class BenchBroker:
     def __init__(self, *, callers: tuple[str, ...] = ("bench",), pools: str | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), admins: tuple[str, ...] = ()) -> None:
+        """`admins`: callers marked admin (they read /metrics)."""
         self.dir = Path(tempfile.mkdtemp(prefix="fp-bench-"))
-        self.tokens = {c: secrets.token_hex(16) for c in callers}
-        (self.dir / "tokens.json").write_text(json.dumps({t: c for c, t in self.tokens.items()}))
+        self.tokens = {c: secrets.token_hex(16) for c in (*callers, *admins)}
+        (self.dir / "tokens.json").write_text(json.dumps({t: {"caller": c, "admin": True} if c in admins else c
+                                                          for c, t in self.tokens.items()}))
         (self.dir / "tokens.json").chmod(0o600)  # plain tokens: `firepool mcp --broker-tokens` refuses an open file
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

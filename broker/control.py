@@ -10,20 +10,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from broker.claiming.admission import admit
 from broker.claiming.dispatching import Dispatcher
 from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.preempting import Preempter
 from broker.claiming.tracker import Tracker
 from broker.clock import Clock
-from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound, PackageError
+from broker.errors import Conflict, FirepoolError, InvalidRequest, NotFound
 from broker.events import Event, EventLog
 from broker.fleet.quotas import QuotasSpec, QuotaTree
 from broker.health.monitor import HealthMonitor
 from broker.health.quarantine import Quarantine
+from broker.intake import Intake, Watch
 from broker.jobs import SIGNALS, ErrorClass, Job, JobSpec, JobState, transition
 from broker.pods import PodState
 from broker.pools import Catalog
@@ -106,6 +106,9 @@ class ControlPlane:
                                  delivery=PackageDelivery(packages) if packages is not None else None,
                                  kernels=self.kernels, health=self.health)
         self.dispatcher.executor = self.executor
+        self.intake = Intake(clock=clock, catalog=catalog, book=self.book, queue=self.dispatcher,
+                             ceilings=self.controller, quota_tree=lambda: self.quota_tree,
+                             runs_images=bool(getattr(backend, "runs_images", False)), packages=packages)
         self.connections = KernelConnections(clock=clock, jobs=self.book, launched=self.executor.launched,
                                              leases=self.tracker, agents=backend)
         self.heartbeat = Heartbeat(clock, self.tracker, backend, tuning.agent_heartbeat_s)
@@ -170,6 +173,7 @@ class ControlPlane:
             await self.events.flush()
         except FirepoolError as exc:
             log.warning("writing the last events failed: %s", exc)
+        await self.book.close()
         if delete_idle_pods:
             idle = [p.name for p in self.tracker.snapshot() if p.state in (PodState.IDLE, PodState.STARTING)]
             await asyncio.gather(*(self.backend.delete(name) for name in idle), return_exceptions=True)
@@ -179,35 +183,18 @@ class ControlPlane:
 
     async def submit(self, caller: str, spec: JobSpec) -> tuple[Job, bool]:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
-        job = admit(spec, caller, self.catalog.pools, self.clock.now(), self.quota_tree,
-                    runs_images=bool(getattr(self.backend, "runs_images", False)),
-                    set_ceilings=self.controller.set_ceilings, set_largest=self.controller.set_largest)
-        await self._check_package(caller, spec)
-        stored = await self.book.insert(job)
-        created = stored.id == job.id
-        if created or (stored.state is JobState.QUEUED and stored.id not in self.dispatcher.queued
-                       and stored.id not in self.dispatcher.binding):
-            # A retried submit whose first insert landed although its answer was lost (a database
-            # restarting) finds its job queued in the store but never handed to the dispatcher.
-            self.dispatcher.enqueue(self.book.live.get(stored.id, stored))
-        return stored, created
+        return await self.intake.submit(caller, spec)
 
-    async def _check_package(self, caller: str, spec: JobSpec) -> None:
-        """A job may name only a package its caller uploaded: refused at submit, not at launch."""
-        digest = spec.extra.get("package")
-        if digest is None:
-            return
-        if self.packages is None:
-            raise PackageError("this broker has no package store", {"package": digest})
-        if not await asyncio.to_thread(self.packages.exists, caller, str(digest)):
-            raise PackageError(f"no package {digest}: upload it with PUT /v1/packages/{digest} first",
-                               {"package": digest})
+    async def submit_many(self, caller: str, specs: Sequence[JobSpec]) -> list[tuple[Job, bool]]:
+        """A batch: every item admitted, then all stored in one transaction (broker.intake)."""
+        return await self.intake.submit_many(caller, specs)
+
+    async def watch(self, caller: str, ids: Sequence[str]) -> Watch:
+        """Follow a set of the caller's jobs as they end (broker.intake.Watch)."""
+        return await self.intake.watch(caller, ids)
 
     async def get(self, caller: str, job_id: str) -> Job:
-        job = await self.book.get(job_id) if _plausible_id(job_id) else None
-        if job is None or job.caller != caller:
-            raise NotFound(f"no job {job_id!r}", {"job": job_id})
-        return job
+        return await self.intake.owned(caller, job_id)
 
     async def wait(self, caller: str, job_id: str, wait_s: float) -> Job:
         """The job once terminal, or as it stands after `wait_s` seconds."""
@@ -413,7 +400,3 @@ class ControlPlane:
         """How the backend enforces pod limits (cgroup version or off, and why), for /healthz."""
         info = getattr(self.backend, "limits_info", None)
         return dict(info) if info is not None else None
-
-
-def _plausible_id(job_id: str) -> bool:
-    return 1 <= len(job_id) <= 64 and job_id.isalnum()

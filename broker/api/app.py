@@ -17,6 +17,7 @@ from broker import __version__
 from broker.api import door
 from broker.api.access import Part, readable_job
 from broker.api.auth import Identity, TokenAuth
+from broker.api.batch_routes import add_batch_routes
 from broker.api.command_routes import add_command_routes
 from broker.api.e2b.layer import E2BLayer
 from broker.api.exposure import Exposure
@@ -65,12 +66,18 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
         if err.get("type") == "extra_forbidden":
             loc = [str(p) for p in err.get("loc", ()) if p != "body"]
             field = ".".join(loc)
-            return UnknownField(f"unknown field {field!r}", {"field": field})
+            return UnknownField(f"unknown field {field!r}", {"field": field, **_item(err)})
     details = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg", "")}
                for e in errors]
     first = details[0] if details else {"field": "", "problem": "invalid request"}
     return InvalidRequest(f"{first['field'] or 'body'}: {first['problem']}",
-                          {"field": first["field"] or "body", "errors": details})
+                          {"field": first["field"] or "body", "errors": details, **(_item(errors[0]) if errors else {})})
+
+
+def _item(err: Any) -> dict[str, int]:
+    """A batch item's index (`POST /v1/jobs:batch`: loc body.jobs.<i>...), as the batch's own errors name it."""
+    loc = tuple(err.get("loc", ()))
+    return {"index": loc[2]} if len(loc) > 2 and loc[:2] == ("body", "jobs") and isinstance(loc[2], int) else {}
 
 
 WAIT_ON_SUBMIT = ("Answer once the job is terminal or this many seconds passed (as GET /v1/jobs/{id}?wait_s=): "
@@ -279,6 +286,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         return {"events": [e.to_json() if who.admin else caller_view(e) for e in found],
                 "next": found[-1].id if found else after_id}
 
+    add_batch_routes(app, cp, current_caller, ERRORS, cp.clock.now)  # a fan-out in one request, its results streamed
     add_command_routes(app, cp, cp.book.wait_change, current_caller, ERRORS)  # a session's command, streamed
     add_package_routes(app, cp, current_caller, {**ERRORS, 413: {"model": ErrorView}})
     settings = ui_session_settings or SessionSettings()

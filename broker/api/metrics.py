@@ -52,6 +52,11 @@ class _Collector:
         for (pool, state), n in sorted(stats.jobs_finished.items()):
             done.add_metric([pool, state], n)
         yield done
+        writer = self.cp.book.writer
+        yield CounterMetricFamily("firepool_store_commits", "Group commits of job rows (one transaction each)",
+                                  value=writer.commits)
+        yield CounterMetricFamily("firepool_store_writes", "Job row writes and inserts, in all group commits",
+                                  value=writer.writes)
         resets = CounterMetricFamily("firepool_resets", "Pod resets by outcome", labels=["pool", "clean"])
         for (pool, clean), n in sorted(stats.resets.items()):
             resets.add_metric([pool, "true" if clean else "false"], n)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
+from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.passing import Shape, Tally
+from broker.claiming.queueing import JobQueue, Reasons
 from broker.claiming.reserving import Reservation, reserve_if_due, restart_estimate
 from broker.claiming.reserving import refresh as refresh_reservations
 from broker.claiming.tracker import (
@@ -45,7 +48,6 @@ from broker.jobs import (
     Job,
     JobState,
     attempt_id,
-    job_sort_key,
     transition,
 )
 from broker.stats import Stats
@@ -72,10 +74,10 @@ class Dispatcher:
         self.tasks = tasks
         self.stats = stats
         self.tick = tick
-        self.queued: dict[str, Job] = {}
-        """QUEUED jobs not being bound right now."""
+        self.queued = JobQueue()
+        """QUEUED jobs not being bound right now, in dispatch order (broker.claiming.queueing)."""
         self.binding: set[str] = set()
-        self.waiting_reason: dict[str, str] = {}
+        self.waiting_reason = Reasons(self.queued)
         """job id -> why its last claim took nothing."""
         self.executor: Executor | None = None
         self.preempter: Preempter | None = None
@@ -133,81 +135,49 @@ class Dispatcher:
         """One pass over the queue; returns how many jobs were claimed."""
         self.passes += 1
         now = self.clock.now()
-        demand: dict[str, int] = defaultdict(int)
-        single_use: dict[str, tuple[str, int]] = {}
-        queued_by: dict[str, dict[str, int]] = defaultdict(dict)
-        over_quota: dict[str, dict[str, int]] = defaultdict(dict)
-        takers: dict[str, dict[str, int]] = defaultdict(dict)
-        """pool -> caller -> pods of queued jobs that take the caller's held pods only at the ceiling (takeovers)."""
-        images: dict[str, tuple[str, bool]] = {}
-        gangs: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        sets: dict[str, tuple[str, int]] = {}
-        """Gangs confined to one node or domain: the controller makes each a whole set there (job -> pool, pods)."""
-        owners: dict[str, tuple[tuple[str, str, str], bool]] = {}
-        """job -> (session, recycle) of each of those sets: its caller's held pods beside which the rest is made."""
-        where: dict[str, str] = {}
-        """job -> `node` | `domain` for every confined gang above and confined single-use set."""
+        t = Tally()
         claimed = 0
         if now >= self._next_sweep:
             self._sweep(now)
         refresh_reservations(self.tracker, self.book.live, now, self._break_hold, self._alert)
         # A queued job's session keeps its idle pod for it: no newer session of the caller recycles it first.
-        self.tracker.queued_sessions = frozenset((j.caller, j.spec.queue, j.spec.lease_tag)
-                                                 for j in self.queued.values() if not j.spec.own_pods)
+        self.tracker.queued_sessions = frozenset(self.queued.sessions)
         if self.preempter is not None:
             self.preempter.prune(self.book.live)
-        for order, job in sorted((job_sort_key(j), j) for j in self.queued.values()):  # keys end in the job id: unique
+        memo = self.preempter is None  # preemption weighs each job on its own
+        short: dict[Shape, _Like] = {}
+        """shape (broker.claiming.passing) -> the first job of it that took nothing, and how many like jobs came
+        after it: a deep queue of like jobs costs one claim and one tally, not one a job (a pass frees no pod)."""
+        left = Counter(self.queued.shapes) if memo else Counter()
+        """shape -> its jobs not yet walked past."""
+        open_shapes, unshaped = len(left), self.queued.unshaped if memo else len(self.queued)
+        for key in self.queued.in_order():
+            if not open_shapes and not unshaped:
+                break  # every job left is of a shape that came up short in this pass
+            job = self.queued[key[2]]
+            same = self.queued.shape_of(job.id) if memo else None
+            if same is None:
+                unshaped -= 1
+            else:
+                left[same] -= 1
+                if (seen := short.get(same)) is not None:
+                    seen.more += 1
+                    continue
+                if not left[same]:
+                    open_shapes -= 1  # its last job: it closes, whether it takes a pod or not
             spec = job.spec
             ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
             got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
                                            spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           order, recycle=spec.recycle, image=spec.image,
+                                           key, recycle=spec.recycle, image=spec.image,
                                            preemptible=bool(spec.extra.get("preemptible")),
                                            topology=spec.topology), now)
             if isinstance(got, Shortfall):
-                pool = self.tracker.pool(spec.pool)
-                confine = confined(spec.topology, pool, spec.pods) if pool is not None else ""
-                why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine,
-                                 self.controller.set_largest) if confine and pool else None
-                if why is not None:
-                    self._unschedulable(job, why)  # before it could make anyone yield or hold room for it
-                    continue
-                self.waiting_reason[job.id] = got.reason
-                if got.reason == REASON_SESSION_RESETTING:
-                    continue  # its own pod is back in milliseconds: no demand for another
-                if got.reason.startswith(REASON_TEAM_QUOTA):
-                    got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
-                elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
-                    self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
-                # A `boundary` pool keeps live sessions: its jobs take another session's pod only at the ceiling.
-                recycles = spec.recycle and pool is not None and pool.reuse_tag != "boundary"
-                if confine:
-                    where[job.id] = confine
-                if spec.own_pods:
-                    if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
-                        single_use[job.id] = (spec.pool, spec.pods)
-                        if spec.image:
-                            images[job.id] = (spec.image, pinned(spec.image) and not spec.single_use)
-                elif job.id in where:
-                    if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
-                        sets[job.id] = (spec.pool, spec.pods)
-                        owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), recycles)  # its held pods
-                else:
-                    # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
-                    demand[spec.pool] += spec.pods - self.tracker.reserved_count(job.id)
-                    if spec.pods > 1:
-                        gangs[spec.pool].append((job.id, spec.pods))  # new pods for it are made beside each other
-                    if spec.pods > 1 and got.reason != REASON_QUOTA:
-                        reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
-                    if recycles:  # the others use the caller's held pods of other sessions only at the ceiling
-                        by = queued_by[spec.pool]
-                        by[job.caller] = by.get(job.caller, 0) + spec.pods
-                        if got.reason == REASON_QUOTA:  # takes no held pod until its caller's own jobs end
-                            by = over_quota[spec.pool]
-                            by[job.caller] = by.get(job.caller, 0) + spec.pods
-                    elif got.reason != REASON_QUOTA:  # no supply below the ceiling, but spared when holds break
-                        by = takers[spec.pool]
-                        by[job.caller] = by.get(job.caller, 0) + spec.pods
+                if same is not None:
+                    short[same] = _Like(got, job)
+                    if left[same]:
+                        open_shapes -= 1
+                self._short(job, got, now, t, own_reason=same is None)
                 continue
             claimed += 1
             if any(p.retire for p in got.pods):
@@ -216,9 +186,62 @@ class Dispatcher:
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
             self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
-        self.controller.report_demand(demand, single_use, queued_by, over_quota, images, gangs, sets, where, owners,
-                                      takers)
+        for same, like in short.items():
+            like.more += left[same]  # its jobs the pass never reached
+            if like.more:
+                self._short(like.job, like.got, now, t, like.more)
+        self.waiting_reason.by_shape = {same: like.got.reason for same, like in short.items()}
+        self.controller.report_demand(t.demand, t.single_use, t.queued_by, t.over_quota, t.images, t.gangs, t.sets,
+                                      t.where, t.owners, t.takers)
         return claimed
+
+    def _short(self, job: Job, got: Shortfall, now: float, t: Tally, like: int = 0, own_reason: bool = True) -> None:
+        """Tally a job that took nothing; `like`: only the like jobs after it (broker.claiming.passing.shape),
+        whose rows are not read again, are tallied (the job itself was, as the first of its shape).
+        `own_reason`: the job's waiting reason is its own (else its shape's, broker.claiming.queueing.Reasons)."""
+        spec = job.spec
+        n = like or 1
+        pool = self.tracker.pool(spec.pool)
+        confine = confined(spec.topology, pool, spec.pods) if pool is not None else ""
+        why = never_fits(self.controller.set_ceilings, pool, spec.pods, confine,
+                         self.controller.set_largest) if confine and pool else None
+        if why is not None:
+            self._unschedulable(job, why)  # before it could make anyone yield or hold room for it
+            return
+        if not like and own_reason:
+            self.waiting_reason[job.id] = got.reason
+        if got.reason == REASON_SESSION_RESETTING:
+            return  # its own pod is back in milliseconds: no demand for another
+        if got.reason.startswith(REASON_TEAM_QUOTA):
+            got = Shortfall(REASON_QUOTA, got.missing)  # waits on its team's quota like a caller quota
+        elif self.preempter is not None and not spec.single_use and got.reason != REASON_QUOTA:
+            self.preempter.consider(job, self.book.live, now)  # short of capacity, not of its own quota
+        # A `boundary` pool keeps live sessions: its jobs take another session's pod only at the ceiling.
+        recycles = spec.recycle and pool is not None and pool.reuse_tag != "boundary"
+        if confine:
+            t.where[job.id] = confine
+        if spec.own_pods:
+            if got.reason != REASON_QUOTA:  # pods made now would hold room until its caller's jobs end
+                t.single_use[job.id] = (spec.pool, spec.pods)
+                if spec.image:
+                    t.images[job.id] = (spec.image, pinned(spec.image) and not spec.single_use)
+        elif job.id in t.where:
+            if got.reason != REASON_QUOTA:  # a whole set made for it on one node, as single-use sets are
+                t.sets[job.id] = (spec.pool, spec.pods)
+                t.owners[job.id] = ((job.caller, spec.queue, spec.lease_tag), recycles)  # its held pods
+        else:
+            # The controller subtracts the pods still coming or idle; a reservation's pods are the gang's.
+            t.demand[spec.pool] += n * (spec.pods - self.tracker.reserved_count(job.id))
+            if spec.pods > 1:
+                t.gangs[spec.pool].append((job.id, spec.pods))  # new pods for it are made beside each other
+            if spec.pods > 1 and got.reason != REASON_QUOTA:
+                reserve_if_due(self.tracker, job, self.book.live, now, self._break_hold)
+            if recycles:  # the others use the caller's held pods of other sessions only at the ceiling
+                t.add(t.queued_by, spec.pool, job.caller, n * spec.pods)
+                if got.reason == REASON_QUOTA:  # takes no held pod until its caller's own jobs end
+                    t.add(t.over_quota, spec.pool, job.caller, n * spec.pods)
+            elif got.reason != REASON_QUOTA:  # no supply below the ceiling, but spared when holds break
+                t.add(t.takers, spec.pool, job.caller, n * spec.pods)
 
     def _unschedulable(self, job: Job, why: str) -> None:
         """A confined gang that no node (domain) of its pool can ever hold, as the backend's nodes now tell: it
@@ -340,3 +363,12 @@ class Dispatcher:
         except Exception as exc:  # a bug on the launch path must not leave the job RUNNING for ever
             log.exception("running %s failed inside the broker; ending its attempt", job_id)
             await self.executor.abort(committed, lease, exc)
+
+
+@dataclass
+class _Like:
+    """The first job of a shape that took nothing in a pass, and how many like jobs came after it."""
+
+    got: Shortfall
+    job: Job
+    more: int = 0

@@ -3,8 +3,8 @@
 Every write to a job row goes through `write(job_id, change)`: writes to one job are serialized, the
 change function sees the latest committed row, and the store applies it only if the row still has
 the version the change was computed from. Writes from different jobs that arrive together share one
-store transaction (group commit), so a busy SQL store pays one commit for many jobs; a new job joins the same
-transaction, and its submit returns only once that transaction committed (a repeated idempotency key returns
+store transaction (group commit, on the store writer's thread), so a busy SQL store pays one commit for many
+jobs; a new job joins the same transaction, and its submit returns only once that transaction committed (a repeated idempotency key returns
 the caller's first job and stores nothing: the store resolves it, see `JobStore.commit_group`).
 """
 
@@ -15,6 +15,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from broker.claiming.storewriter import StoreWriter
 from broker.clock import Clock
 from broker.jobs import Job
 from broker.ports.store import JobStore
@@ -40,9 +41,10 @@ class JobBook:
         self.finished: OrderedDict[str, Job] = OrderedDict()
         """The last FINISHED_KEPT jobs this book saw turn terminal: a terminal row never changes again, so a
         client polling for its result reads it here, not from the store."""
-        self._pending: list[tuple[Job, int | None, asyncio.Future[Any]]] = []
-        """Writes (job, expected version) and inserts (job, None) waiting for the next group commit."""
-        self._flushing = False
+        self.writer = StoreWriter(store.commit_group)
+        """Runs the group commits of a blocking store on its own thread (broker.claiming.storewriter)."""
+        self._enders: dict[str, list[asyncio.Queue[Job]]] = {}
+        """job id -> the queues of the watches (broker.intake.Watch) that want it once it is terminal."""
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store call, on a worker thread when the store blocks."""
@@ -58,6 +60,19 @@ class JobBook:
             stored = await self.io(self.store.insert, job)
         if not stored.terminal:
             self.live.setdefault(stored.id, stored)
+        return stored
+
+    async def insert_many(self, jobs: list[Job]) -> list[Job]:
+        """Insert a batch in one group commit (one store transaction); per job, the job stored for it."""
+        if not self.store.blocking:
+            return [await self.insert(job) for job in jobs]
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Job]] = [loop.create_future() for _ in jobs]
+        self.writer.put([(job, None, future) for job, future in zip(jobs, futures, strict=True)])
+        stored = list(await asyncio.gather(*futures))  # every future's error is retrieved, the first raised
+        for job in stored:
+            if not job.terminal:
+                self.live.setdefault(job.id, job)
         return stored
 
     async def get(self, job_id: str) -> Job | None:
@@ -78,6 +93,20 @@ class JobBook:
         event = self._changed.pop(job.id, None)
         if event is not None:
             event.set()
+        if job.terminal and self._enders:
+            for queue in self._enders.pop(job.id, ()):
+                queue.put_nowait(job)
+
+    def watch_end(self, job_id: str, queue: asyncio.Queue[Job]) -> None:
+        """Put the job into `queue` once it is terminal (once: the watch is dropped then)."""
+        self._enders.setdefault(job_id, []).append(queue)
+
+    def unwatch_end(self, job_id: str, queue: asyncio.Queue[Job]) -> None:
+        queues = self._enders.get(job_id)
+        if queues is not None and queue in queues:
+            queues.remove(queue)
+            if not queues:
+                del self._enders[job_id]
 
     async def write(self, job_id: str, change: Callable[[Job], Job]) -> Job | None:
         """Apply `change` to the latest row and commit it version-checked.
@@ -138,36 +167,12 @@ class JobBook:
     async def _enqueue(self, job: Job, expected: int | None) -> Any:
         """Wait for the group commit: a write's win (bool), or the job an insert stored (or found) for it."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, expected, future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush(), name="jobbook flush")
+        self.writer.put([(job, expected, future)])
         return await future
 
-    async def _flush(self) -> None:
-        """Commit everything pending in one transaction per round (group commit)."""
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                writes = [(j, e) for j, e, _ in batch if e is not None]
-                inserts = [j for j, e, _ in batch if e is None]
-                try:
-                    if inserts:
-                        won, stored = await asyncio.to_thread(self.store.commit_group, writes, inserts)
-                    else:
-                        won, stored = await asyncio.to_thread(self.store.commit, writes), []
-                except Exception as exc:  # the store's own error tree; every writer sees it
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                results, firsts = iter(won), iter(stored)
-                for _, expected, future in batch:
-                    result = next(firsts) if expected is None else next(results)
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._flushing = False
+    async def close(self) -> None:
+        """Let the writes already handed over commit, then stop the store writer."""
+        await asyncio.to_thread(self.writer.close)
 
     async def wait_change(self, job_id: str, timeout: float) -> None:
         """Wait until the job's row changes (or `timeout` passes)."""

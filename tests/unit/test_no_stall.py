@@ -11,7 +11,7 @@ import os
 import random
 
 from broker.claiming.tracker import REASON_QUOTA, REASON_SESSION_RESETTING
-from broker.jobs import Job, JobState
+from broker.jobs import Job, JobSpec, JobState
 from broker.pods import Origin, Pod, PodState
 from broker.pools import CallerLimits
 from tests.unit.harness import Harness, cpu_pool
@@ -263,9 +263,14 @@ async def run_workload(seed: int, strict: bool = True) -> None:
             caller = rng.choice(CALLERS)
             most = quota if caller == "alice" else ceiling  # larger jobs of a caller over quota never run
             duration = str(rng.choice([0.5, 2.0, 10.0, 30.0]))
-            if kind < 0.45:
+            if kind < 0.3:
                 jobs.append(await h.submit(caller, lease_tag=rng.choice(["", "a", "b"]),
                                            recycle=rng.random() < 0.7, command=("sleep", duration)))
+            elif kind < 0.45:  # a batch (POST /v1/jobs:batch) of like and unlike jobs
+                batch = [JobSpec(pool="cpu", command=("sleep", str(rng.choice([0.5, 2.0, 10.0]))),
+                                 lease_tag=rng.choice(["", "a", "b"]), recycle=rng.random() < 0.7,
+                                 single_use=rng.random() < 0.2) for _ in range(rng.randint(2, 8))]
+                jobs += [job for job, _ in await h.cp.submit_many(caller, batch)]
             elif kind < 0.75:
                 pods = rng.randint(1, min(2, most))
                 jobs.append(await h.submit(caller, single_use=True, pods=pods, command=("sleep", duration)))

@@ -1,0 +1,114 @@
+"""The job book's store writer: one thread that runs every group commit of a blocking (SQL) store.
+
+The event loop never waits on the database, and it hands writes over without a worker-pool hop per commit
+(`asyncio.to_thread` cost a thread-pool submit, a wrapped future and a wake-up per commit, ~70 futex calls a
+job): a write is appended under a lock, and the writer is signalled only when it sleeps. While it commits
+one group the next one gathers, so a busy broker pays one hand-off and one commit for many jobs, and the
+outcomes of a whole group come back to the loop in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from broker.jobs import Job
+
+log = logging.getLogger("firepool.jobbook")
+
+GATHER_S = 0.001
+"""While writes keep coming (the last commit ended under BUSY_S ago), a group waits this long for more before it
+commits: a fan-out's jobs share commits instead of paying one each (a commit's fsync is most of its cost), and
+a lone job's write never waits."""
+BUSY_S = 0.005
+GATHER_MAX = 64
+"""Writes that end the wait at once."""
+
+Commit = Callable[[Sequence[tuple[Job, int]], Sequence[Job]], tuple[list[bool], list[Job]]]
+"""`JobStore.commit_group`: writes (job, expected version) and inserts -> (the writes' wins, the jobs stored)."""
+Item = tuple[Job, int | None, asyncio.Future[Any]]
+"""A write (job, expected version) or an insert (job, None), and the future its outcome goes to."""
+
+
+class StoreWriter:
+    def __init__(self, commit: Commit) -> None:
+        self._commit = commit
+        self._pending: list[Item] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._asleep = False
+        self._gathering = False
+        self._closed = False
+        self._last_commit = -1.0
+        self.commits = 0
+        """Group commits run (one store transaction each)."""
+        self.writes = 0
+        """Writes and inserts they carried."""
+        self._thread: threading.Thread | None = None
+
+    def put(self, items: Sequence[Item]) -> None:
+        """Queue writes for the next group, all in the same one (called on the event loop)."""
+        with self._cond:
+            self._pending.extend(items)
+            if self._asleep or (self._gathering and len(self._pending) >= GATHER_MAX):
+                self._cond.notify()
+            elif self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="firepool store writer", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        """Let the thread commit what is queued and end (a later `put` starts a new one)."""
+        with self._cond:
+            thread = self._thread
+            if thread is None:
+                return
+            self._closed = True
+            self._cond.notify()
+        thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._asleep = True
+                    self._cond.wait()
+                    self._asleep = False
+                if not self._pending:  # closed, and nothing left to commit
+                    self._thread, self._closed = None, False
+                    return
+                if len(self._pending) < GATHER_MAX and time.monotonic() - self._last_commit < BUSY_S:
+                    self._gathering = True
+                    self._cond.wait(GATHER_S)
+                    self._gathering = False
+                batch, self._pending = self._pending, []
+            writes = [(job, expected) for job, expected, _ in batch if expected is not None]
+            inserts = [job for job, expected, _ in batch if expected is None]
+            outcome: tuple[list[bool], list[Job]] | BaseException
+            try:
+                outcome = self._commit(writes, inserts)
+            except Exception as exc:  # the store's own error tree; every writer of the group sees it
+                outcome = exc
+            self._last_commit = time.monotonic()
+            self.commits += 1
+            self.writes += len(batch)
+            try:
+                batch[0][2].get_loop().call_soon_threadsafe(_settle, batch, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                log.debug("a group commit finished after its event loop closed")
+
+
+def _settle(batch: list[Item], outcome: tuple[list[bool], list[Job]] | BaseException) -> None:
+    """Hand each writer its outcome: a write's win (bool), or the job an insert stored (or found) for it."""
+    if isinstance(outcome, BaseException):
+        for _, _, future in batch:
+            if not future.done():
+                future.set_exception(outcome)
+        return
+    won, stored = iter(outcome[0]), iter(outcome[1])
+    for _, expected, future in batch:
+        result = next(stored) if expected is None else next(won)
+        if not future.done():
+            future.set_result(result)

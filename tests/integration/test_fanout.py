@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import httpx
 import pytest
 
 from broker.client import AsyncClient, Client
 from broker.errors import InvalidRequest, NotFound
 from broker.fanout_calls import CallFailed
+from broker.retrying import RetryPolicy
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -128,3 +130,20 @@ def test_submit_from_a_file_prints_a_line_per_job_in_order_and_exits_1_when_one_
                              text=True, timeout=60)
     assert refused.returncode == 1 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1
     assert f"InvalidRequest: --from {source} line 3:" in refused.stderr
+
+
+def test_a_watch_whose_broker_was_killed_resumes_on_the_restarted_one_and_misses_no_job(
+        broker: BrokerProcess) -> None:
+    with Client(broker.url, broker.tokens["alice"], retry=RetryPolicy(attempts=10)) as fp:
+        watches: list[httpx.Request] = []
+        fp._http.event_hooks["request"] = [lambda r: watches.append(r) if r.url.path == "/v1/jobs:watch" else None]
+        jobs = fp.submit_many([["sleep", "4"], ["sleep", "4"], ["true"]], lease_tag="fan")
+        finished = fp.as_completed(jobs, timeout=120)
+        first = next(finished)  # the watch stream is open, and stays so while the broker dies
+        broker.kill()
+        broker.start()  # pods are their own sessions: the jobs run on and the new broker recovers them
+        rest = list(finished)
+    assert first.id == jobs[2].id and sorted(j.id for j in rest) == sorted(j.id for j in jobs[:2])
+    assert {j.state for j in [first, *rest]} == {"SUCCEEDED"}
+    assert [sorted(json.loads(w.content)["ids"]) for w in watches][-1] == sorted(j.id for j in jobs[:2])
+    assert len(watches) >= 2  # the first stream broke with its broker; the resumed one asked for what was left

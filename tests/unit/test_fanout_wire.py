@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from broker import intake
 from broker.client import AsyncClient, Client
 from broker.errors import InvalidRequest, StreamBroken
 from broker.fanout import MAX_BATCH, MAX_BATCH_BYTES, MAX_WATCH, ROTATE_WAIT_S, SseParser, Watch
@@ -21,6 +22,10 @@ A, B = "http://a:1", "http://b:2"
 
 def client(fake: FakeBroker, urls: str = A) -> Client:
     return Client(urls, "tok", transport=fake.transport(), sleep=lambda _: None)
+
+
+def test_the_sdks_limits_are_the_brokers() -> None:
+    assert (MAX_BATCH, MAX_WATCH) == (intake.MAX_BATCH, intake.MAX_WATCH)
 
 
 def test_items_become_bodies_with_shared_defaults_their_own_overrides_and_a_key_each() -> None:

@@ -6,13 +6,13 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, overload
 from urllib.parse import quote
 
 import httpx
 
-from broker import packaging
+from broker import fanout_async, packaging
 from broker.client_core import (
     KERNEL_RETRY,
     RUN_WAIT,
@@ -25,6 +25,7 @@ from broker.client_core import (
     unreachable,
 )
 from broker.errors import KernelNotReady
+from broker.fanout import Item, map_args
 from broker.locations import Brokers, discover
 from broker.retrying import RetryPolicy, Tries
 
@@ -118,6 +119,31 @@ class AsyncClient:
                      **fields: Any) -> JobInfo:
         response = await self._call("POST", "/v1/jobs", json=job_body(command, pool, {**fields, "topology": topology}))
         return JobInfo.from_json(response.json())
+
+    async def submit_many(self, items: Iterable[Item], pool: str = "cpu", **fields: Any) -> list[JobInfo]:
+        """As `Client.submit_many`."""
+        return await fanout_async.submit_many(self, items, pool, fields)
+
+    def as_completed(self, jobs_or_ids: Iterable[JobInfo | str],
+                     timeout: float | None = None) -> AsyncIterator[JobInfo]:
+        """As `Client.as_completed`: `async for job in fp.as_completed(jobs)`."""
+        return fanout_async.as_completed(self, jobs_or_ids, timeout)
+
+    @overload
+    def map(self, items: Iterable[Item], pool: str = "cpu", /, *, ordered: bool = True,
+            timeout: float | None = None, **fields: Any) -> AsyncIterator[JobInfo]: ...
+
+    @overload
+    def map(self, fn: Callable[[Any], Any], inputs: Iterable[Any], pool: str = "cpu", /, *, ordered: bool = True,
+            timeout: float | None = None, **fields: Any) -> AsyncIterator[Any]: ...
+
+    def map(self, items: Any, /, *args: Any, ordered: bool = True, timeout: float | None = None,
+            **fields: Any) -> AsyncIterator[Any]:
+        """As `Client.map`: `async for job in fp.map(items)`; the jobs are submitted when the iteration starts."""
+        fn, inputs, pool, fields = map_args(items, args, fields)
+        if fn is not None:
+            return fanout_async.map_calls(self, fn, inputs, pool, ordered, timeout, fields)
+        return fanout_async.map_jobs(self, inputs, pool, ordered, timeout, fields)
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:
         params = {"wait_s": wait_s} if wait_s else None

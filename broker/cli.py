@@ -175,8 +175,20 @@ def _submit_parser(sub: Any) -> None:
     p.add_argument("--requirements", metavar="FILE", help="a requirements file to install on the pod first")
     p.add_argument("--wait", action="store_true", help="follow the job: progress, output, exit code")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="submit every job of a JSON Lines file (`-`: stdin), each line an argv array or a job body "
+                        "object with these options as its defaults, then follow them: progress on stderr, a line "
+                        "per job on stdout in the file's order (its JSON with --json); exit 1 if any failed")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
-    p.set_defaults(fn=cmds.cmd_submit)
+    p.set_defaults(fn=_cmd_submit)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    if args.from_file is None:
+        return cmds.cmd_submit(args)
+    from broker.cli_fanout import cmd_submit_from  # progress bars load only for this form
+
+    return cmd_submit_from(args)
 
 
 def _listing_parsers(sub: Any) -> None:

@@ -247,23 +247,33 @@ def _outcome(job: JobInfo) -> tuple[str, int]:
             + (f": {message}" if message else "")), code
 
 
+def checked_requirements(args: argparse.Namespace) -> str | None:
+    """`submit`'s --requirements text, checked with --package and --env before anything starts."""
+    _parse_env(args.env)
+    requirements = read_file("--requirements", args.requirements) if args.requirements else None
+    if args.package and not Path(args.package).is_dir():
+        raise UsageError(f"--package {args.package}: no such directory")
+    return requirements
+
+
+def submit_fields(args: argparse.Namespace, fp: Client, requirements: str | None) -> dict[str, Any]:
+    """The job fields `submit`'s options ask for (with --from, every line's defaults); --package is uploaded."""
+    package = fp.package(args.package, args.exclude) if args.package else None
+    return dict(lease_tag=args.tag, pods=args.pods, queue=args.queue, env=_parse_env(args.env) or None,
+                timeout_s=args.timeout, max_retries=args.retries, single_use=args.single_use or None,
+                priority=args.priority, package=package, requirements=requirements,
+                preemptible=args.preemptible or None, topology=args.topology)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise UsageError("nothing to run: firepool submit [options] -- CMD ...")
-    requirements = read_file("--requirements", args.requirements) if args.requirements else None
-    if args.package and not Path(args.package).is_dir():
-        raise UsageError(f"--package {args.package}: no such directory")
-    env = _parse_env(args.env) or None
+        raise UsageError("nothing to run: firepool submit [options] -- CMD ... (or --from FILE)")
+    requirements = checked_requirements(args)
     with _client(args) as fp:
-        package = fp.package(args.package, args.exclude) if args.package else None
-        job = fp.submit(command, pool=args.pool, lease_tag=args.tag, pods=args.pods, queue=args.queue,
-                        env=env, timeout_s=args.timeout, max_retries=args.retries,
-                        single_use=args.single_use or None, priority=args.priority, package=package,
-                        requirements=requirements, preemptible=args.preemptible or None,
-                        topology=args.topology)
+        job = fp.submit(command, pool=args.pool, **submit_fields(args, fp, requirements))
         if not args.wait:
             print(json.dumps(job.raw, indent=2) if args.json else job.id)
             return 0

@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 from urllib.parse import quote
 
 import httpx
 
-from broker import packaging
+from broker import fanout_blocking, packaging
 from broker.aclient import AsyncClient
 from broker.client_core import (
     KERNEL_RETRY,
@@ -34,6 +34,7 @@ from broker.client_core import (
     unreachable,
 )
 from broker.errors import KernelNotReady
+from broker.fanout import Item, map_args
 from broker.locations import Brokers, discover
 from broker.retrying import RetryPolicy, Tries
 
@@ -134,6 +135,34 @@ class Client:
         (`node` | `domain` | `any`) keeps a gang's pods on one node or in one domain; None: the pool's."""
         body = job_body(command, pool, {**fields, "topology": topology})
         return JobInfo.from_json(self._call("POST", "/v1/jobs", json=body).json())
+
+    def submit_many(self, items: Iterable[Item], pool: str = "cpu", **fields: Any) -> list[JobInfo]:
+        """Queue many jobs, 1000 a request (POST /v1/jobs:batch, each request all or nothing): argv lists, or job
+        bodies with `command` whose fields win over `fields`; the jobs in the items' order (docs/sdk.md)."""
+        return fanout_blocking.submit_many(self, items, pool, fields)
+
+    def as_completed(self, jobs_or_ids: Iterable[JobInfo | str], timeout: float | None = None) -> Iterator[JobInfo]:
+        """Each job once, as it ends (POST /v1/jobs:watch, watched again when a stream ends or breaks off);
+        TimeoutError when some are not finished after `timeout` seconds."""
+        return fanout_blocking.as_completed(self, jobs_or_ids, timeout)
+
+    @overload
+    def map(self, items: Iterable[Item], pool: str = "cpu", /, *, ordered: bool = True,
+            timeout: float | None = None, **fields: Any) -> Iterator[JobInfo]: ...
+
+    @overload
+    def map(self, fn: Callable[[Any], Any], inputs: Iterable[Any], pool: str = "cpu", /, *, ordered: bool = True,
+            timeout: float | None = None, **fields: Any) -> Iterator[Any]: ...
+
+    def map(self, items: Any, /, *args: Any, ordered: bool = True, timeout: float | None = None,
+            **fields: Any) -> Iterator[Any]:
+        """submit_many now, then the jobs as they end: in the items' order (`ordered`) or as they finish.
+        `map(fn, inputs, pool)`: `fn(input)` in a job per input, yielding the results (JSON in and out,
+        a module-level function; docs/sdk.md); CallFailed for a call whose job failed."""
+        fn, inputs, pool, fields = map_args(items, args, fields)
+        if fn is not None:
+            return fanout_blocking.map_calls(self, fn, inputs, pool, ordered, timeout, fields)
+        return fanout_blocking.map_jobs(self, inputs, pool, ordered, timeout, fields)
 
     def get(self, job_id: str, wait_s: float = 0.0) -> JobInfo:
         params = {"wait_s": wait_s} if wait_s else None

@@ -7,6 +7,8 @@ that may have reached the broker is retried only when repeating it cannot do any
 - reads (GET, HEAD) and PUT/DELETE, which are idempotent by HTTP's rules and the broker's API;
 - `POST /v1/jobs` only with an `idempotency_key` (the SDK sends one with every submit, so a retried
   submit returns the job the first attempt created instead of creating a second);
+- `POST /v1/jobs:batch` only when every job in it has an `idempotency_key` (`submit_many` gives each one);
+- `POST /v1/jobs:watch`, a read (it waits for jobs to end and changes nothing);
 - `POST /v1/jobs/{id}/cancel` (cancelling twice is cancelling once).
 
 Anything else (e.g. `POST .../signal`) is retried only when the broker provably never acted on it: the
@@ -60,15 +62,18 @@ def safe_to_repeat(request: httpx.Request) -> bool:
     method = request.method.upper()
     if method in IDEMPOTENT_METHODS:
         return True
-    path = request.url.path
-    if method == "POST" and path.rstrip("/").endswith("/cancel"):
+    path = request.url.path.rstrip("/")
+    if method == "POST" and (path.endswith("/cancel") or path == "/v1/jobs:watch"):
         return True
-    if method == "POST" and path.rstrip("/") == "/v1/jobs":
+    if method == "POST" and path in ("/v1/jobs", "/v1/jobs:batch"):
         try:
             body = json.loads(request.content or b"{}")
         except ValueError:
             return False
-        return isinstance(body, dict) and bool(body.get("idempotency_key"))
+        if path == "/v1/jobs":
+            return isinstance(body, dict) and bool(body.get("idempotency_key"))
+        jobs = body.get("jobs") if isinstance(body, dict) else None
+        return isinstance(jobs, list) and all(isinstance(j, dict) and j.get("idempotency_key") for j in jobs)
     return False
 
 

@@ -1,6 +1,7 @@
 """An RL loop through Firepool: 4 barrier-synchronised iterations of 8 parallel rollouts, 2 evaluations
 and 1 policy update (the paper's W-RL shape, scaled down). The slowest pod start in a stage delays the
-whole iteration, so after the first iteration every job should land on a warm pod.
+whole iteration, so after the first iteration every job should land on a warm pod. Each stage is one
+`fp.map` (one batch request for all its jobs, one watch for their ends).
 
     python examples/rl_loop.py [--url URL] [--token TOKEN] [--pool cpu]
 """
@@ -11,7 +12,6 @@ import argparse
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,15 +27,12 @@ BODY = "import time, random; time.sleep({body}); print('{kind}', {i}, 'reward', 
 def stage(fp: Client, pool: str, tag: str, kind: str, n: int, rng: random.Random, it: int,
           progress: LoopProgress) -> list[JobInfo]:
     bodies = [round(rng.uniform(0.3, 0.8), 2) for _ in range(n)]
-
-    def run(i: int, body: float) -> JobInfo:
-        job = fp.run(["python3", "-c", BODY.format(body=body, kind=kind, i=i)], pool, lease_tag=tag, timeout_s=120)
+    commands = [["python3", "-c", BODY.format(body=body, kind=kind, i=i)] for i, body in enumerate(bodies)]
+    jobs = []
+    for i, job in enumerate(fp.map(commands, pool, lease_tag=tag, timeout_s=120)):  # in the stage's order
         progress.done(f"it{it} {kind}{i}", job)
-        return job
-
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        futures = [ex.submit(run, i, b) for i, b in enumerate(bodies)]
-        return [f.result() for f in futures]
+        jobs.append(job)
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:

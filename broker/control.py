@@ -46,7 +46,7 @@ from broker.stats import Stats
 from broker.tasks import Supervisor
 from broker.warmth.borrowing import Borrowing
 from broker.warmth.fleetview import fleet_view, placeable_view
-from broker.warmth.pooling import PoolController, count
+from broker.warmth.pooling import MIN_GAP_S, PoolController, count
 from broker.warmth.poolview import pool_view
 
 log = logging.getLogger("firepool.control")
@@ -60,6 +60,8 @@ class Tuning:
     """Fallback dispatch pass when no event woke the dispatcher."""
     reconcile_tick_s: float = 30.0
     """Pool controller pass at the latest; demand changes and keep-alive/hold expiries wake it sooner."""
+    reconcile_min_gap_s: float = MIN_GAP_S
+    """Pool controller passes woken in quick succession run at most this often (broker.warmth.pooling)."""
     capacity_poll_s: float = 10.0
     """How often a borrowed-capacity source is read."""
     kill_grace_s: float = 5.0
@@ -91,7 +93,8 @@ class ControlPlane:
         self.book = JobBook(store, clock)
         self.controller = PoolController(clock=clock, backend=backend, tracker=self.tracker, pools=catalog.pools,
                                          tasks=self.tasks, stats=self.stats, on_ready=self._pod_ready,
-                                         tick=tuning.reconcile_tick_s, budgets=catalog.budgets,
+                                         tick=tuning.reconcile_tick_s, min_gap=tuning.reconcile_min_gap_s,
+                                         budgets=catalog.budgets,
                                          borrowing=Borrowing(capacity, clock, tuning.capacity_poll_s)
                                          if capacity is not None else None)
         self.kernels = KernelWarmth(clock=clock, tracker=self.tracker, backend=backend)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -56,13 +57,16 @@ class Supervisor:
 
 
 class Wakeable:
-    """A pass that runs as soon as something wakes it, and every `tick` seconds at the latest."""
+    """A pass that runs as soon as something wakes it, and every `tick` seconds at the latest; with `min_gap`,
+    passes woken in quick succession run at most once per `min_gap` (the wakes in between share one)."""
 
-    def __init__(self, clock: Clock, tick: float, step: Callable[[], object]) -> None:
+    def __init__(self, clock: Clock, tick: float, step: Callable[[], object], min_gap: float = 0.0) -> None:
         self.clock = clock
         self.tick = tick
         self.step = step
+        self.min_gap = min_gap
         self._event = asyncio.Event()
+        self._last = -math.inf
 
     def wake(self) -> None:
         self._event.set()
@@ -70,5 +74,8 @@ class Wakeable:
     async def run(self) -> None:
         while True:
             await self.clock.wait(self._event, self.tick)
+            if (gap := self._last + self.min_gap - self.clock.now()) > 0:
+                await self.clock.sleep(gap)
             self._event.clear()
+            self._last = self.clock.now()
             self.step()

@@ -39,6 +39,10 @@ from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, plan
 from broker.warmth.singleuse import gang_hints, made_on, orphans, scattered, set_orphans, wanted, wanted_sets
 from broker.warmth.standby import exclusive_cards, plan_standbys
 
+MIN_GAP_S = 0.005
+"""Reconcile passes woken in quick succession (a fan-out ends a job and holds a pod every few milliseconds) run at
+most this often: a pod takes seconds to start, and a pass costs the broker ~0.2 ms."""
+
 log = logging.getLogger("firepool.pooling")
 
 __all__ = ["Counts", "Plan", "PoolController", "count", "plan"]
@@ -52,7 +56,7 @@ class PoolController(Creating):
     def __init__(self, *, clock: Clock, backend: Backend, tracker: Tracker, pools: Mapping[str, PoolSpec],
                  tasks: Supervisor, stats: Stats, on_ready: Callable[[], None], tick: float = RECONCILE_S,
                  budgets: Mapping[str, float] | None = None, borrowing: Borrowing | None = None,
-                 hold_tenure: float = MIN_TENURE_S) -> None:
+                 hold_tenure: float = MIN_TENURE_S, min_gap: float = MIN_GAP_S) -> None:
         self.clock = clock
         self.backend = backend
         self.tracker = tracker
@@ -103,7 +107,7 @@ class PoolController(Creating):
         """Where hold breaks and budget throttling are recorded (broker.events); None: nowhere."""
         self.throttled: set[str] = set()
         """Pools whose creates the accelerator budget holds back now (one event when it starts)."""
-        self._loop = Wakeable(clock, tick, self.reconcile_once)
+        self._loop = Wakeable(clock, tick, self.reconcile_once, min_gap=min_gap)
         self.wake = self._loop.wake
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}

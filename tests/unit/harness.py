@@ -35,7 +35,7 @@ class Harness:
                                quotas=quotas, quarantine=quarantine_settings or QuarantineSettings())
         self.quarantine = quarantine or MemoryQuarantineStore()
         self.cp = ControlPlane(clock=self.clock, store=self.store, backend=self.backend, logs=self.logs,
-                               catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0),
+                               catalog=self.catalog, tuning=Tuning(dispatch_tick_s=3.0, reconcile_tick_s=1.0, reconcile_min_gap_s=0.0),
                                capacity=capacity, packages=packages, quarantine=self.quarantine)
 
     def restarted(self, pools: list[PoolSpec], **settings: Any) -> Harness:

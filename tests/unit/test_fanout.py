@@ -13,8 +13,10 @@ import pytest
 from broker.claiming.admission import admit
 from broker.claiming.queueing import JobQueue
 from broker.claiming.storewriter import StoreWriter
+from broker.clock import VirtualClock
 from broker.errors import InvalidRequest, NotFound, StoreError, UnknownPool
 from broker.jobs import Job, JobSpec, JobState
+from broker.tasks import Wakeable
 from tests.unit.harness import Harness, cpu_pool
 
 
@@ -165,3 +167,29 @@ async def test_a_failed_group_commit_reaches_every_writer_of_the_group() -> None
     results = await asyncio.gather(*futures, return_exceptions=True)
     assert all(isinstance(r, StoreError) for r in results)
     await asyncio.to_thread(writer.close)
+
+
+async def test_passes_woken_in_quick_succession_share_one_per_gap_and_a_lone_wake_runs_at_once() -> None:
+    clock = VirtualClock()
+    passes: list[float] = []
+    loop = Wakeable(clock, 30.0, lambda: passes.append(clock.now()), min_gap=0.005)
+    task = asyncio.create_task(loop.run())
+    try:
+        for _ in range(10):  # a fan-out: a wake every 0.5 ms
+            loop.wake()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            clock.advance(0.0005)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        clock.advance(0.01)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(passes) == 2 and passes[1] - passes[0] >= 0.005  # ten wakes, two passes
+        clock.advance(1.0)
+        loop.wake()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(passes) == 3 and passes[2] == clock.now()  # after a quiet while: at once
+    finally:
+        task.cancel()

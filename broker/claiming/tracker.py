@@ -8,7 +8,7 @@ pods are gangclaims'; team quotas quotaclaims'; the indexes and what a claim ask
 tracking's (with why `recycle` exists); what happens to a lease's pods after the claim (start, reset,
 release, loss, session end) is releasing's. Those rules are small objects over the one state value
 (tracking's `TrackerState`), composed here, and import one way: data types at the bottom, the rules above,
-this module on top. It takes the pods in and out of the tracker and makes the claim; the one lock is the
+this module on top. Pods come and go through membership's; this module makes the claim. The one lock is the
 state's, and every pod state change is made under it.
 
 Session continuity. The pod a session's first job runs on is that session's pod from then on, whatever
@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from broker.claiming.gangclaims import GangClaims
+from broker.claiming.membership import Membership
 from broker.claiming.quotaclaims import QuotaClaims
 from broker.claiming.releasing import Releasing
 from broker.claiming.reserving import Estimate, Reservation
@@ -46,8 +47,6 @@ from broker.claiming.tracking import (
     REASON_TAG_HINT,
     REASON_TAKEOVER,
     REASON_TEAM_QUOTA,
-    RESETTING,
-    RETIRING,
     RUNNING,
     Bucket,
     Claim,
@@ -58,7 +57,7 @@ from broker.claiming.tracking import (
     confined,
 )
 from broker.fleet.quotas import Kind, QuotasSpec, Verdict
-from broker.pods import Path, Pod, PodState, SessionKey
+from broker.pods import Path, Pod, SessionKey
 from broker.pools import CallerLimits, PoolSpec
 
 __all__ = [
@@ -76,13 +75,14 @@ class Tracker:
     rules are small objects over it, and the methods below that are not the claim itself or pod membership hand
     over to them under the same lock."""
 
-    __slots__ = ("state", "pods", "_search", "_sets", "_gang_rules", "_quota_rules", "_releasing")
+    __slots__ = ("state", "pods", "_members", "_search", "_sets", "_gang_rules", "_quota_rules", "_releasing")
 
     def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None,
                  quotas: QuotasSpec | None = None) -> None:
         self.state = TrackerState(pools, limits, quotas)
         self.pods = self.state.pods
         """Every tracked pod by name (the state's dict itself: read it, change it under the lock only)."""
+        self._members = Membership(self.state)
         self._search = Search(self.state)
         self._sets = SetSearch(self.state)
         self._gang_rules = GangClaims(self.state, self._search)
@@ -107,89 +107,31 @@ class Tracker:
     def budget_full(self, pools: frozenset[str]) -> None:
         self.state.budget_full = pools
 
-    # ---------------------------------------------------------------- membership
+    # ---------------------------------------------------------------- membership (broker.claiming.membership)
 
     def add(self, pod: Pod) -> None:
-        """Track a new pod (STARTING, or IDLE when recovery restores it).
-
-        A standby restored by recovery fails closed: its card takes no promotion until `verify_cards`.
-        """
-        s = self.state
-        with s.lock:
-            if pod.name in s.pods:
-                raise ValueError(f"pod {pod.name} is already tracked")
-            s.pods[pod.name] = pod
-            if not pod.standby and (bucket := s.buckets.get(pod.pool)) is not None:
-                bucket.physical += 1
-                if pod.state is PodState.STARTING:
-                    bucket.starting += 1
-            if pod.state is IDLE:
-                if pod.standby:
-                    s.unverified.update(pod.gpus)
-                s.index_idle(pod)
+        """Track a new pod (STARTING, or IDLE when recovery restores it)."""
+        self._members.add(pod)
 
     def unverified_cards(self) -> set[str]:
         """Cards whose standbys wait for an exclusivity sweep (after a restart)."""
-        s = self.state
-        with s.lock:
-            return set(s.unverified)
+        return self._members.unverified_cards()
 
     def verify_cards(self, keys: Iterable[str]) -> None:
         """A sweep found these cards shared only by their Firepool group: promotions may resume."""
-        s = self.state
-        with s.lock:
-            s.unverified.difference_update(keys)
+        self._members.verify_cards(keys)
 
     def ready(self, name: str, now: float, gpus: tuple[str, ...] = (), node: str = "") -> bool:
         """STARTING -> IDLE with the devices (and node) the backend bound; False when it is no longer starting."""
-        s = self.state
-        with s.lock:
-            pod = s.pods.get(name)
-            if pod is None or pod.state is not PodState.STARTING:
-                return False
-            pod.gpus = gpus
-            pod.node = node or pod.node
-            self._started(pod)
-            pod.move(IDLE)
-            pod.idle_since = now
-            s.index_idle(pod)
-            return True
+        return self._members.ready(name, now, gpus, node)
 
     def retire(self, name: str, *, only_if_idle_since: float | None = None) -> Pod | None:
-        """Move a pod to RETIRING (from STARTING, IDLE or RESETTING); None when it is busy or gone.
-
-        With `only_if_idle_since`, retire only if the pod is still idle since that time (the
-        controller decided on a snapshot without the lock; a claim since then wins).
-        """
-        s = self.state
-        with s.lock:
-            pod = s.pods.get(name)
-            if pod is None or pod.state in (ASSIGNED, RUNNING, RETIRING):
-                return None
-            if only_if_idle_since is not None and (pod.state is not IDLE or pod.idle_since != only_if_idle_since):
-                return None
-            if pod.state is IDLE:
-                s.unindex_idle(pod)
-            elif pod.state is PodState.STARTING:
-                self._started(pod)
-            verified = pod.state is not RESETTING
-            pod.move(RETIRING)
-            if verified:
-                s.leave_gate(pod)
-            return pod
+        """Move a pod to RETIRING (from STARTING, IDLE or RESETTING); None when it is busy or gone."""
+        return self._members.retire(name, only_if_idle_since=only_if_idle_since)
 
     def remove(self, name: str) -> None:
         """RETIRING -> GONE: the backend deleted it (and with it any process it still had)."""
-        s = self.state
-        with s.lock:
-            pod = s.pods.pop(name, None)
-            if pod is not None:
-                if pod.state is PodState.STARTING:
-                    self._started(pod)
-                pod.move(PodState.GONE)
-                s.leave_gate(pod)
-                if not pod.standby and (bucket := s.buckets.get(pod.pool)) is not None:
-                    bucket.physical -= 1
+        self._members.remove(name)
 
     # ---------------------------------------------------------------- claim path
 
@@ -271,12 +213,6 @@ class Tracker:
                 usage[0] += lease.gpus
                 usage[1] += n
             return lease
-
-    def _started(self, pod: Pod) -> None:
-        """A pod leaves STARTING (ready, retired or gone): one fewer coming for its pool."""
-        s = self.state
-        if not pod.standby and (bucket := s.buckets.get(pod.pool)) is not None:
-            bucket.starting -= 1
 
     def _tell_taken(self, want: Claim, picked: Sequence[Pick]) -> Sequence[Pick]:
         """A session whose pod a takeover took: its first claim since records why it did not run warm there."""

@@ -137,6 +137,6 @@ def main(argv: Sequence[str], json_out: bool = False) -> int:
     if not args.no_plot:
         from bench.loops_plot import plot_cdfs
 
-        plot = plot_cdfs(runs, names, args.scale, RESULTS / "loops-start-cdf.png")
+        plot = plot_cdfs(runs, names, args.scale, RESULTS / "loops-start-cdf.png", PAPER_STARTS)
     return report("loops", rows, json_out=json_out, extra={"settings": settings, "runs": runs,
                                                           "plot": str(plot.name) if plot else None})

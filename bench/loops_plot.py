@@ -3,6 +3,7 @@ pooled, circles at p50 and triangles at p90; the paper's H200 p50/p90 (Table 5) 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,13 @@ COLOURS = {"reuse-on": "tab:blue", "reuse-off": "tab:orange", "fresh-pod": "tab:
 LABELS = {"reuse-on": "Reuse On", "reuse-off": "Reuse Off", "fresh-pod": "fresh pod per job"}
 
 
-def plot_cdfs(runs: list[dict[str, Any]], workloads: list[str], scale: float, path: Path) -> Path:
+def plot_cdfs(runs: list[dict[str, Any]], workloads: list[str], scale: float, path: Path,
+              paper_starts: Mapping[tuple[str, str], tuple[float, float]]) -> Path:
+    """Draw the CDFs to `path`; `paper_starts` is bench.loops' table, passed in so this module needs nothing above it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.loops import PAPER_STARTS
 
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 4.2), squeeze=False)
     for ax, name in zip(axes[0], workloads, strict=True):
@@ -33,7 +34,7 @@ def plot_cdfs(runs: list[dict[str, Any]], workloads: list[str], scale: float, pa
                     label=f"{LABELS[arm]}: p50 {p50:.2f}, p90 {p90:.2f} s")
             ax.plot([p50], [0.5], "o", color=COLOURS[arm])
             ax.plot([p90], [0.9], "^", color=COLOURS[arm])
-            paper = PAPER_STARTS.get((name, arm))
+            paper = paper_starts.get((name, arm))
             if paper:
                 ax.plot([paper[0] * scale], [0.5], "o", mfc="none", ms=10, color=COLOURS[arm])
                 ax.plot([paper[1] * scale], [0.9], "^", mfc="none", ms=10, color=COLOURS[arm],

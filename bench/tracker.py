@@ -101,7 +101,7 @@ def main(argv: list[str], json_out: bool = False) -> int:
         many = sum(counts) / args.seconds
 
         lock = TimedLock()
-        t._lock = lock  # type: ignore[assignment]
+        t.state.lock = lock  # type: ignore[assignment]
         want, key = Claim("h", "caller2", "h200", "default", "s2"), ("caller2", "default", "s2")
         claim_holds: list[int] = []
         for _ in range(args.claims):

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from broker.client import AsyncClient, Client
+from broker.aclient import AsyncClient
 from broker.kernel_client import AsyncKernel, Execution, kernels, kernelspecs
+from broker.sdk_protocols import SyncCalls
 
 T = TypeVar("T")
 
@@ -47,7 +48,7 @@ class Kernel:
         self.id, self.name = kernel.id, kernel.name
 
     @classmethod
-    def start(cls, fp: Client, name: str | None = None, *, pool: str | None = None,
+    def start(cls, fp: SyncCalls, name: str | None = None, *, pool: str | None = None,
               env: Mapping[str, str] | None = None, ready_timeout: float = 120.0) -> Kernel:
         """As `AsyncKernel.start`, connected and answering kernel_info."""
         loop = BackgroundLoop()
@@ -96,12 +97,12 @@ class Kernel:
         self.shutdown()
 
 
-def list_kernelspecs(fp: Client) -> dict[str, Any]:
+def list_kernelspecs(fp: SyncCalls) -> dict[str, Any]:
     """`GET /api/kernelspecs` with a synchronous client."""
     return dict(fp._call("GET", "/api/kernelspecs").json())
 
 
-def list_kernels(fp: Client) -> list[dict[str, Any]]:
+def list_kernels(fp: SyncCalls) -> list[dict[str, Any]]:
     return list(fp._call("GET", "/api/kernels").json())
 
 

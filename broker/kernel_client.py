@@ -31,9 +31,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from broker import kernel_wire
-from broker.aclient import AsyncClient
 from broker.client_core import raise_for
 from broker.errors import FirepoolError, Forbidden, NotFound, Unauthorized, Unavailable
+from broker.sdk_protocols import AsyncCalls
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Execution:
             self.error = {k: content.get(k) for k in ("ename", "evalue", "traceback")}
 
 
-async def _call(client: AsyncClient, method: str, path: str, **kw: Any) -> httpx.Response:
+async def _call(client: AsyncCalls, method: str, path: str, **kw: Any) -> httpx.Response:
     """A gateway request; a plain Jupyter server's errors (no broker error body) map by status."""
     response = await client._send(method, path, **kw)
     try:
@@ -115,13 +115,13 @@ async def _call(client: AsyncClient, method: str, path: str, **kw: Any) -> httpx
     return response
 
 
-async def kernelspecs(client: AsyncClient) -> dict[str, Any]:
+async def kernelspecs(client: AsyncCalls) -> dict[str, Any]:
     """`GET /api/kernelspecs`: {"default": name, "kernelspecs": {name: spec}} (one `firepool-<pool>` per pool
     the caller may use)."""
     return dict((await _call(client, "GET", "/api/kernelspecs")).json())
 
 
-async def kernels(client: AsyncClient) -> list[dict[str, Any]]:
+async def kernels(client: AsyncCalls) -> list[dict[str, Any]]:
     """The caller's running kernels (their models)."""
     return list((await _call(client, "GET", "/api/kernels")).json())
 
@@ -129,7 +129,7 @@ async def kernels(client: AsyncClient) -> list[dict[str, Any]]:
 class AsyncKernel:
     """One kernel behind the gateway, and (once `connect`ed) its websocket."""
 
-    def __init__(self, client: AsyncClient, model: Mapping[str, Any]) -> None:
+    def __init__(self, client: AsyncCalls, model: Mapping[str, Any]) -> None:
         self.client = client
         self.model = dict(model)
         self.id: str = self.model["id"]
@@ -145,7 +145,7 @@ class AsyncKernel:
     # ---------------------------------------------------------------- lifecycle (REST)
 
     @classmethod
-    async def start(cls, client: AsyncClient, name: str | None = None, *, pool: str | None = None,
+    async def start(cls, client: AsyncCalls, name: str | None = None, *, pool: str | None = None,
                     env: Mapping[str, str] | None = None, connect: bool = True,
                     ready_timeout: float = 120.0) -> AsyncKernel:
         """`POST /api/kernels`: a kernel of kernelspec `name` (or `firepool-<pool>`; neither: the default);
@@ -169,7 +169,7 @@ class AsyncKernel:
         return kernel
 
     @classmethod
-    async def attach(cls, client: AsyncClient, kernel_id: str) -> AsyncKernel:
+    async def attach(cls, client: AsyncCalls, kernel_id: str) -> AsyncKernel:
         """A running kernel by id (NotFound when it is gone or not the caller's), not yet connected."""
         return cls(client, (await _call(client, "GET", f"/api/kernels/{quote(kernel_id, safe='')}")).json())
 

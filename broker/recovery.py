@@ -19,22 +19,53 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from broker.claiming.dispatching import Dispatcher
 from broker.claiming.jobbook import Abort, JobBook
+from broker.claiming.tracker import Tracker
 from broker.claiming.tracking import Lease
+from broker.clock import Clock
 from broker.errors import FirepoolError
+from broker.events import EventLog
 from broker.health.decisions import EPOCH_INVALIDATED, decided
 from broker.health.epochs import Verdict, judge, recorded_epoch, reported_epoch
+from broker.health.monitor import HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState, transition
 from broker.pods import Pod, PodState, restore_owner
+from broker.pools import Catalog
 from broker.ports.agent import AgentHealth, AttemptStatus, ResetRequest
 from broker.ports.backend import Backend, PodInfo
-
-if TYPE_CHECKING:
-    from broker.control import ControlPlane
+from broker.running.executing import Executor
+from broker.tasks import Supervisor
 
 log = logging.getLogger("firepool.recovery")
+
+
+class Recoverable(Protocol):
+    """What recovery needs of the control plane (broker.control.ControlPlane is one): the control plane runs
+    `recover` at start, so this module names only the parts it rebuilds and never imports the control plane."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def book(self) -> JobBook: ...
+    @property
+    def tracker(self) -> Tracker: ...
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def tasks(self) -> Supervisor: ...
+    @property
+    def events(self) -> EventLog: ...
+    @property
+    def health(self) -> HealthMonitor: ...
 
 PROBE_TRIES = 3
 
@@ -104,7 +135,7 @@ async def _all_jobs(book: JobBook, *states: JobState) -> list[Job]:
         before = page[-1].id
 
 
-async def recover(cp: ControlPlane) -> RecoveryReport:
+async def recover(cp: Recoverable) -> RecoveryReport:
     """Rebuild tracker, queue and attempt watchers from the backend and the store."""
     report = RecoveryReport()
     now = cp.clock.now()
@@ -219,7 +250,7 @@ async def recover(cp: ControlPlane) -> RecoveryReport:
     return report
 
 
-async def _watch(cp: ControlPlane, job: Job, aid: str, pods: list[Pod]) -> None:
+async def _watch(cp: Recoverable, job: Job, aid: str, pods: list[Pod]) -> None:
     """Watch a re-attached attempt to its end. A watcher that raises (a bug, not an agent error) ends the attempt
     `LaunchError` under the job's retry policy, as a raising bind task does (broker.claiming.dispatching): the
     supervisor would only log it, leaving the job RUNNING with nobody watching and its pods assigned. Every finish
@@ -232,14 +263,14 @@ async def _watch(cp: ControlPlane, job: Job, aid: str, pods: list[Pod]) -> None:
         await cp.executor.abort(job, lease, exc)
 
 
-async def _finish(cp: ControlPlane, job: Job, aid: str, pods: list[Pod], statuses: list[AttemptStatus | None]) -> None:
+async def _finish(cp: Recoverable, job: Job, aid: str, pods: list[Pod], statuses: list[AttemptStatus | None]) -> None:
     """Finalise an attempt that ended while the broker was down, without a retry. A finish that raises (a bug on
     the log copy, health or reset path, not an agent error) ends it alone (broker.running.ending), its outcome from
     the ranks' statuses: never RUNNING with its pods assigned."""
     await cp.executor.end(job.id, aid, pods, statuses, may_retry=False)
 
 
-async def _healths(cp: ControlPlane, infos: Iterable[PodInfo]) -> dict[str, AgentHealth | None]:
+async def _healths(cp: Recoverable, infos: Iterable[PodInfo]) -> dict[str, AgentHealth | None]:
     """Each listed pod's agent health (None: it never answered)."""
     async def one(info: PodInfo) -> tuple[str, AgentHealth | None]:
         for attempt in range(PROBE_TRIES):  # a slow answer on a loaded host must not read as "unknown"
@@ -265,7 +296,7 @@ def still_clean(health: AgentHealth, request: ResetRequest) -> bool:
                                        "keep_paths": list(request.keep_paths)}
 
 
-def _announce(cp: ControlPlane, report: RecoveryReport, pod: str, verdict: Verdict, epoch: str, detail: dict[str, object],
+def _announce(cp: Recoverable, report: RecoveryReport, pod: str, verdict: Verdict, epoch: str, detail: dict[str, object],
               caller: str | None) -> None:
     report.untrusted[pod] = verdict.value
     why = ("it answers with another identity epoch than the one recorded: a different pod or agent"
@@ -274,7 +305,7 @@ def _announce(cp: ControlPlane, report: RecoveryReport, pod: str, verdict: Verdi
             detail={"verdict": verdict.value, "epoch": epoch, **detail}, events=cp.events)
 
 
-def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport, epoch: str = "", *,
+def _adopt_pod(cp: Recoverable, info: PodInfo, report: RecoveryReport, epoch: str = "", *,
                trust_owner: bool = True) -> Pod:
     pod = Pod(info.name, info.pool, info.gpus, state=PodState.IDLE, template=info.template,
               created_at=info.created_at)
@@ -289,7 +320,7 @@ def _adopt_pod(cp: ControlPlane, info: PodInfo, report: RecoveryReport, epoch: s
     return pod
 
 
-async def _delete(cp: ControlPlane, name: str, report: RecoveryReport) -> None:
+async def _delete(cp: Recoverable, name: str, report: RecoveryReport) -> None:
     try:
         await cp.backend.delete(name)
         report.pods_deleted += 1
@@ -297,7 +328,7 @@ async def _delete(cp: ControlPlane, name: str, report: RecoveryReport) -> None:
         log.warning("recovery could not delete pod %s: %s", name, exc)
 
 
-async def _requeue(cp: ControlPlane, job: Job, why: str, report: RecoveryReport) -> None:
+async def _requeue(cp: Recoverable, job: Job, why: str, report: RecoveryReport) -> None:
     """RUNNING -> QUEUED without consuming a retry; the next execution gets a new attempt id."""
     now = cp.clock.now()
 

@@ -17,12 +17,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
-from broker.client import AsyncClient
 from broker.errors import FirepoolError
 from broker.sandbox import wrappers
 from broker.sandbox.kernel_io import KernelDied, KernelGone, KernelStartFailed
 from broker.sandbox.kernels import Kernels
 from broker.sandbox.paths import OutsideWorkspace, inside_workspace
+from broker.sdk_protocols import AsyncCalls
 from broker.tools import specs
 from mcp_server import pyresult
 from mcp_server.identity import Broker
@@ -302,7 +302,7 @@ def build_server(broker: Broker, *, pool: str | None = None, queue: str = "defau
     return mcp
 
 
-async def _pools(client: AsyncClient) -> list[dict[str, Any]]:
+async def _pools(client: AsyncCalls) -> list[dict[str, Any]]:
     try:
         return await client.pools()
     except FirepoolError:

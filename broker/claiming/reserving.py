@@ -18,14 +18,11 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from broker.jobs import Job, job_sort_key
 from broker.pods import Origin, Pod, PodState
 from broker.pools import PoolSpec
-
-if TYPE_CHECKING:
-    from broker.claiming.tracker import Tracker
 
 Retire = Callable[[str, float], bool]
 
@@ -142,7 +139,21 @@ def estimate(spec: PoolSpec, reservations: Sequence[tuple[Reservation, int]], po
     return out
 
 
-def reserve_if_due(tracker: Tracker, job: Job, live: Mapping[str, Job], now: float, retire: Retire) -> bool:
+class ReservationBook(Protocol):
+    """What reservations need of the tracker (broker.claiming.tracker.Tracker is one). The tracker holds these
+    records, so this module sits below it and names only this face: the claim path's modules import one way."""
+
+    def pool(self, name: str) -> PoolSpec | None: ...
+    def snapshot(self) -> list[Pod]: ...
+    def reserve_gang(self, res: Reservation) -> bool: ...
+    def reservations(self, pool: str) -> list[tuple[Reservation, int]]: ...
+    def reserved_pools(self) -> list[str]: ...
+    def age_reservation(self, pool: str, job_id: str, fills: int) -> None: ...
+    def mark_alerted(self, pool: str, job_id: str) -> bool: ...
+    def apply_estimates(self, pool: str, estimates: Iterable[Estimate]) -> None: ...
+
+
+def reserve_if_due(tracker: ReservationBook, job: Job, live: Mapping[str, Job], now: float, retire: Retire) -> bool:
     """After a gang's claim fell short: give it a reservation once it has waited long enough."""
     spec = tracker.pool(job.spec.pool)
     waited = now - job.timings.get("queued_at", job.timings.get("submitted_at", now))
@@ -169,7 +180,7 @@ def overdue(spec: PoolSpec, res: Reservation, held: int, now: float) -> bool:
     return held < res.pods and not res.alerted and after is not None and now - res.made_at >= after
 
 
-def age_and_alert(tracker: Tracker, spec: PoolSpec, now: float, alert: Alert | None) -> None:
+def age_and_alert(tracker: ReservationBook, spec: PoolSpec, now: float, alert: Alert | None) -> None:
     """Age every short reservation of the pool by its failed fills; alert on those overdue."""
     for res, held in tracker.reservations(spec.name):
         if held >= res.pods:
@@ -183,7 +194,7 @@ def age_and_alert(tracker: Tracker, spec: PoolSpec, now: float, alert: Alert | N
                              "the pool cannot host it as things stand; a capacity-planning signal")
 
 
-def refresh(tracker: Tracker, live: Mapping[str, Job], now: float, retire: Retire, alert: Alert | None = None) -> None:
+def refresh(tracker: ReservationBook, live: Mapping[str, Job], now: float, retire: Retire, alert: Alert | None = None) -> None:
     """Re-estimate every reservation's fill time and room to make (outside the lock, once a pass), and
     break the holds the first reservation needs broken: `retire(pod, idle_since)` retires a pod still
     idle since then (a claim since the snapshot wins) and says whether it did."""

@@ -40,18 +40,24 @@ from broker.images import pinned
 from broker.pods import Path, Pod
 
 
-class Search(TrackerState):
-    """The lock-held pick steps of a claim (the fast path itself stays inline in Tracker.claim)."""
+class Search:
+    """The lock-held pick steps of a claim over the tracker's state (the fast path itself stays inline in
+    Tracker.claim)."""
 
-    def _over_limit(self, want: Claim, gpus_per_pod: int) -> bool:
-        limits = self._limits.get(want.caller) or self._limits.get("default")
+    __slots__ = ("state",)
+
+    def __init__(self, state: TrackerState) -> None:
+        self.state = state
+
+    def over_limit(self, want: Claim, gpus_per_pod: int) -> bool:
+        limits = self.state.limits.get(want.caller) or self.state.limits.get("default")
         if limits is None:
             return False
-        held_gpus, held_pods = self._usage.get(want.caller) or (0, 0)
+        held_gpus, held_pods = self.state.usage.get(want.caller) or (0, 0)
         return ((limits.max_pods is not None and held_pods + want.pods > limits.max_pods)
                 or (limits.max_gpus is not None and held_gpus + want.pods * gpus_per_pod > limits.max_gpus))
 
-    def _pick(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
+    def pick(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
         """The general search: whole set in search order, or a shortfall that takes nothing."""
         n = want.pods
         key = (want.caller, want.queue, want.tag)
@@ -61,7 +67,7 @@ class Search(TrackerState):
         """Devices of the pods picked so far: a set never puts two of its pods on one card."""
 
         def usable(pod: Pod) -> bool:
-            return pod.name not in taken and self._gate_open(pod) and cards.isdisjoint(pod.gpus)
+            return pod.name not in taken and self.state.gate_open(pod) and cards.isdisjoint(pod.gpus)
 
         def take(pod: Pod, path: str, reason: str | None) -> bool:
             picked.append((pod, path, reason))
@@ -103,7 +109,7 @@ class Search(TrackerState):
         for pod in reversed(bucket.fresh.values()):
             if usable(pod) and fresh(pod):
                 return picked
-        waiting = self.queued_sessions  # a session whose job is queued comes back now: its pod is not given up
+        waiting = self.state.queued_sessions  # a session whose job is queued comes back now: its pod is not given up
         # `boundary` pools keep a caller's live sessions: another session recycles none while a pod can be made.
         recycles = want.recycle and not bucket.keeps
         if mine and recycles:
@@ -116,13 +122,13 @@ class Search(TrackerState):
             # A standby may wait at the gate for its card's job: that wait is the handover. Cards nobody
             # else needs come first (the caller's own card it is leaving, an empty one), then cards another
             # caller is between steps on, then cards still running or about to run a job.
-            for pod in sorted(bucket.standby.values(), key=lambda p: self._card_rank(p, want.caller)):
+            for pod in sorted(bucket.standby.values(), key=lambda p: self.card_rank(p, want.caller)):
                 if pod.name in taken or not cards.isdisjoint(pod.gpus) \
-                        or (self._unverified and not self._unverified.isdisjoint(pod.gpus)):
+                        or (self.state.unverified and not self.state.unverified.isdisjoint(pod.gpus)):
                     continue
                 if take(pod, Path.STANDBY, REASON_STANDBY):
                     return picked
-        if mine and not recycles and self._full(bucket):
+        if mine and not recycles and self.state.full(bucket):
             # A live session gives way only at the ceiling (or the budget) with no pod starting: the caller's
             # least recently used session hands its pod over (the agent empties the workspace at the session
             # change), and its next claim is told so (Tracker._tell_taken).
@@ -132,15 +138,15 @@ class Search(TrackerState):
                     return picked
         return Shortfall("no idle pod", n - len(picked))
 
-    def _session_pod_resetting(self, want: Claim) -> Shortfall | None:
+    def session_pod_resetting(self, want: Claim) -> Shortfall | None:
         """A session whose own pod is still resetting waits the few ms for it rather than take another
         pod: the result is committed while the reset runs, so a quick next call must not lose its warm
         workspace (a failed reset retires the pod and the next pass takes another)."""
-        if self._returning_keys.get((want.caller, want.queue, want.tag)):
+        if self.state.returning_keys.get((want.caller, want.queue, want.tag)):
             return Shortfall(REASON_SESSION_RESETTING, want.pods)
         return None
 
-    def _card_rank(self, pod: Pod, caller: str) -> int:
+    def card_rank(self, pod: Pod, caller: str) -> int:
         """How soon a standby on this card can run, and whether taking it crowds another caller's card.
 
         0: nobody else needs the card (no other pod on it, or the caller's own, or one that retires);
@@ -150,8 +156,8 @@ class Search(TrackerState):
         pod through the gate alone)."""
         rank = 0
         for g in pod.gpus:
-            for name in (self._gate.get(g), self._claimed.get(g)):
-                other = self.pods.get(name) if name else None
+            for name in (self.state.gate.get(g), self.state.claimed.get(g)):
+                other = self.state.pods.get(name) if name else None
                 if other is None or other is pod:
                     continue
                 if other.state is ASSIGNED or other.state is RUNNING:
@@ -161,14 +167,14 @@ class Search(TrackerState):
                     rank = 1
         return rank
 
-    def _pick_reserved(self, want: Claim) -> list[Pick] | Shortfall:
-        ready = self._reserved.get(want.job_id, [])
+    def pick_reserved(self, want: Claim) -> list[Pick] | Shortfall:
+        ready = self.state.reserved.get(want.job_id, [])
         if len(ready) < want.pods:
             return Shortfall("single-use pod starting", want.pods - len(ready))
-        del self._reserved[want.job_id]
+        del self.state.reserved[want.job_id]
         return [(pod, Path.NEW, REASON_SINGLE_USE) for pod in ready[: want.pods]]
 
-    def _pick_image(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
+    def pick_image(self, bucket: Bucket, want: Claim) -> list[Pick] | Shortfall:
         """A custom-image job: the caller's idle pods of its digest-pinned image first (reuse), then pods made
         for it; a mutable tag (or `single_use`) only the pods made for it. Never a shared pod."""
         picked: list[Pick] = []
@@ -176,17 +182,17 @@ class Search(TrackerState):
         mine = bucket.images.get((want.caller, want.image)) if pinned(want.image) and not want.single_use else None
         if mine:
             for pod in reversed(mine.values()):
-                if self._gate_open(pod) and cards.isdisjoint(pod.gpus):
+                if self.state.gate_open(pod) and cards.isdisjoint(pod.gpus):
                     picked.append((pod, Path.CUSTOM_IMAGE, None))
                     cards.update(pod.gpus)
                     if len(picked) == want.pods:
                         return picked
-        ready = self._reserved.get(want.job_id, [])
+        ready = self.state.reserved.get(want.job_id, [])
         made = [p for p in ready if cards.isdisjoint(p.gpus)][: want.pods - len(picked)]
         if len(picked) + len(made) < want.pods:
             return Shortfall(REASON_IMAGE_STARTING, want.pods - len(picked) - len(made))
         for pod in made:
             ready.remove(pod)
         if not ready:
-            self._reserved.pop(want.job_id, None)
+            self.state.reserved.pop(want.job_id, None)
         return picked + [(pod, Path.CUSTOM_IMAGE, REASON_IMAGE_NEW) for pod in made]

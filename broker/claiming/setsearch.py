@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Reversible, Sequence
 
-from broker.claiming.searching import Search
 from broker.claiming.tracking import (
     REASON_NO_IDLE,
     REASON_NO_SESSION_POD,
@@ -28,6 +27,7 @@ from broker.claiming.tracking import (
     Claim,
     Pick,
     Shortfall,
+    TrackerState,
 )
 from broker.pods import Origin, Path, Pod, PodState
 
@@ -35,16 +35,22 @@ REASON_NO_SET = "no node holds the whole set"
 """Prefix of a confined gang's shortfall: the pool controller is asked for a set on one node (or domain)."""
 
 
-class SetSearch(Search):
-    """The lock-held pick of a confined gang; `set_domains` is the one method that needs no lock."""
+class SetSearch:
+    """The lock-held pick of a confined gang over the tracker's state; `set_domains` is the one method that needs
+    no lock, `unreserve` takes it."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: TrackerState) -> None:
+        self.state = state
 
     def set_domains(self, domains: Mapping[str, str]) -> None:
         """node id -> topology domain, as the backend reports nodes (the pool controller sets it each pass)."""
-        self._domains = dict(domains)  # one reference swap: a claim reads either the old map or the new one
+        self.state.domains = dict(domains)  # one reference swap: a claim reads either the old map or the new one
 
-    def _pick_set(self, bucket: Bucket, want: Claim, where: str) -> list[Pick] | Shortfall:
+    def pick_set(self, bucket: Bucket, want: Claim, where: str) -> list[Pick] | Shortfall:
         """The whole set from one group (`where`: node or domain), warmest group first, or a shortfall."""
-        domains = self._domains if where == "domain" else None
+        domains = self.state.domains if where == "domain" else None
 
         def group(node: str) -> str:
             return domains.get(node, node) if domains is not None else node
@@ -97,7 +103,7 @@ class SetSearch(Search):
 
     def _warm(self, bucket: Bucket, want: Claim) -> Iterator[Pick]:
         """The pods this claim may take before never-used ones: made for it, its session's, hint, recycled."""
-        made = self._reserved.get(want.job_id)
+        made = self.state.reserved.get(want.job_id)
         for pod in made or ():
             new = pod.idle_since >= want.since
             yield pod, Path.NEW if new else Path.WARM, REASON_NO_IDLE if new else REASON_NO_SESSION_POD
@@ -111,10 +117,10 @@ class SetSearch(Search):
             for pod in reversed(mine.values()):
                 if pod.key is not None and pod.key != key and pod.key[1] == want.queue:
                     yield pod, Path.WARM, REASON_TAG_HINT
-        if mine and want.recycle and (not bucket.keeps or self._full(bucket)):  # live sessions kept below the ceiling
+        if mine and want.recycle and (not bucket.keeps or self.state.full(bucket)):  # live sessions kept below the ceiling
             reason = REASON_TAKEOVER if bucket.keeps else bucket.recycled_reason()
             for pod in mine.values():  # least recently released first, as in the unconfined search
-                if pod.key != key and pod.key not in self.queued_sessions \
+                if pod.key != key and pod.key not in self.state.queued_sessions \
                         and not (hint and pod.key is not None and pod.key[1] == want.queue):
                     yield pod, Path.RECYCLED, reason
 
@@ -140,7 +146,7 @@ class SetSearch(Search):
                 if (
                     pod.name in taken
                     or group(pod.node) != g
-                    or not self._gate_open(pod)
+                    or not self.state.gate_open(pod)
                     or not cards.isdisjoint(pod.gpus)
                 ):
                     continue
@@ -151,29 +157,29 @@ class SetSearch(Search):
                     return picked
         return None
 
-    def _settle_set(self, want: Claim, picked: Sequence[Pick]) -> None:
+    def settle_set(self, want: Claim, picked: Sequence[Pick]) -> None:
         """After a confined claim: its pods are nobody's reservation now, and pods made for it that it did not
         need go back to the pool as never-used pods."""
         for pod, _, _ in picked:
             pod.reserved_for = None
-        for pod in self._reserved.pop(want.job_id, ()):
+        for pod in self.state.reserved.pop(want.job_id, ()):
             pod.reserved_for = None
-            self._index_idle(pod)
+            self.state.index_idle(pod)
 
     def unreserve(self, pods: Iterable[Pod]) -> None:
         """Pods made for a confined set whose job no longer waits (placed elsewhere, cancelled): they join the
         pool as never-used pods, starting or idle (a set's pods are plain pool pods, unlike single-use ones)."""
-        with self._lock:
+        with self.state.lock:
             for pod in pods:
                 if (
                     pod.reserved_for is None
                     or pod.origin is not Origin.DEMAND
-                    or self.pods.get(pod.name) is not pod
+                    or self.state.pods.get(pod.name) is not pod
                 ):
                     continue
                 if pod.state is PodState.IDLE:
-                    self._unindex_idle(pod)
+                    self.state.unindex_idle(pod)
                     pod.reserved_for = None
-                    self._index_idle(pod)
+                    self.state.index_idle(pod)
                 elif pod.state is PodState.STARTING:
                     pod.reserved_for = None

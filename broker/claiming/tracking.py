@@ -1,8 +1,8 @@
 """The tracker's state: what a claim asks for and gets, each pool's idle indexes, and the index upkeep.
 
-Everything here runs with the tracker lock held (broker.claiming.tracker takes it); the classes split the
-Tracker along its seams (this state, broker.claiming.searching's search order, broker.claiming.gangclaims' reserved
-pods) without a second lock or an extra call on the claim fast path.
+Everything here runs with the tracker lock held (broker.claiming.tracker takes it). The state is one value that
+the claim rules work on (broker.claiming.searching's search order, setsearch's confined sets, gangclaims' reserved
+pods, quotaclaims' quota use, releasing's ends of leases); this module imports none of them.
 """
 
 from __future__ import annotations
@@ -153,124 +153,125 @@ class Bucket:
 
 
 class TrackerState:
-    """The tracker's indexes; every method here expects the caller to hold `_lock`."""
+    """The tracker's state as one value: its indexes and their upkeep. Every method here expects the caller to hold
+    `lock`; the claim rules (searching, setsearch, gangclaims, quotaclaims, releasing) work on this value."""
 
     def __init__(self, pools: Mapping[str, PoolSpec], limits: Mapping[str, CallerLimits] | None = None,
                  quotas: QuotasSpec | None = None) -> None:
-        self._lock = threading.Lock()
-        self._quotas: QuotaTree | None = QuotaTree(quotas) if quotas is not None and quotas.orgs else None
+        self.lock = threading.Lock()
+        self.quotas: QuotaTree | None = QuotaTree(quotas) if quotas is not None and quotas.orgs else None
         """Team quotas (None: none configured, and a faster claim)."""
-        self._quota_use = QuotaUse()
-        self._reclaims: dict[str, tuple[str, int]] = {}
+        self.quota_use = QuotaUse()
+        self.reclaims: dict[str, tuple[str, int]] = {}
         """job id -> (team key, GPUs) of a queued in-quota job that preempted borrowers, until it is placed."""
-        self._buckets: dict[str, Bucket] = {name: Bucket(spec) for name, spec in pools.items()}
-        self._limits: dict[str, CallerLimits] = dict(limits or {})
+        self.buckets: dict[str, Bucket] = {name: Bucket(spec) for name, spec in pools.items()}
+        self.limits: dict[str, CallerLimits] = dict(limits or {})
         """Per caller, with `default` for the rest; empty means unlimited (and a faster claim)."""
-        self._returning: dict[str, SessionKey] = {}
+        self.returning: dict[str, SessionKey] = {}
         """Resetting pods that go back to their session when clean: pod name -> session."""
-        self._returning_keys: dict[SessionKey, int] = {}
-        """Sessions with pods in `_returning`, and how many: their next job waits for them."""
+        self.returning_keys: dict[SessionKey, int] = {}
+        """Sessions with pods in `returning`, and how many: their next job waits for them."""
         self.pods: dict[str, Pod] = {}
-        self._leases: dict[str, Lease] = {}
-        self._reserved: dict[str, list[Pod]] = {}
+        self.leases: dict[str, Lease] = {}
+        self.reserved: dict[str, list[Pod]] = {}
         """Idle single-use pods by the job they were created for, and idle pods set aside for a gang."""
-        self._usage: dict[str, list[int]] = {}
+        self.usage: dict[str, list[int]] = {}
         """caller -> [gpus, pods] held by its assigned and running jobs."""
-        self._gate: dict[str, str] = {}
+        self.gate: dict[str, str] = {}
         """GPU key -> the pod running a job on it (the per-GPU gate)."""
-        self._claimed: dict[str, str] = {}
+        self.claimed: dict[str, str] = {}
         """GPU key -> the pod last claimed on it: the card's latest user, whom a standby's claim avoids crowding
         (broker.claiming.searching); an ASSIGNED pod's job takes the gate only at launch."""
-        self._unverified: set[str] = set()
+        self.unverified: set[str] = set()
         """GPU keys whose standbys are not promoted until a sweep confirms the card is only this pool's group."""
-        self._gangs: dict[str, list[Reservation]] = {}
-        """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `_reserved`."""
-        self._domains: dict[str, str] = {}
+        self.gangs: dict[str, list[Reservation]] = {}
+        """pool -> waiting gangs' reservations in (priority, submit time, id) order; their pods are in `reserved`."""
+        self.domains: dict[str, str] = {}
         """node id -> topology domain (broker.claiming.setsearch); replaced whole, never changed in place."""
         self.queued_sessions: frozenset[SessionKey] = frozenset()
         """Sessions with a job in the queue (the dispatcher sets it each pass): their idle pods are theirs to take
         warm, so no other session of the caller recycles or takes them over."""
         self.budget_full: frozenset[str] = frozenset()
         """Pools whose accelerator budget allows no new pod (the pool controller sets it each pass): a ceiling too."""
-        self._taken: dict[SessionKey, str] = {}
+        self.taken: dict[SessionKey, str] = {}
         """Session -> what its next claim records: its idle pod was taken over by another session of its caller."""
 
-    def _full(self, bucket: Bucket) -> bool:
+    def full(self, bucket: Bucket) -> bool:
         """The pool can neither make a pod (ceiling, budget) nor expect one (none starting): a session's pod may
         then be taken over."""
         return not bucket.starting and (bucket.physical >= bucket.spec.max_count
                                         or bucket.spec.name in self.budget_full)
 
-    def _note_taken(self, victim: SessionKey, tag: str) -> None:
+    def note_taken(self, victim: SessionKey, tag: str) -> None:
         """A takeover: the victim session's next claim says whose session took its pod (a rare path)."""
-        taken = self._taken
+        taken = self.taken
         if len(taken) >= TAKEN_NOTES:
             del taken[next(iter(taken))]
         taken[victim] = (f"session {victim[2] or '(untagged)'}'s pod was taken by your session "
                          f"{tag or '(untagged)'} at the pool ceiling")
 
-    def _gate_open(self, pod: Pod) -> bool:
+    def gate_open(self, pod: Pod) -> bool:
         """No other pod runs a job on any of this pod's GPUs."""
-        gate = self._gate
+        gate = self.gate
         for g in pod.gpus:
             holder = gate.get(g)
             if holder is not None and holder != pod.name:
                 return False
         return True
 
-    def _leave_gate(self, pod: Pod) -> None:
+    def leave_gate(self, pod: Pod) -> None:
         for g in pod.gpus:
-            if self._gate.get(g) == pod.name:
-                del self._gate[g]
+            if self.gate.get(g) == pod.name:
+                del self.gate[g]
 
-    def _unuse(self, lease: Lease) -> None:
-        usage = self._usage[lease.caller]
+    def unuse(self, lease: Lease) -> None:
+        usage = self.usage[lease.caller]
         usage[0] -= lease.gpus
         usage[1] -= len(lease.pods)
-        if self._quotas is not None and (path := self._quotas.path(lease.caller)) is not None:
-            self._quota_use.remove(path, lease.gpus, lease.borrowed)
+        if self.quotas is not None and (path := self.quotas.path(lease.caller)) is not None:
+            self.quota_use.remove(path, lease.gpus, lease.borrowed)
 
-    def _end_reclaim(self, job_id: str) -> None:
-        claim = self._reclaims.pop(job_id, None)
+    def end_reclaim(self, job_id: str) -> None:
+        claim = self.reclaims.pop(job_id, None)
         if claim is not None:
             team, gpus = claim
-            self._quota_use.reclaiming[team] = self._quota_use.reclaiming.get(team, 0) - gpus
+            self.quota_use.reclaiming[team] = self.quota_use.reclaiming.get(team, 0) - gpus
 
-    def _returned(self, pod: Pod) -> None:
+    def returned(self, pod: Pod) -> None:
         """The pod's reset ended (clean or not): its session stops waiting for it."""
-        key = self._returning.pop(pod.name, None)
+        key = self.returning.pop(pod.name, None)
         if key is not None:
-            left = self._returning_keys[key] - 1
+            left = self.returning_keys[key] - 1
             if left:
-                self._returning_keys[key] = left
+                self.returning_keys[key] = left
             else:
-                del self._returning_keys[key]
+                del self.returning_keys[key]
 
-    def _feed(self, pod: Pod) -> None:
+    def feed(self, pod: Pod) -> None:
         """A never-used pod became idle: it goes to the first reservation of its pool still short of pods."""
-        for res in self._gangs.get(pod.pool, ()):
-            if len(self._reserved.get(res.job_id, ())) < res.pods:
+        for res in self.gangs.get(pod.pool, ()):
+            if len(self.reserved.get(res.job_id, ())) < res.pods:
                 pod.reserved_for = res.job_id
                 return
 
-    def _index_idle(self, pod: Pod) -> None:
+    def index_idle(self, pod: Pod) -> None:
         if pod.standby:
-            self._buckets[pod.pool].standby[pod.name] = pod
+            self.buckets[pod.pool].standby[pod.name] = pod
             return
         if pod.image:
             # Never the shared pool: the job it was made for, else its caller's jobs of the same image.
             # A never-used one nobody reserved (a restart) is indexed nowhere: the controller retires it.
             if pod.reserved_for is not None:
-                self._reserved.setdefault(pod.reserved_for, []).append(pod)
+                self.reserved.setdefault(pod.reserved_for, []).append(pod)
             elif pod.caller is not None and pod.origin is Origin.CUSTOM_IMAGE:
-                self._buckets[pod.pool].images.setdefault((pod.caller, pod.image), {})[pod.name] = pod
+                self.buckets[pod.pool].images.setdefault((pod.caller, pod.image), {})[pod.name] = pod
             return
-        if self._gangs and pod.key is None and pod.reserved_for is None:
-            self._feed(pod)
+        if self.gangs and pod.key is None and pod.reserved_for is None:
+            self.feed(pod)
         if pod.reserved_for is not None:
-            self._reserved.setdefault(pod.reserved_for, []).append(pod)
+            self.reserved.setdefault(pod.reserved_for, []).append(pod)
             return
-        bucket = self._buckets[pod.pool]
+        bucket = self.buckets[pod.pool]
         if pod.key is None:
             bucket.fresh[pod.name] = pod
             if pod.node:
@@ -291,22 +292,22 @@ class TrackerState:
         else:
             mine[pod.name] = pod
 
-    def _unindex_idle(self, pod: Pod) -> None:
+    def unindex_idle(self, pod: Pod) -> None:
         if pod.standby:
-            del self._buckets[pod.pool].standby[pod.name]
+            del self.buckets[pod.pool].standby[pod.name]
             return
         if pod.image and pod.reserved_for is None:
-            images = self._buckets[pod.pool].images
+            images = self.buckets[pod.pool].images
             mine = images.get((pod.caller or "", pod.image))
             if mine is not None and mine.pop(pod.name, None) is not None and not mine:
                 del images[(pod.caller or "", pod.image)]
             return
         if pod.reserved_for is not None:
-            ready = self._reserved.get(pod.reserved_for)
+            ready = self.reserved.get(pod.reserved_for)
             if ready and pod in ready:
                 ready.remove(pod)
             return
-        bucket = self._buckets[pod.pool]
+        bucket = self.buckets[pod.pool]
         if pod.key is None:
             del bucket.fresh[pod.name]
             if pod.node:

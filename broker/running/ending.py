@@ -19,21 +19,58 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from broker.claiming.jobbook import JobBook
+from broker.claiming.tracker import Tracker
+from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.jobs import ErrorClass, Job
 from broker.ports.agent import AttemptStatus
+from broker.running.kernelwarm import KernelWarmth
 from broker.running.outcome import OUTCOME_RETRY_MAX_S, OUTCOME_RETRY_S, outcome_of
-
-if TYPE_CHECKING:
-    from broker.running.executing import Executor
+from broker.stats import Stats
+from broker.warmth.pooling import PoolController
 
 log = logging.getLogger("firepool.executing")
 
 
+class Ender(Protocol):
+    """What ending an attempt alone needs of the executor (broker.running.executing.Executor is one): the
+    executor calls `end_alone`, so this module names only this face of it and never imports it back."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def book(self) -> JobBook: ...
+    @property
+    def tracker(self) -> Tracker: ...
+    @property
+    def controller(self) -> PoolController: ...
+    @property
+    def stats(self) -> Stats: ...
+    @property
+    def kernels(self) -> KernelWarmth | None: ...
+    @property
+    def launched(self) -> dict[str, str]:
+        """job id -> the attempt id running now."""
+        ...
+    @property
+    def preempting(self) -> dict[str, str]:
+        """job id -> why it is being preempted."""
+        ...
+    @property
+    def handed_off(self) -> dict[str, float]:
+        """job id -> when its pods were handed off."""
+        ...
+
+    def gate_opened(self) -> None:
+        """Wake the launches waiting at the per-GPU gate."""
+        ...
+
+
 async def end_alone(
-    ex: Executor,
+    ex: Ender,
     job_id: str,
     aid: str,
     n_pods: int,
@@ -75,7 +112,7 @@ async def end_alone(
 
 
 async def _commit(
-    ex: Executor,
+    ex: Ender,
     job_id: str,
     aid: str,
     ended: Sequence[AttemptStatus | None],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, overload
 
 from broker.aclient import AsyncClient
 from broker.errors import StreamBroken
@@ -24,9 +24,7 @@ from broker.sandbox import commands
 from broker.sandbox.files import AsyncFiles, Entry
 from broker.sandbox.handle import DEFAULT_TIMEOUT_S, ME, AsyncSandbox
 from broker.sandbox.results import CodeResult, CommandResult
-
-if TYPE_CHECKING:
-    from broker.client import Client
+from broker.sdk_protocols import SyncCalls
 
 OnText = Callable[[str], None]
 
@@ -72,7 +70,7 @@ class Files:
 class Sandbox:
     """The sandbox of session `tag`, synchronous (see `AsyncSandbox` for what each call does)."""
 
-    def __init__(self, fp: Client, tag: str, *, pool: str = "cpu", queue: str = "default", keep: bool = False) -> None:
+    def __init__(self, fp: SyncCalls, tag: str, *, pool: str = "cpu", queue: str = "default", keep: bool = False) -> None:
         self._fp = fp
         self._loop = BackgroundLoop()
         self._client = AsyncClient(fp.urls, fp.found.token, retry=fp.retry)

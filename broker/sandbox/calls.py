@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from broker.client import AsyncClient, JobInfo
+from broker.client_core import JobInfo
 from broker.sandbox import wrappers
+from broker.sdk_protocols import AsyncCalls
 
 if TYPE_CHECKING:
     from broker.sandbox.kernels import Kernels
@@ -92,7 +93,7 @@ class PoolChoice:
     def __init__(self, pool: str | None) -> None:
         self.pool = pool
 
-    async def resolve(self, client: AsyncClient) -> str:
+    async def resolve(self, client: AsyncCalls) -> str:
         if self.pool is None:
             self.pool = choose_pool(await client.pools())
         return self.pool
@@ -111,7 +112,7 @@ def choose_pool(views: list[dict[str, Any]]) -> str:
 class Calls:
     """Runs jobs for one verified caller; `pool` and `queue` are where the session's sandbox lives."""
 
-    def __init__(self, client: AsyncClient, *, pool: str | None = "cpu", queue: str = "default", caller: str = "",
+    def __init__(self, client: AsyncCalls, *, pool: str | None = "cpu", queue: str = "default", caller: str = "",
                  kernels: Kernels | None = None, choice: PoolChoice | None = None) -> None:
         self.client = client
         self.pool = pool

@@ -16,7 +16,6 @@ rules and the next `run_code` restores it (`broker.sandbox.kernels`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from broker.errors import NotFound, StreamBroken
 from broker.sandbox import commands
@@ -26,9 +25,7 @@ from broker.sandbox.files import AsyncFiles
 from broker.sandbox.kernel_io import KernelGone
 from broker.sandbox.kernels import Kernels, LiveKernel
 from broker.sandbox.results import CodeResult, CommandResult
-
-if TYPE_CHECKING:
-    from broker.client import AsyncClient
+from broker.sdk_protocols import AsyncCalls
 
 DEFAULT_TIMEOUT_S = 600.0
 CWD_WRAPPER = 'cd -- "$1" || exit 2; shift; exec "$@"'
@@ -40,7 +37,7 @@ ME = ""
 class AsyncSandbox:
     """The sandbox of session `tag` (created on first use, resumed when it exists) in `pool` and `queue`."""
 
-    def __init__(self, client: AsyncClient, tag: str, *, pool: str = "cpu", queue: str = "default",
+    def __init__(self, client: AsyncCalls, tag: str, *, pool: str = "cpu", queue: str = "default",
                  keep: bool = False) -> None:
         if not tag:
             raise ValueError("a sandbox needs a session tag")

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import kernel_client
-from broker.client import AsyncClient, JobInfo
+from broker.client_core import JobInfo
+from broker.sdk_protocols import AsyncCalls
 
 
 class KernelStartFailed(Exception):
@@ -66,7 +67,7 @@ class Started:
     lost: list[str]
 
 
-async def cancel_quietly(client: AsyncClient, job_id: str) -> None:
+async def cancel_quietly(client: AsyncCalls, job_id: str) -> None:
     try:
         await client.cancel(job_id)
     except Exception:  # noqa: BLE001 - best effort: the job may have ended, the broker may be gone

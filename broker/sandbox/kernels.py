@@ -17,11 +17,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
-from broker.client import AsyncClient, JobInfo
+from broker.client_core import JobInfo
 from broker.errors import FirepoolError
 from broker.kernel_client import AsyncKernel, KernelDisconnected, KernelTimeout
 from broker.sandbox import idle, kernel_code
@@ -34,15 +34,27 @@ from broker.sandbox.kernel_io import (
     Started,
     cancel_quietly,
 )
-
-if TYPE_CHECKING:
-    from broker.sandbox.calls import Calls
+from broker.sdk_protocols import AsyncCalls
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 OnStream = Callable[[str, str], None]
 """Called with ("stdout" | "stderr", text) as a cell prints."""
+
+
+class KernelCalls(Protocol):
+    """What starting a kernel needs of the session's calls (broker.sandbox.calls.Calls is one): the calls route
+    code through a live kernel of this module, so this module names only this face of them."""
+
+    @property
+    def client(self) -> AsyncCalls: ...
+    @property
+    def queue(self) -> str: ...
+
+    async def pool_name(self) -> str:
+        """The pool the session's jobs run in (chosen on first use)."""
+        ...
 
 START_TIMEOUT_S = 120.0
 """Start request -> the gateway's answer; a kernel job queued behind a busy pod counts too."""
@@ -63,7 +75,7 @@ class LiveKernel:
     caller: str
     session: str
     pool: str
-    client: AsyncClient
+    client: AsyncCalls
     job: JobInfo
     kernel: AsyncKernel
     last_used: float
@@ -98,7 +110,7 @@ class Kernels:
 
     # ---------------------------------------------------------------- start
 
-    async def ensure(self, calls: Calls, caller: str, session: str) -> LiveKernel:
+    async def ensure(self, calls: KernelCalls, caller: str, session: str) -> LiveKernel:
         key = (caller, session)
         lock = self._starting.setdefault(key, asyncio.Lock())
         async with lock:
@@ -112,7 +124,7 @@ class Kernels:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
         return k
 
-    async def _start(self, calls: Calls, caller: str, session: str) -> LiveKernel:
+    async def _start(self, calls: KernelCalls, caller: str, session: str) -> LiveKernel:
         pool = await calls.pool_name()
         pressure = await self._pressure(calls.client, pool)
         env = {"KERNEL_FIREPOOL_SESSION": session, "KERNEL_FIREPOOL_QUEUE": calls.queue,
@@ -153,7 +165,7 @@ class Kernels:
             k.started = Started(False, None, [], [])
         return k
 
-    async def _pressure(self, client: AsyncClient, pool: str) -> idle.Pressure:
+    async def _pressure(self, client: AsyncCalls, pool: str) -> idle.Pressure:
         try:
             views = await client.pools()
         except FirepoolError:
@@ -300,7 +312,7 @@ class Kernels:
         await self._shutdown(k.client, k.kernel, k.job.id)
 
     @staticmethod
-    async def _shutdown(client: AsyncClient, kernel: AsyncKernel, job_id: str | None) -> None:
+    async def _shutdown(client: AsyncCalls, kernel: AsyncKernel, job_id: str | None) -> None:
         """Shut the gateway kernel down (its job ends); the job is cancelled too when the gateway had lost it."""
         try:
             await kernel.shutdown()

@@ -128,7 +128,7 @@ def test_takeover_notes_are_bounded() -> None:
     _run(t, "s0", "s0", 1.0)
     for i in range(1, TAKEN_NOTES + 10):
         assert isinstance(_run(t, f"s{i}", f"s{i}", 1.0 + i), Lease)
-    assert len(t._taken) == TAKEN_NOTES
+    assert len(t.state.taken) == TAKEN_NOTES
 
 
 async def test_an_mcp_call_on_a_taken_session_tells_the_model_its_files_are_gone() -> None:

@@ -7,12 +7,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from broker.claiming.admission import admit
 from broker.claiming.queueing import JobQueue
 from broker.claiming.storewriter import StoreWriter
+from broker.claiming.tracker import Tracker
 from broker.clock import VirtualClock
 from broker.errors import InvalidRequest, NotFound, StoreError, UnknownPool
 from broker.jobs import Job, JobSpec, JobState
@@ -86,18 +88,18 @@ async def test_a_key_repeated_in_a_batch_or_across_batches_returns_the_first_job
         await h.stop()
 
 
-async def test_a_deep_queue_of_like_jobs_costs_a_pass_one_claim_per_shape() -> None:
+async def test_a_deep_queue_of_like_jobs_costs_a_pass_one_claim_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     h = await Harness([cpu_pool(max_count=2, min_count=2)]).start()
     try:
         await h.run_for(1.0)
         claims = [0]
-        real = h.cp.tracker.claim
+        real = Tracker.claim
 
-        def counted(*args: object, **kw: object) -> object:
+        def counted(self: Tracker, *args: Any, **kw: Any) -> Any:
             claims[0] += 1
-            return real(*args, **kw)  # type: ignore[arg-type]
+            return real(self, *args, **kw)
 
-        h.cp.tracker.claim = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(Tracker, "claim", counted)
         await h.cp.submit_many("alice", specs(300, lease_tag="a") + specs(100, lease_tag="b"))
         claims[0] = 0
         h.cp.dispatcher.dispatch_once()

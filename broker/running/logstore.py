@@ -8,6 +8,7 @@ caller (`<root>/<job-id>/`) are still read, and removed by age.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -31,6 +32,7 @@ _STREAM = re.compile(r"(rank[0-9]+\.)?(combined|stdout|stderr)")
 """Rank 0's streams by name, another rank's as `rank<n>.<stream>` (broker.running.logcopy)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def caller_key(caller: str) -> str:
     return hashlib.sha256(caller.encode()).hexdigest()[:24]
 

@@ -25,14 +25,22 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+_read: tuple[str, tuple[str, ...]] = ("", ())
+"""The mount table as last read, and its mount points: a reset wipes several directories, each asking."""
+
+
 def mounts_under(path: str) -> tuple[str, ...]:
-    """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps)."""
+    """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps). The table is
+    read every time and parsed again only when it changed."""
+    global _read
     try:
         with open("/proc/self/mountinfo") as f:
-            points = [_unescape(line.split(" ", 5)[4]) for line in f]
+            text = f.read()
     except OSError:
         return ()
-    return tuple(m for m in points if m != path and _under(m, path))
+    if text != _read[0]:
+        _read = (text, tuple(_unescape(line.split(" ", 5)[4]) for line in text.splitlines()))
+    return tuple(m for m in _read[1] if m != path and _under(m, path))
 
 
 def empty_dir(path: str, keep: tuple[str, ...] = ()) -> list[str]:

@@ -57,6 +57,8 @@ class _Collector:
                                   value=writer.commits)
         yield CounterMetricFamily("firepool_store_writes", "Job row writes and inserts, in all group commits",
                                   value=writer.writes)
+        yield CounterMetricFamily("firepool_store_commit_cpu_seconds", "CPU the store writer spent in group commits",
+                                  value=writer.cpu_s)
         resets = CounterMetricFamily("firepool_resets", "Pod resets by outcome", labels=["pool", "clean"])
         for (pool, clean), n in sorted(stats.resets.items()):
             resets.add_metric([pool, "true" if clean else "false"], n)

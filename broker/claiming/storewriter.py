@@ -50,6 +50,8 @@ class StoreWriter:
         """Group commits run (one store transaction each)."""
         self.writes = 0
         """Writes and inserts they carried."""
+        self.cpu_s = 0.0
+        """CPU seconds the writer's thread spent committing."""
         self._thread: threading.Thread | None = None
 
     def put(self, items: Sequence[Item]) -> None:
@@ -99,11 +101,13 @@ class StoreWriter:
             writes = [(job, expected) for job, expected, _ in batch if expected is not None]
             inserts = [job for job, expected, _ in batch if expected is None]
             outcome: tuple[list[bool], list[Job]] | BaseException
+            cpu = time.thread_time()
             try:
                 outcome = self._commit(writes, inserts)
             except Exception as exc:  # the store's own error tree; every writer of the group sees it
                 outcome = exc
             self._last_commit = time.monotonic()
+            self.cpu_s += time.thread_time() - cpu
             self.commits += 1
             self.writes += len(batch)
             try:

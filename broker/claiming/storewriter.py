@@ -21,10 +21,9 @@ from broker.jobs import Job
 log = logging.getLogger("firepool.jobbook")
 
 GATHER_S = 0.001
-"""While writes keep coming (the last commit ended under BUSY_S ago), a group waits this long for more before it
-commits: a fan-out's jobs share commits instead of paying one each (a commit's fsync is most of its cost), and
-a lone job's write never waits."""
-BUSY_S = 0.005
+"""While writes keep coming (some arrived while the last group committed), a group waits this long for more
+before it commits: a fan-out's jobs share commits instead of paying one each. A write that found the writer
+asleep (a lone job, or one job at a time: each write waits for the one before) never waits."""
 GATHER_MAX = 64
 """Writes that end the wait at once."""
 
@@ -45,7 +44,6 @@ class StoreWriter:
         self._asleep = False
         self._gathering = False
         self._closed = False
-        self._last_commit = -1.0
         self.commits = 0
         """Group commits run (one store transaction each)."""
         self.writes = 0
@@ -86,6 +84,7 @@ class StoreWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
+                busy = bool(self._pending) and self.commits > 0  # writes came in while the last group committed
                 while not self._pending and not self._closed:
                     self._asleep = True
                     self._cond.wait()
@@ -93,7 +92,7 @@ class StoreWriter:
                 if not self._pending:  # closed, and nothing left to commit
                     self._thread, self._closed = None, False
                     return
-                if len(self._pending) < GATHER_MAX and time.monotonic() - self._last_commit < BUSY_S:
+                if busy and len(self._pending) < GATHER_MAX:
                     self._gathering = True
                     self._cond.wait(GATHER_S)
                     self._gathering = False
@@ -106,7 +105,6 @@ class StoreWriter:
                 outcome = self._commit(writes, inserts)
             except Exception as exc:  # the store's own error tree; every writer of the group sees it
                 outcome = exc
-            self._last_commit = time.monotonic()
             self.cpu_s += time.thread_time() - cpu
             self.commits += 1
             self.writes += len(batch)

@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 from broker import cli_commands as cmds
+from broker import cli_fleet as fleet
 from broker.cli_e2b import add_e2b_parser
 from broker.cli_ports import add_port_parser
 from broker.cli_sessions import add_session_parsers
@@ -215,20 +216,20 @@ def _listing_parsers(sub: Any) -> None:
     p = _subparser(sub, "pools", "pool knobs and counts")
     _client_opts(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(fn=cmds.cmd_pools)
+    p.set_defaults(fn=fleet.cmd_pools)
 
     p = _subparser(sub, "events", "fleet events: preemptions, reservation alerts, hold breaks, budget throttling")
     _client_opts(p)
     p.add_argument("--since", default=None, help="an event id (those after it) or a time (ISO 8601 or epoch seconds)")
     p.add_argument("--limit", type=int, default=100, help="oldest this many after --since")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(fn=cmds.cmd_events)
+    p.set_defaults(fn=fleet.cmd_events)
 
     p = _subparser(sub, "pods", "what each pod is doing")
     _client_opts(p)
     p.add_argument("--pool", help="only this pool's pods")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(fn=cmds.cmd_pods)
+    p.set_defaults(fn=fleet.cmd_pods)
 
     add_port_parser(sub, _subparser, _client_opts)
     add_session_parsers(sub, _subparser, _client_opts)
@@ -239,11 +240,11 @@ def _listing_parsers(sub: Any) -> None:
     q = _subparser(qsub, "list", "quarantined and failing devices and nodes, with their failure counts")
     _client_opts(q)
     q.add_argument("--json", action="store_true", help="print JSON")
-    q.set_defaults(fn=cmds.cmd_quarantine_list)
+    q.set_defaults(fn=fleet.cmd_quarantine_list)
     q = _subparser(qsub, "release", "let a quarantined device or node back into placement (clears its count)")
     _client_opts(q)
     q.add_argument("key", help="the device key (GPU UUID, virtual-gpu-N) or node (node:NAME or NAME)")
-    q.set_defaults(fn=cmds.cmd_quarantine_release)
+    q.set_defaults(fn=fleet.cmd_quarantine_release)
 
 
 def _shell_parser(sub: Any) -> None:

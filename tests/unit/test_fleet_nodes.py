@@ -123,7 +123,7 @@ async def test_a_pool_with_a_node_selector_never_leaves_its_node_set() -> None:
 
 
 def test_firepool_pools_shows_largest_placeable_in_one_cell() -> None:
-    from broker.cli_commands import placeable_cell
+    from broker.cli_fleet import placeable_cell
 
     assert placeable_cell({"1": 3, "2": 1, "4": 0, "8": 0, "node": 0}) == "3/1/0/0/0"
     assert placeable_cell({}) == "-" and placeable_cell(None) == "-"

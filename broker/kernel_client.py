@@ -37,6 +37,9 @@ from broker.sdk_protocols import AsyncCalls
 
 log = logging.getLogger(__name__)
 
+RESTART_ASK_S = 2.0
+"""After a restart, how long one kernel_info request is waited for before it is sent again."""
+
 MAX_FRAME = 64 << 20
 """The largest kernel message the client accepts (a display of a large image, a DataFrame's HTML)."""
 MAX_STREAM_CHARS = 1 << 20
@@ -181,9 +184,19 @@ class AsyncKernel:
     async def interrupt(self) -> None:
         await _call(self.client, "POST", self._path("/interrupt"))
 
-    async def restart(self) -> dict[str, Any]:
-        """Restart the kernel process (the sandbox and its files stay); the websocket stays open."""
+    async def restart(self, ready_timeout: float = 120.0) -> dict[str, Any]:
+        """Restart the kernel process (the sandbox and its files stay); the websocket stays open. When connected,
+        returns once the new process answers kernel_info: a request sent before the server has wired its channels
+        to the new process is lost, so kernel_info is asked again every 2 s (as JupyterLab does after a restart)."""
         self.model = dict((await _call(self.client, "POST", self._path("/restart"))).json())
+        deadline = time.monotonic() + ready_timeout
+        while self._ws is not None:
+            try:
+                await self.kernel_info(timeout=max(0.0, min(RESTART_ASK_S, deadline - time.monotonic())))
+                break
+            except KernelTimeout:
+                if time.monotonic() >= deadline:
+                    raise
         return self.model
 
     async def shutdown(self) -> None:

@@ -38,7 +38,7 @@ from broker.sdk_protocols import AsyncCalls
 log = logging.getLogger(__name__)
 
 RESTART_ASK_S = 2.0
-"""After a restart, how long one kernel_info request is waited for before it is sent again."""
+"""After a restart, how long one readiness probe (an empty silent cell) is waited for before it is sent again."""
 
 MAX_FRAME = 64 << 20
 """The largest kernel message the client accepts (a display of a large image, a DataFrame's HTML)."""
@@ -186,13 +186,15 @@ class AsyncKernel:
 
     async def restart(self, ready_timeout: float = 120.0) -> dict[str, Any]:
         """Restart the kernel process (the sandbox and its files stay); the websocket stays open. When connected,
-        returns once the new process answers kernel_info: a request sent before the server has wired its channels
-        to the new process is lost, so kernel_info is asked again every 2 s (as JupyterLab does after a restart)."""
+        returns once the new process runs code: a request sent before the server has wired its channels to the
+        new process is lost, so an empty silent cell (no output, no history, no execution count) is sent again
+        every 2 s until one is answered. kernel_info would not do: a Jupyter server may answer it from a cache."""
         self.model = dict((await _call(self.client, "POST", self._path("/restart"))).json())
         deadline = time.monotonic() + ready_timeout
         while self._ws is not None:
             try:
-                await self.kernel_info(timeout=max(0.0, min(RESTART_ASK_S, deadline - time.monotonic())))
+                await self.execute("", silent=True, store_history=False,
+                                   timeout=max(0.0, min(RESTART_ASK_S, deadline - time.monotonic())))
                 break
             except KernelTimeout:
                 if time.monotonic() >= deadline:

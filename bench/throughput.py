@@ -32,10 +32,9 @@ import httpx
 
 from bench.broker_proc import BenchBroker
 from bench.common import Row, at_least, at_most, percentile, report
+from broker.fanout import BATCH_PATH, MAX_BATCH, WATCH_PATH, SseParser
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-BATCH = 1000
-"""Jobs per POST /v1/jobs:batch (the broker's limit)."""
 BEFORE_4PODS_JOBS_S = 87.0
 """Measured from outside before this benchmark's work (2026-11-30, 2-core VM): 87 jobs/s on 4 pods, ~10 ms CPU/job."""
 
@@ -121,15 +120,15 @@ def single(broker: BenchBroker, jobs: int, threads: int, keyed: bool = False) ->
 
 
 def batched(broker: BenchBroker, jobs: int) -> Phase:
-    """B18: batches of up to BATCH jobs, then one watch stream for their results."""
+    """B18: batches of up to MAX_BATCH jobs, then one watch stream for their results."""
     with broker.client() as c:
         cpu0 = cpu_seconds(broker.proc.pid)
         t0 = time.perf_counter()
         sent: dict[str, float] = {}
-        for first in range(0, jobs, BATCH):
+        for first in range(0, jobs, MAX_BATCH):
             at = time.perf_counter()
-            n = min(BATCH, jobs - first)
-            r = c.post("/v1/jobs:batch", json={"jobs": [{"pool": "gpu", "command": ["true"]}] * n})
+            n = min(MAX_BATCH, jobs - first)
+            r = c.post(BATCH_PATH, json={"jobs": [{"pool": "gpu", "command": ["true"]}] * n})
             r.raise_for_status()
             sent.update((job["id"], at) for job in r.json()["jobs"])
         latencies, failed = _watch(c, sent)
@@ -142,18 +141,17 @@ def _watch(c: httpx.Client, sent: dict[str, float]) -> tuple[list[float], int]:
     failed = 0
     pending = list(sent)
     while pending:
-        with c.stream("POST", "/v1/jobs:watch", json={"ids": pending, "wait_s": 300}) as response:
+        with c.stream("POST", WATCH_PATH, json={"ids": pending, "wait_s": 300}) as response:
             response.raise_for_status()
-            event = ""
+            parser = SseParser()
             for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "job":
-                    job = json.loads(line[6:])
+                event = parser.feed(line)
+                if event is not None and event[0] == "job":
+                    job = json.loads(event[1])
                     latencies.append(time.perf_counter() - sent[job["id"]])
                     failed += job["state"] != "SUCCEEDED"
-                elif line.startswith("data: ") and event == "end":
-                    pending = json.loads(line[6:])["pending"]
+                elif event is not None and event[0] == "end":
+                    pending = json.loads(event[1])["pending"]
     return latencies, failed
 
 

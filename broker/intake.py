@@ -120,7 +120,7 @@ class Intake:
 
     async def owned(self, caller: str, job_id: str) -> Job:
         """The caller's job; NotFound for an unknown id and for another caller's alike."""
-        job = await self.book.get(job_id) if plausible_id(job_id) else None
+        job = await self.book.get(job_id) if _plausible_id(job_id) else None
         if job is None or job.caller != caller:
             raise NotFound(f"no job {job_id!r}", {"job": job_id})
         return job
@@ -167,7 +167,7 @@ class Watch:
             self.book.unwatch_end(job_id, self._queue)
 
 
-def plausible_id(job_id: str) -> bool:
+def _plausible_id(job_id: str) -> bool:
     """Job ids are short and alphanumeric: anything else cannot name a job (and is not sent to the store)."""
     return 1 <= len(job_id) <= 64 and job_id.isalnum()
 

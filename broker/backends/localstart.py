@@ -70,12 +70,17 @@ class PodStarting:
         began = time.perf_counter()
         dirs = spec.dirs
         dirs.root.mkdir(mode=0o700)
+        # Recorded before its disk is mounted or its cgroup made: a broker killed from here on leaves a record
+        # by which the next one finds the pod and releases both.
+        record["limits"] = {"cgroup": self.limiter.cgroup_for(spec.name)}
+        self._write(record)
         try:
             spec, join = await asyncio.to_thread(
                 self.limiter.apply, spec, record, limits, self.uid if self.isolated else None
             )
         except OSError as exc:
             raise BackendError(f"cannot set up the limits of pod {spec.name}: {exc}") from exc
+        self._write(record)
         for path in (
             dirs.workspace,
             dirs.pkg,
@@ -118,7 +123,7 @@ class PodStarting:
             if not self.isolated
             else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         )
-        self._write(record)  # from here on a restarted broker finds (and can clean up) this pod
+        self._write(record)
         try:
             pid, info_fd = self.procs.spawn(
                 argv,

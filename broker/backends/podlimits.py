@@ -50,13 +50,17 @@ class PodLimiter:
         return {**self.cgroups.describe(), "disk": "ext4 image" if self.disk_off is None else "off",
                 "disk_reason": self.disk_off or ""}
 
+    def cgroup_for(self, pod: str) -> str:
+        """The name of the pod's cgroup (made by `apply`), or "off" without cgroup limits on this host."""
+        return cgroups.cgroup_name(pod, self.state_dir) if self.cgroups.enabled else "off"
+
     def apply(self, spec: SandboxSpec, record: dict[str, Any], limits: Limits,
               uid: int | None) -> tuple[SandboxSpec, list[str]]:
         """Make the pod's disk and cgroup (OSError when that fails); returns the spec that shows the cgroup
         to the agent and the command prefix that starts the pod inside it. Notes both in `record`."""
         began = time.perf_counter()
         make_disk(spec.dirs, None if self.disk_off else limits.workspace_size, uid, self.state_dir / "disks")
-        name = cgroups.cgroup_name(spec.name, self.state_dir)
+        name = self.cgroup_for(spec.name)
         cgroup = cgroups.create(self.cgroups, name, limits)
         record["limits"] = {**dataclasses.asdict(limits), "cgroup": name if cgroup is not None else "off"}
         if cgroup is not None:  # the exact directories: a later broker may run in another cgroup

@@ -21,8 +21,6 @@ import pytest
 
 from broker.backends import cgroups
 from broker.backends.local import LocalBackend
-from broker.backends.sandboxing import PodDirs
-from broker.backends.volumes import unmount_disk
 from broker.clock import RealClock
 
 # The longest files, longest first (measured on 2 cores). Under `--dist loadfile` a worker takes one whole file
@@ -136,10 +134,20 @@ def delete_pods(state_dir: Path) -> None:
     host = cgroups.detect()
     for record in pods.glob("*/pod.json"):
         with contextlib.suppress(OSError, ValueError):
-            unmount_disk(PodDirs(record.parent))
             cgroup = cgroups.from_record(host, json.loads(record.read_text()))
             if cgroup is not None:
                 cgroups.remove(cgroup)
+    unmount_under(state_dir)
+
+
+def unmount_under(root: Path) -> None:
+    """Lazily unmount whatever is still mounted under `root`, deepest first: a pod disk left by a test that
+    failed half-way would make pytest's temp dir undeletable (EBUSY) for every later run on the machine."""
+    prefix = f"{root.resolve()}/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
 
 @pytest.fixture
@@ -154,6 +162,7 @@ async def backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
         for pod in await backend.list_pods():
             await backend.delete(pod.name)
         await backend.close()
+        unmount_under(backend.state_dir)
 
 
 def run_job(c: httpx.Client, body: dict, wait: float = 60) -> dict:

@@ -2,15 +2,18 @@
 
 A job past its memory, pids or disk cap fails with a typed error (OutOfMemory, TooManyProcesses,
 DiskFull) while the host and a concurrent pod carry on; a CPU cap throttles; a deleted pod leaves
-no cgroup and no mounted disk behind.
+no cgroup and no mounted disk behind, even when the broker died while the pod was starting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from broker.clock import RealClock
 from broker.pools import PoolSpec
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
-from tests.integration.conftest import run_job
+from tests.integration.conftest import delete_pods, run_job
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +179,46 @@ async def test_many_small_processes_past_the_memory_cap_never_kill_the_agent(bac
     status = await run(backend, "swarm", "a-swarm", "sh", "-c", swarm)
     assert status.error_class == "OutOfMemory", status
     assert (await backend.agent("swarm").health()).pod == "swarm"
+
+
+STUCK_CREATE = """
+import asyncio, sys, time
+from pathlib import Path
+import broker.backends.localstart as localstart
+from broker.backends.local import LocalBackend
+from broker.clock import RealClock
+from broker.pools import PoolSpec
+from broker.ports.backend import PodRequest
+
+localstart.next_incarnation = lambda path: time.sleep(600)  # holds the start once its disk is mounted
+backend = LocalBackend(Path(sys.argv[1]), RealClock(), sandbox="bwrap")
+asyncio.run(backend.create(PodRequest(name="half", pool=PoolSpec(name="h", template={"memory": "256Mi"}))))
+"""
+
+
+async def test_a_broker_killed_while_a_pod_starts_leaves_the_next_one_its_disk_and_cgroup_to_release(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    child = subprocess.Popen([sys.executable, "-c", STUCK_CREATE, str(state)], start_new_session=True)
+    disk = state / "pods" / "half" / "disk"
+    try:
+        for _ in range(300):
+            if os.path.ismount(disk):
+                break
+            await asyncio.sleep(0.05)
+        assert os.path.ismount(disk), "the pod's disk was never mounted"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+    heir = LocalBackend(state, RealClock(), sandbox="bwrap")
+    try:
+        need_limits(heir)
+        record = json.loads((state / "pods" / "half" / "pod.json").read_text())
+        cgroup = cgroups.from_record(heir.limiter.cgroups, record)
+        assert cgroup is not None and any(d.exists() for d in cgroup.dirs.values())
+        assert await heir.list_pods() == []
+        assert not os.path.ismount(disk) and not (state / "pods" / "half").exists()
+        assert not any(d.exists() for d in cgroup.dirs.values())
+    finally:
+        await heir.close()
+        delete_pods(state)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+import select
+import threading
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PERMISSION = (errno.EACCES, errno.EPERM)
@@ -25,22 +27,46 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-_read: tuple[str, tuple[str, ...]] = ("", ())
-"""The mount table as last read, and its mount points: a reset wipes several directories, each asking."""
+class _MountTable:
+    """This mount namespace's mount points, read again only when the kernel says the table changed: an open
+    /proc/self/mountinfo polls POLLPRI after any mount or unmount (proc(5)), and polling clears it. A reset asks
+    for every directory it wipes; each question costs one poll(2), not a read and parse of the whole table."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._poll = select.poll()
+        self._points: tuple[str, ...] = ()
+
+    def points(self) -> tuple[str, ...]:
+        with self._lock:
+            if self._fd is None:
+                try:
+                    self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    return ()
+                self._poll.register(self._fd, select.POLLPRI)
+                self._points = self._read(self._fd)
+            elif self._poll.poll(0):
+                self._points = self._read(self._fd)
+            return self._points
+
+    @staticmethod
+    def _read(fd: int) -> tuple[str, ...]:
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        text = b"".join(chunks).decode(errors="surrogateescape")
+        return tuple(_unescape(line.split(" ", 5)[4]) for line in text.splitlines())
+
+
+_mounts = _MountTable()
 
 
 def mounts_under(path: str) -> tuple[str, ...]:
-    """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps). The table is
-    read every time and parsed again only when it changed."""
-    global _read
-    try:
-        with open("/proc/self/mountinfo") as f:
-            text = f.read()
-    except OSError:
-        return ()
-    if text != _read[0]:
-        _read = (text, tuple(_unescape(line.split(" ", 5)[4]) for line in text.splitlines()))
-    return tuple(m for m in _read[1] if m != path and _under(m, path))
+    """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps)."""
+    return tuple(m for m in _mounts.points() if m != path and _under(m, path))
 
 
 def empty_dir(path: str, keep: tuple[str, ...] = ()) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -145,7 +146,7 @@ def unmount_under(root: Path) -> None:
     failed half-way would make pytest's temp dir undeletable (EBUSY) for every later run on the machine."""
     prefix = f"{root.resolve()}/"
     with open("/proc/self/mounts") as f:
-        points = [line.split()[1].encode().decode("unicode_escape") for line in f]
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[1]) for line in f]
     for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 

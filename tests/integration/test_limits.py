@@ -200,10 +200,10 @@ async def test_a_broker_killed_while_a_pod_starts_leaves_the_next_one_its_disk_a
         tmp_path: Path) -> None:
     state = tmp_path / "state"
     child = subprocess.Popen([sys.executable, "-c", STUCK_CREATE, str(state)], start_new_session=True)
-    disk = state / "pods" / "half" / "disk"
+    disk, record_file = state / "pods" / "half" / "disk", state / "pods" / "half" / "pod.json"
     try:
-        for _ in range(300):
-            if os.path.ismount(disk):
+        for _ in range(300):  # its disk mounted and its cgroup made (the record names the cgroup's directories)
+            if os.path.ismount(disk) and "cgroup_dirs" in (record_file.read_text() if record_file.exists() else ""):
                 break
             await asyncio.sleep(0.05)
         assert os.path.ismount(disk), "the pod's disk was never mounted"
@@ -213,8 +213,7 @@ async def test_a_broker_killed_while_a_pod_starts_leaves_the_next_one_its_disk_a
     heir = LocalBackend(state, RealClock(), sandbox="bwrap")
     try:
         need_limits(heir)
-        record = json.loads((state / "pods" / "half" / "pod.json").read_text())
-        cgroup = cgroups.from_record(heir.limiter.cgroups, record)
+        cgroup = cgroups.from_record(heir.limiter.cgroups, json.loads(record_file.read_text()))
         assert cgroup is not None and any(d.exists() for d in cgroup.dirs.values())
         assert await heir.list_pods() == []
         assert not os.path.ismount(disk) and not (state / "pods" / "half").exists()

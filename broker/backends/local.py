@@ -405,7 +405,11 @@ class LocalBackend(PodStarting, KeptCaches):
             # sun_path holds ~107 bytes; dial through an fd of the run directory instead.
             fd = self._dir_fds.get(name)
             if fd is None:
-                fd = self._dir_fds[name] = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fd = os.open(self._dirs(name).run, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                except FileNotFoundError:  # as a socket not there yet is: a pod still starting (or gone)
+                    raise AgentError(f"agent of pod {name} unreachable: its run directory is not there") from None
+                self._dir_fds[name] = fd
             dial = f"/proc/self/fd/{fd}/agent.sock"
         client = KeptCacheAgent(self, f"unix:{socket_path}", record["secret"], pod=name, uds_path=dial,
                                 term=self.term)

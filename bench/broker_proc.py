@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -18,6 +19,27 @@ from types import TracebackType
 import httpx
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range (ip_local_port_range): a broker restarted
+    on it finds it still free, where a port the kernel hands out (bind to port 0, a connection's source port) may
+    meanwhile be taken by any other process's socket."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for port in random.sample(range(max(1024, ephemeral - 16384), ephemeral), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class BenchBroker:
     def __init__(self, *, callers: tuple[str, ...] = ("bench",), pools: str | None = None,
                  extra: tuple[str, ...] = (), admins: tuple[str, ...] = ()) -> None:
@@ -27,9 +49,7 @@ class BenchBroker:
         (self.dir / "tokens.json").write_text(json.dumps({t: {"caller": c, "admin": True} if c in admins else c
                                                           for c, t in self.tokens.items()}))
         (self.dir / "tokens.json").chmod(0o600)  # plain tokens: `firepool mcp --broker-tokens` refuses an open file
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "broker.cli", "serve", "--port", str(self.port), "--state-dir",
                str(self.dir / "state"), "--tokens", str(self.dir / "tokens.json"), "--log-level", "warning", *extra]

@@ -13,7 +13,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from bench.broker_proc import free_port
 from broker.backends.sandboxing import PodDirs
 from broker.backends.volumes import unmount_disk
 
@@ -63,12 +63,6 @@ class ScratchDatabase:
             else:
                 conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{self.name}`")
         self._admin.dispose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pools_yaml(shared: Path, max_count: int = 8) -> str:

@@ -9,7 +9,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.broker_proc import free_port
 from broker.backends import cgroups
 from broker.backends.local import LocalBackend
 from broker.clock import RealClock
@@ -38,12 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest integration files first; every file's own tests keep their order."""
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BrokerProcess:

@@ -1,8 +1,8 @@
 """Starting a local pod: its directories, limits and sandbox, the agent as PID 1, then its first answer; and
 the end of a start that failed or was stopped (a half-made pod is destroyed, and `close` waits for that).
 
-A mixin of `LocalBackend` (its create path). The pod's record is written before the agent starts, so a
-restarted broker finds (and can clean up) a half-made pod; the agent's incarnation (design R5) is counted
+A mixin of `LocalBackend` (its create path). The pod's record is written before its disk is mounted or its
+cgroup made, so a restarted broker finds (and can clean up) a half-made pod; the agent's incarnation (design R5) is counted
 on the host beside its ledger, where no job reaches it.
 """
 

@@ -129,7 +129,13 @@ class Intake:
         """Follow the caller's jobs `ids` (NotFound for any that is not theirs, before anything is followed)."""
         if not 1 <= len(ids) <= MAX_WATCH:
             raise InvalidRequest(f"watch 1 to {MAX_WATCH} jobs, not {len(ids)}", {"field": "ids", "limit": MAX_WATCH})
-        return Watch(self.book, [await self.owned(caller, job_id) for job_id in dict.fromkeys(ids)])
+        wanted = list(dict.fromkeys(ids))
+        found = await self.book.get_many([job_id for job_id in wanted if _plausible_id(job_id)])
+        for job_id in wanted:
+            job = found.get(job_id)
+            if job is None or job.caller != caller:
+                raise NotFound(f"no job {job_id!r}", {"job": job_id})
+        return Watch(self.book, [found[job_id] for job_id in wanted])
 
 
 class Watch:

@@ -120,6 +120,16 @@ class JobStoreContract:
     def test_get_of_an_unknown_id_is_none(self, store: JobStore) -> None:
         assert store.get("j-nope") is None
 
+    def test_get_many_returns_each_existing_job_once_across_reads_and_leaves_unknown_ids_out(
+            self, store: JobStore) -> None:
+        jobs = [make_job(f"j-{i:04d}") for i in range(1100)]  # more ids than one IN list of the SQL store
+        jobs[7] = full_job("j-0007")
+        store.commit_group([], jobs)
+        asked = [f"j-{i:04d}" for i in range(1200)] + ["j-0007", "j-0001"]
+        found = store.get_many(asked)
+        assert sorted(found, key=lambda j: j.id) == sorted(jobs, key=lambda j: j.id)
+        assert store.get_many([]) == [] and store.get_many(["j-nope"]) == []
+
     # --- insert and idempotency --------------------------------------------------------------------
 
     def test_same_idempotency_key_returns_the_first_job_and_stores_no_second(self, store: JobStore) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from broker.claiming.storewriter import StoreWriter
@@ -80,6 +80,20 @@ class JobBook:
         if job is not None:
             return job
         return await self.io(self.store.get, job_id)
+
+    async def get_many(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs of these ids that exist, by id: those in memory, and the rest in one store call."""
+        found: dict[str, Job] = {}
+        missing = []
+        for job_id in job_ids:
+            job = self.live.get(job_id) or self.finished.get(job_id)
+            if job is not None:
+                found[job_id] = job
+            else:
+                missing.append(job_id)
+        if missing:
+            found.update((job.id, job) for job in await self.io(self.store.get_many, missing))
+        return found
 
     def adopt(self, job: Job) -> None:
         """Take a job read from the store as the live copy (recovery, lost races)."""

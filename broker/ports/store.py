@@ -28,6 +28,10 @@ class JobStore(Protocol):
 
     def get(self, job_id: str) -> Job | None: ...
 
+    def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        """The jobs of these ids that exist, in any order (unknown ids are left out)."""
+        ...
+
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
                   limit: int = 100, before: str | None = None, pool: str | None = None,
                   lease_tag: str | None = None) -> list[Job]:
@@ -84,6 +88,9 @@ class MemoryJobStore:
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
+
+    def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        return [self._jobs[i] for i in dict.fromkeys(job_ids) if i in self._jobs]
 
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
                   limit: int = 100, before: str | None = None, pool: str | None = None,

@@ -182,6 +182,15 @@ class SqlJobStore:
             found = self._select(jobs.c.id == job_id, limit=None)
         return found[0] if found else None
 
+    def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        """The jobs of these ids that exist, read up to `_IN_CHUNK` ids a statement (unknown ids left out)."""
+        ids = sorted(set(job_ids))
+        found: list[Job] = []
+        with _translated("get_many"):
+            for i in range(0, len(ids), _IN_CHUNK):
+                found += self._select(jobs.c.id.in_(ids[i:i + _IN_CHUNK]), limit=None)
+        return found
+
     def list_jobs(self, *, caller: str | None = None, states: Iterable[JobState] | None = None,
                   limit: int = 100, before: str | None = None, pool: str | None = None,
                   lease_tag: str | None = None) -> list[Job]:

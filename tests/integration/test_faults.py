@@ -123,6 +123,9 @@ class FlakyStore:
     def get(self, job_id: str) -> Job | None:
         return self.inner.get(job_id)
 
+    def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        return self.inner.get_many(job_ids)
+
     def list_jobs(self, **kw: Any) -> list[Job]:
         return self.inner.list_jobs(**kw)
 

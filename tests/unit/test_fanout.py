@@ -18,6 +18,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import VirtualClock
 from broker.errors import InvalidRequest, NotFound, StoreError, UnknownPool
 from broker.jobs import Job, JobSpec, JobState
+from broker.ports.store import MemoryJobStore
 from broker.tasks import Wakeable
 from tests.unit.harness import Harness, cpu_pool
 
@@ -61,6 +62,37 @@ async def test_a_batch_runs_every_item_and_a_watch_hands_each_back_once_as_it_en
         assert ends == sorted(ends)  # in the order they ended
         again = await h.cp.watch("alice", ids)  # all ended: handed back at once
         assert len(await again.ended(0.0)) == 6 and not again.pending
+    finally:
+        await h.stop()
+
+
+class CountingStore(MemoryJobStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def get(self, job_id: str) -> Job | None:
+        self.reads.append("get")
+        return super().get(job_id)
+
+    def get_many(self, job_ids: Sequence[str]) -> list[Job]:
+        self.reads.append("get_many")
+        return super().get_many(job_ids)
+
+
+async def test_a_watch_of_jobs_no_longer_in_memory_reads_the_store_once() -> None:
+    store = CountingStore()
+    h = await Harness([cpu_pool(max_count=2)], store=store).start()
+    try:
+        ids = [job.id for job, _ in await h.cp.submit_many("alice", specs(5))]
+        await h.until(lambda: all(job.terminal for job in store.get_many(ids)), 60)
+        h.cp.book.finished.clear()  # as after a restart, or once they aged out of the book
+        store.reads.clear()
+        watch = await h.cp.watch("alice", ids)
+        assert store.reads == ["get_many"]
+        assert sorted(j.id for j in await watch.ended(0.0)) == sorted(ids) and not watch.pending
+        with pytest.raises(NotFound):
+            await h.cp.watch("bob", ids)
     finally:
         await h.stop()
 

@@ -120,10 +120,7 @@ class Intake:
 
     async def owned(self, caller: str, job_id: str) -> Job:
         """The caller's job; NotFound for an unknown id and for another caller's alike."""
-        job = await self.book.get(job_id) if _plausible_id(job_id) else None
-        if job is None or job.caller != caller:
-            raise NotFound(f"no job {job_id!r}", {"job": job_id})
-        return job
+        return _mine(caller, job_id, await self.book.get(job_id) if _plausible_id(job_id) else None)
 
     async def watch(self, caller: str, ids: Sequence[str]) -> Watch:
         """Follow the caller's jobs `ids` (NotFound for any that is not theirs, before anything is followed)."""
@@ -131,11 +128,7 @@ class Intake:
             raise InvalidRequest(f"watch 1 to {MAX_WATCH} jobs, not {len(ids)}", {"field": "ids", "limit": MAX_WATCH})
         wanted = list(dict.fromkeys(ids))
         found = await self.book.get_many([job_id for job_id in wanted if _plausible_id(job_id)])
-        for job_id in wanted:
-            job = found.get(job_id)
-            if job is None or job.caller != caller:
-                raise NotFound(f"no job {job_id!r}", {"job": job_id})
-        return Watch(self.book, [found[job_id] for job_id in wanted])
+        return Watch(self.book, [_mine(caller, job_id, found.get(job_id)) for job_id in wanted])
 
 
 class Watch:
@@ -171,6 +164,13 @@ class Watch:
     def close(self) -> None:
         for job_id in self.pending:
             self.book.unwatch_end(job_id, self._queue)
+
+
+def _mine(caller: str, job_id: str, job: Job | None) -> Job:
+    """The job when it is the caller's; NotFound for an unknown id and for another caller's alike."""
+    if job is None or job.caller != caller:
+        raise NotFound(f"no job {job_id!r}", {"job": job_id})
+    return job
 
 
 def _plausible_id(job_id: str) -> bool:

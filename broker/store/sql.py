@@ -1,6 +1,6 @@
 """`SqlJobStore`: the durable `JobStore` on SQLite, MySQL/MariaDB or PostgreSQL via SQLAlchemy Core.
 
-Errors leaving this module, all raised `from` the library error they translate (`_translated`):
+Errors leaving this module, all raised `from` the library error they translate (`sqlerrors.translated`):
 
     StoreError (503, retryable)   any SQLAlchemy / driver / Alembic / file-system failure, and a
                                   schema that is not at head
@@ -16,15 +16,13 @@ write that did land has moved its row's version and now loses; re-read to find o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from alembic.util import CommandError
 
 from broker.clock import Clock, RealClock
 from broker.errors import StoreError
@@ -35,14 +33,13 @@ from broker.store.engines import WRITE, create_store_engine, normalize_url
 from broker.store.firsts import split_firsts
 from broker.store.prepared import Prepared, PreparedIn, attempt_upsert, job_upsert
 from broker.store.schema import NAME_LENGTH, attempts, events, jobs
+from broker.store.sqlerrors import transient, translated
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 TRIES = 3
-_RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL: serialization failure, deadlock detected
-_RETRY_MYSQL_CODES = {1205, 1213}  # MySQL: lock wait timeout, deadlock
 _IN_CHUNK = 500
 """Ids per locking read: long IN lists stay well under every server's parameter limits."""
 KEY_RACE_TRIES = 3
@@ -51,34 +48,6 @@ _ROWS_KEPT = 8192
 """Rows remembered for sending only changed columns; past it the memory starts over (a write then sends its whole row)."""
 _STATEMENTS_KEPT = 256
 """Prepared UPDATEs, one per set of changed columns; past it the cache starts over."""
-
-
-@contextlib.contextmanager
-def _translated(operation: str) -> Iterator[None]:
-    """The one place library errors become `StoreError`."""
-    try:
-        yield
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"job store {operation} failed: {_describe(exc)}",
-                         {"operation": operation, "cause": type(exc).__name__}) from exc
-    except (CommandError, OSError) as exc:
-        raise StoreError(f"job store {operation} failed: {exc}", {"operation": operation}) from exc
-
-
-def _describe(exc: sa.exc.SQLAlchemyError) -> str:
-    # The driver's message, never SQLAlchemy's, which would echo the statement and the job's values.
-    cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
-    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-
-
-def _transient(exc: sa.exc.DBAPIError) -> bool:
-    if exc.connection_invalidated:
-        return True
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
-        return True
-    code = orig.args[0] if orig is not None and orig.args else None
-    return isinstance(code, int) and code in _RETRY_MYSQL_CODES
 
 
 _NEVER_UPDATED = ("id", "created_at")
@@ -118,7 +87,7 @@ class SqlJobStore:
     @classmethod
     def open(cls, url: str, *, migrate: bool = True, clock: Clock | None = None) -> SqlJobStore:
         """Connect to `url`, upgrade the schema to head (or check it is there), and return the store."""
-        with _translated("open"):
+        with translated("open"):
             engine = create_store_engine(url)
             try:
                 head = migrating.head_revision()
@@ -154,7 +123,7 @@ class SqlJobStore:
             if attempt_rows:
                 conn.execute(attempts.insert(), attempt_rows)
 
-        with _translated("insert"):
+        with translated("insert"):
             try:
                 self._run(write, writes=True)
             except sa.exc.IntegrityError as exc:
@@ -178,7 +147,7 @@ class SqlJobStore:
         return found[0] if found else None
 
     def get(self, job_id: str) -> Job | None:
-        with _translated("get"):
+        with translated("get"):
             found = self._select(jobs.c.id == job_id, limit=None)
         return found[0] if found else None
 
@@ -186,7 +155,7 @@ class SqlJobStore:
         """The jobs of these ids that exist, read up to `_IN_CHUNK` ids a statement (unknown ids left out)."""
         ids = sorted(set(job_ids))
         found: list[Job] = []
-        with _translated("get_many"):
+        with translated("get_many"):
             for i in range(0, len(ids), _IN_CHUNK):
                 found += self._select(jobs.c.id.in_(ids[i:i + _IN_CHUNK]), limit=None)
         return found
@@ -208,7 +177,7 @@ class SqlJobStore:
             where.append(jobs.c.id < before)
         if limit <= 0:
             return []
-        with _translated("list_jobs"):
+        with translated("list_jobs"):
             return self._select(sa.and_(sa.true(), *where), limit=limit)
 
     def _select(self, where: sa.ColumnElement[bool], *, limit: int | None) -> list[Job]:
@@ -292,7 +261,7 @@ class SqlJobStore:
             return won
 
         keyed = any(job.spec.idempotency_key is not None for job in inserts)
-        with _translated("commit"):
+        with translated("commit"):
             for tries_left in range(KEY_RACE_TRIES - 1, -1, -1):
                 try:
                     result = self._run(write, writes=True)
@@ -366,7 +335,7 @@ class SqlJobStore:
                         tx.commit()
                     return result
             except sa.exc.DBAPIError as exc:
-                if committing or attempt == TRIES or not _transient(exc):
+                if committing or attempt == TRIES or not transient(exc):
                     raise
         raise AssertionError("unreachable")
 
@@ -385,7 +354,7 @@ class SqlJobStore:
                 out.append(dataclasses.replace(e, id=int(key[0]) if key else 0))
             return out
 
-        with _translated("add_events"):
+        with translated("add_events"):
             return self._run(write, writes=True)
 
     def list_events(self, *, after_id: int | None = None, since: float | None = None, caller: str | None = None,
@@ -406,7 +375,7 @@ class SqlJobStore:
                           caller=r["caller"], detail=json.loads(r["detail"] or "{}"), id=int(r["id"]))
                     for r in conn.execute(stmt).mappings()]
 
-        with _translated("list_events"):
+        with translated("list_events"):
             return self._run(read, writes=False)
 
     def close(self) -> None:

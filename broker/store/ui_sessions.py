@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from broker.ports.ui_sessions import UiSession
 from broker.store.engines import WRITE
 from broker.store.schema import ui_sessions
-from broker.store.sql import _translated
+from broker.store.sqlerrors import translated
 
 _COLUMNS = ("id_digest", "caller", "token_digest", "created_at", "last_seen", "expires_at")
 _IN_CHUNK = 500
@@ -25,26 +25,26 @@ class SqlSessionStore:
         return self._engine.connect().execution_options(**{WRITE: True})
 
     def get(self, id_digest: str) -> UiSession | None:
-        with _translated("ui session get"), self._engine.connect() as conn:
+        with translated("ui session get"), self._engine.connect() as conn:
             row = conn.execute(sa.select(ui_sessions).where(ui_sessions.c.id_digest == id_digest)).mappings().first()
         return None if row is None else UiSession(**{c: row[c] for c in _COLUMNS})
 
     def put(self, session: UiSession) -> None:
-        with _translated("ui session put"), self._write() as conn, conn.begin():
+        with translated("ui session put"), self._write() as conn, conn.begin():
             conn.execute(ui_sessions.insert(), {c: getattr(session, c) for c in _COLUMNS})
 
     def touch(self, id_digest: str, last_seen: float) -> None:
-        with _translated("ui session touch"), self._write() as conn, conn.begin():
+        with translated("ui session touch"), self._write() as conn, conn.begin():
             conn.execute(ui_sessions.update().where(ui_sessions.c.id_digest == id_digest)
                          .values(last_seen=last_seen))
 
     def delete(self, id_digest: str) -> None:
-        with _translated("ui session delete"), self._write() as conn, conn.begin():
+        with translated("ui session delete"), self._write() as conn, conn.begin():
             conn.execute(ui_sessions.delete().where(ui_sessions.c.id_digest == id_digest))
 
     def delete_except(self, token_digests: Collection[str], before: float) -> int:
         keep = set(token_digests)
-        with _translated("ui session purge"), self._write() as conn, conn.begin():
+        with translated("ui session purge"), self._write() as conn, conn.begin():
             ended = conn.execute(ui_sessions.delete().where(ui_sessions.c.expires_at < before)).rowcount
             held = conn.execute(sa.select(ui_sessions.c.token_digest).distinct()
                                 .where(ui_sessions.c.token_digest.startswith("sha256:"))).scalars().all()

@@ -27,7 +27,7 @@ from broker.jobs import Job, JobState, transition
 from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 from broker.store.schema import VERSION_TABLE, metadata
-from broker.store.sql import _transient
+from broker.store.sqlerrors import transient as is_transient
 from tests.integration.store_databases import BACKENDS, Databases
 from tests.store_contract import JobStoreContract, make_job, race
 
@@ -428,7 +428,7 @@ class _PgError(Exception):
     (Exception(1062, "Duplicate entry"), False), (Exception("database is locked"), False),
 ])
 def test_deadlocks_and_serialization_failures_are_transient(orig: Exception, transient: bool) -> None:
-    assert _transient(sa.exc.OperationalError("UPDATE", {}, orig)) is transient
+    assert is_transient(sa.exc.OperationalError("UPDATE", {}, orig)) is transient
 
 
 # --- dashboard sessions ------------------------------------------------------------------------------------

@@ -261,7 +261,7 @@ def _shell_parser(sub: Any) -> None:
 def _cmd_shell(args: argparse.Namespace) -> int:
     from broker.cli_shell import shell  # the websocket client loads only for this command
 
-    with cmds._client(args) as client:
+    with cmds.client_of(args) as client:
         return shell(client, args.tag, pool=args.pool, queue=args.queue, command=args.command)
 
 

@@ -47,7 +47,8 @@ def read_file(flag: str, path: str) -> str:
         raise UsageError(f"{flag} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_of(args: argparse.Namespace) -> Client:
+    """The SDK client the command line names (--url, --token, --state-dir, or their defaults)."""
     from broker.client import Client
 
     return Client(url=args.url, token=args.token, state_dir=args.state_dir)
@@ -272,7 +273,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("nothing to run: firepool submit [options] -- CMD ... (or --from FILE)")
     requirements = checked_requirements(args)
-    with _client(args) as fp:
+    with client_of(args) as fp:
         job = fp.submit(command, pool=args.pool, **submit_fields(args, fp, requirements))
         if not args.wait:
             print(json.dumps(job.raw, indent=2) if args.json else job.id)
@@ -296,7 +297,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         jobs = fp.jobs(state=args.state, limit=args.limit)
     if args.json:
         print(json.dumps([j.raw for j in jobs], indent=2))
@@ -308,7 +309,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         for chunk in fp.stream_logs(args.job_id, stream=args.stream, follow=not args.no_follow):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
@@ -316,7 +317,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         before = fp.get(args.job_id)
         if before.terminal:
             print(f"firepool: {before.id} already finished ({before.state}): nothing to cancel", file=sys.stderr)

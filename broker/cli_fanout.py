@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from broker.cli_commands import UsageError, _client, checked_requirements, submit_fields
+from broker.cli_commands import UsageError, checked_requirements, client_of, submit_fields
 from broker.cli_output import console
 from broker.client_core import JobInfo
 from broker.errors import FirepoolError
@@ -119,7 +119,7 @@ def cmd_submit_from(args: argparse.Namespace) -> int:
         raise UsageError("--from FILE takes its jobs from the file: give no command after --")
     items, numbers = read_items(args.from_file)
     requirements = checked_requirements(args)
-    with _client(args) as fp:
+    with client_of(args) as fp:
         defaults: dict[str, Any] = submit_fields(args, fp, requirements)
         try:
             jobs = fp.submit_many(items, pool=args.pool, **defaults)

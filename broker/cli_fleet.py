@@ -6,12 +6,12 @@ import argparse
 import json
 import time
 
-from broker.cli_commands import UsageError, _client
+from broker.cli_commands import UsageError, client_of
 from broker.cli_output import print_table
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         pools = fp.pools()
     if args.json:
         print(json.dumps(pools, indent=2))
@@ -29,7 +29,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         events = fp.events(since=args.since, limit=args.limit)
     if args.json:
         print(json.dumps(events, indent=2))
@@ -49,7 +49,7 @@ def placeable_cell(placeable: dict[str, int] | None) -> str:
 
 
 def cmd_pods(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         pods = fp.pods(args.pool)
         if args.pool and not pods:
             names = [p["name"] for p in fp.pools()]
@@ -69,7 +69,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
 
 
 def cmd_quarantine_list(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         records = fp.quarantine()
     if args.json:
         print(json.dumps(records, indent=2))
@@ -81,7 +81,7 @@ def cmd_quarantine_list(args: argparse.Namespace) -> int:
 
 
 def cmd_quarantine_release(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
+    with client_of(args) as fp:
         record = fp.release_quarantine(args.key)
     print(f"{record['key']}: released by {record['released_by']}; it is placed again")
     return 0

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.cli_output import console, one_line_command, print_table
+from broker.cli_output import console, one_line_command, print_table, printed_json
 from broker.locations import state_dir_for
 
 if TYPE_CHECKING:
@@ -299,8 +299,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with client_of(args) as fp:
         jobs = fp.jobs(state=args.state, limit=args.limit)
-    if args.json:
-        print(json.dumps([j.raw for j in jobs], indent=2))
+    if printed_json(args.json, [j.raw for j in jobs]):
         return 0
     rows = [(j.id, j.state, j.pool, j.raw.get("lease_tag", ""), j.path, j.exit_code, j.error_class,
              one_line_command(j.raw.get("command", []))) for j in jobs]

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from broker.cli_commands import UsageError, client_of
-from broker.cli_output import print_table
+from broker.cli_output import print_table, printed_json
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
     with client_of(args) as fp:
         pools = fp.pools()
-    if args.json:
-        print(json.dumps(pools, indent=2))
+    if printed_json(args.json, pools):
         return 0
     keys = ("name", "gpus", "min_count", "max_idle_count", "max_count", "idle_timeout", "physical", "idle",
             "held", "starting", "busy", "standby", "stale", "borrowed", "queued_demand")
@@ -31,8 +29,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     with client_of(args) as fp:
         events = fp.events(since=args.since, limit=args.limit)
-    if args.json:
-        print(json.dumps(events, indent=2))
+    if printed_json(args.json, events):
         return 0
     rows = [(e["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e["at"])), e["kind"], e["subject"],
              e.get("caller") or "", "" if e.get("cost_gpu_s") is None else f"{e['cost_gpu_s']:.0f}", e["why"])
@@ -55,8 +52,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
             names = [p["name"] for p in fp.pools()]
             if args.pool not in names:
                 raise UsageError(f"--pool {args.pool}: no such pool (pools: {', '.join(names)})")
-    if args.json:
-        print(json.dumps(pods, indent=2))
+    if printed_json(args.json, pods):
         return 0
     now = time.time()
     rows = [(p["name"], p["pool"], p["state"] + (" (held)" if p.get("held") else "")
@@ -71,8 +67,7 @@ def cmd_pods(args: argparse.Namespace) -> int:
 def cmd_quarantine_list(args: argparse.Namespace) -> int:
     with client_of(args) as fp:
         records = fp.quarantine()
-    if args.json:
-        print(json.dumps(records, indent=2))
+    if printed_json(args.json, records):
         return 0
     rows = [(r["key"], r["kind"], r["node"], r["failures"], "QUARANTINED" if r["quarantined"] else "counting",
              r["reason"]) for r in records]

@@ -6,6 +6,7 @@ no colour and no wrapping, so each row stays one line for the next program.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -49,3 +50,10 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str], *, right: Sequen
 def print_table(rows: Sequence[Sequence[Any]], header: Sequence[str], *, right: Sequence[str] = (),
                 stream: TextIO | None = None) -> None:
     console(stream).print(table(rows, header, right=right))
+
+
+def printed_json(wanted: bool, data: Any) -> bool:
+    """With --json (`wanted`): print `data` as indented JSON and return True (the command has answered)."""
+    if wanted:
+        print(json.dumps(data, indent=2))
+    return wanted

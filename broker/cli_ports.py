@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from broker.cli_output import printed_json
 
 
 def add_port_parser(sub: Any, subparser: Any, client_opts: Any) -> None:
@@ -27,8 +28,7 @@ def cmd_port(args: argparse.Namespace) -> int:
 
     with Client(url=args.url, token=args.token, state_dir=args.state_dir) as fp:
         link = fp.port_link(args.tag, args.port, args.ttl)  # checks the range and that the session is yours
-    if args.json:
-        print(json.dumps(link, indent=2))
+    if printed_json(args.json, link):
         return 0
     if args.host_form and link.get("host_url") is None:
         print("firepool: this broker serves no host form (start it with --port-domain DOMAIN)")

@@ -7,6 +7,7 @@ it checks the table, bumps the row version the store will compare against, and s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import os
@@ -154,10 +155,12 @@ class JobSpec:
         return self.single_use or bool(self.image)
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        # Field by field: dataclasses.asdict deep-copies every value, which cost more than the rest of a job's
+        # row encoding. Only `extra` can nest (package, requirements, kernel): it alone is deep-copied.
+        data = {name: getattr(self, name) for name in _SPEC_FIELDS}
         data["command"] = list(self.command)
         data["env"] = dict(self.env)
-        data["extra"] = dict(self.extra)
+        data["extra"] = copy.deepcopy(dict(self.extra)) if self.extra else {}
         return data
 
     @classmethod
@@ -213,6 +216,9 @@ class Attempt:
         if to not in ATTEMPT_TRANSITIONS[self.state]:
             raise IllegalTransition(f"attempt {self.id}: {self.state} -> {to}")
         return dataclasses.replace(self, state=to, **changes)
+
+
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 
 
 def attempt_id(job_id: str, n: int) -> str:

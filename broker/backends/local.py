@@ -227,8 +227,8 @@ class LocalBackend(PodStarting, KeptCaches):
         target = self._dirs(record["name"]).record
         temp = target.with_name(".pod.json.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(record).encode())  # one write: json.dump writes a chunk per token
         os.replace(temp, target)
 
     def _info(self, record: Mapping[str, Any]) -> PodInfo:

@@ -307,8 +307,11 @@ class Executor(Signalling):
         if self.health is not None and not never_ran:
             job = self.book.live.get(job_id)
             statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
-        committed, _ = await asyncio.gather(self._commit_outcome(job_id, aid, statuses, never_ran, may_retry),
-                                            self._reset(job_id, pods, lost))
+        reset = asyncio.ensure_future(self._reset(job_id, pods, lost))  # the agents reset while the store writes
+        try:
+            committed = await self._commit_outcome(job_id, aid, statuses, never_ran, may_retry)
+        finally:
+            await reset
         if committed is not None and committed.state is JobState.QUEUED:
             self.requeue(committed)
 

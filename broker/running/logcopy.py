@@ -43,6 +43,11 @@ def capped(data: bytes, cap: int) -> bytes:
     return data[:cap - len(end)] + end
 
 
+def _name(rank: int, stream: str) -> str:
+    """A rank's stream as stored: rank 0's under the stream's own name."""
+    return stream if rank == 0 else f"rank{rank}.{stream}"
+
+
 class LogCopier:
     """Copies attempts' logs into the store; one per executor, so `WINDOW` bounds all copies together."""
 
@@ -54,13 +59,29 @@ class LogCopier:
     async def copy(self, caller: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                    cap: int) -> None:
         """Store every stream of every rank that did not get lost (rank 0 under the stream's name)."""
+        known = [s for s in statuses if s is not None]
+        if all(s.logs is not None and all(s.logs.get(stream) is not None for stream in STREAMS) for s in known):
+            # Every stream came inline: one store call for all of them, and none for a quiet attempt (an empty
+            # log is no file, and an attempt's logs are final once it ended: no earlier copy left another one).
+            writes = [(_name(rank, stream), capped(data, cap)) for rank, s in enumerate(statuses)
+                      if s is not None and s.logs is not None for stream, data in s.logs.items() if data]
+            if writes:
+                try:
+                    await self._io(self._write_all, caller, aid, writes)
+                except OSError as exc:  # the host's disk: the attempt's outcome still counts
+                    log.error("storing the logs of %s failed: %s", aid, exc)
+            return
         await asyncio.gather(*(
             self._stream(caller, aid, rank, pod, stream, statuses[rank], cap)
             for rank, pod in enumerate(pods) if statuses[rank] is not None for stream in STREAMS))
 
+    def _write_all(self, caller: str, aid: str, writes: Sequence[tuple[str, bytes]]) -> None:
+        for name, data in writes:
+            self.logs.write(caller, aid, name, data)
+
     async def _stream(self, caller: str, aid: str, rank: int, pod: Pod, stream: str, status: AttemptStatus | None,
                       cap: int) -> None:
-        name = stream if rank == 0 else f"rank{rank}.{stream}"
+        name = _name(rank, stream)
         inline = status.logs.get(stream) if status is not None and status.logs is not None else None
         copied = [0]
         if inline is None:

@@ -142,4 +142,7 @@ class PodReturn:
             else:
                 self.controller.delete_retiring(pod.name)
 
-        await asyncio.gather(*(reset_one(p) for p in pods))
+        if len(pods) == 1:  # awaited inline: gather would wrap the one reset in a task of its own
+            await reset_one(pods[0])
+        else:
+            await asyncio.gather(*(reset_one(p) for p in pods))

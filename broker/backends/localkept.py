@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker.backends.kept import caller_store, check_in, check_out
-from broker.backends.sandboxing import PodDirs
+from broker.backends.sandboxing import KEPT, PodDirs
 from broker.errors import BackendError
 from broker.ports.agent import AttemptStatus, LaunchRequest, ResetRequest, ResetResult
 from broker.running.agent_http import HttpAgentClient
@@ -24,6 +24,7 @@ log = logging.getLogger("broker.backends.local")
 
 class _Pods(Protocol):
     state_dir: Path
+    pods_dir: Path
     _records: dict[str, dict[str, Any]]
 
     def _dirs(self, name: str) -> PodDirs: ...
@@ -37,7 +38,7 @@ class _Keeper(Protocol):
     async def kept_out(self, name: str, record: Mapping[str, Any] | None = None) -> None: ...
 
 
-def _has_entries(directory: Path) -> bool:
+def _has_entries(directory: str) -> bool:
     try:
         with os.scandir(directory) as entries:
             return next(entries, None) is not None
@@ -97,7 +98,7 @@ class KeptCaches:
         """After a clean reset or at deletion: the pod's kept content back into its caller's store."""
         record = record if record is not None else self._records.get(name)
         caller = record.get("kept_caller") if record is not None else None
-        if record is None or not caller or not _has_entries(self._dirs(name).kept):
+        if record is None or not caller or not _has_entries(os.path.join(self.pods_dir, name, KEPT)):
             return  # nothing kept (a pool without keep_paths): no worker-thread hop per reset
         try:
             await asyncio.to_thread(

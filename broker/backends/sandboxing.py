@@ -41,6 +41,8 @@ _SYSTEM_RO = ("/usr",)
 _SYSTEM_LINKS = ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin")
 _NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
                   "/dev/nvidia-caps")
+KEPT = "disk/kept"
+"""A pod's kept caches, relative to its root (`PodDirs.kept`; a string for the path checked after every reset)."""
 SECRET_FD = 3
 INFO_FD = 4
 
@@ -67,7 +69,7 @@ class PodDirs:
     @property
     def kept(self) -> Path:
         """The pod's copy of its caller's kept caches (broker.backends.kept): on the capped disk too."""
-        return self.disk / "kept"
+        return self.root / KEPT
 
     @property
     def disk_image(self) -> Path:

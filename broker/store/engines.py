@@ -125,6 +125,12 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN")
+        # Straight to the driver: through exec_driver_sql, SQLAlchemy's statement machinery cost a group commit
+        # more than its own writes (~4 % of a batched job's broker CPU). SQLAlchemy sends no BEGIN of its own
+        # here (isolation_level=None above) and commits through the same driver connection.
+        statement = "BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN"
+        driver = conn.connection.dbapi_connection
+        assert driver is not None
+        driver.execute(statement)
 
     return engine

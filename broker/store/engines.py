@@ -8,6 +8,7 @@ database lock at BEGIN (where busy_timeout applies) instead of failing when a re
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,14 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         # Straight to the driver: through exec_driver_sql, SQLAlchemy's statement machinery cost a group commit
         # more than its own writes (~4 % of a batched job's broker CPU). SQLAlchemy sends no BEGIN of its own
         # here (isolation_level=None above) and commits through the same driver connection.
+        # SQLAlchemy calls this hook outside its own error translation: a driver error (a lock held past the busy
+        # timeout) is wrapped here, as exec_driver_sql would, so the store sees its usual OperationalError.
         statement = "BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN"
         driver = conn.connection.dbapi_connection
         assert driver is not None
-        driver.execute(statement)
+        try:
+            driver.execute(statement)
+        except sqlite3.Error as exc:
+            raise sa.exc.DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
     return engine

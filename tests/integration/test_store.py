@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -298,6 +299,24 @@ def test_sqlite_runs_in_wal_with_full_sync_busy_timeout_and_foreign_keys(tmp_pat
                    for p in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")}
     store.close()
     assert pragmas == {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 15000, "foreign_keys": 1}
+
+
+def test_a_sqlite_write_lock_held_past_the_busy_timeout_is_a_store_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("broker.store.engines.BUSY_TIMEOUT_S", 0.1)
+    url = f"sqlite:///{tmp_path}/locked.db"
+    store = SqlJobStore.open(url)
+    rival = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    rival.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
+    try:
+        with pytest.raises(StoreError, match="database is locked") as raised:
+            store.insert(make_job("j-locked"))
+        assert isinstance(raised.value.__cause__, sa.exc.OperationalError)
+    finally:
+        rival.rollback()
+        rival.close()
+    assert store.insert(make_job("j-locked")).id == "j-locked"  # the lock gone, the same store writes
+    store.close()
 
 
 # --- errors ------------------------------------------------------------------------------------------------

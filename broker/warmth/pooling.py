@@ -39,7 +39,7 @@ from broker.warmth.scaling import Counts, Plan, blocked_at_ceiling, count, plan
 from broker.warmth.singleuse import gang_hints, made_on, orphans, scattered, set_orphans, wanted, wanted_sets
 from broker.warmth.standby import exclusive_cards, plan_standbys
 
-MIN_GAP_S = 0.02
+MIN_GAP_S = 0.005
 """Reconcile passes woken in quick succession (a fan-out ends a job and holds a pod every few milliseconds) run at
 most this often: a pod takes seconds to start, and a pass costs the broker ~0.2 ms."""
 

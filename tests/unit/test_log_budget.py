@@ -131,6 +131,25 @@ async def test_inline_logs_longer_than_the_cap_are_cut_with_the_marker() -> None
     assert store.sizes[("j1:0", "stderr")] == 3
 
 
+async def test_a_quiet_attempt_with_inline_logs_stores_nothing_and_reads_nothing_from_its_agent() -> None:
+    meter = Meter()
+    store = CountingStore(meter)
+    quiet = AttemptStatus("j1:0", running=False, exit_code=0, logs={"combined": b"", "stdout": b"", "stderr": b""})
+    await copy(FloodAgent(meter, 1 << 20), store, 1 << 20, ranks=2, statuses=[quiet, quiet])
+    assert store.whole_writes == [] and store.sizes == {} and store.committed == []
+    assert meter.largest_read == 0  # every stream came inline: no read went to the agent
+
+
+async def test_inline_logs_store_only_their_streams_with_output_under_each_ranks_name() -> None:
+    meter = Meter()
+    store = CountingStore(meter)
+    rank0 = AttemptStatus("j1:0", running=False, exit_code=0, logs={"combined": b"hi\n", "stdout": b"hi\n", "stderr": b""})
+    rank1 = AttemptStatus("j1:0", running=False, exit_code=0, logs={"combined": b"", "stdout": b"", "stderr": b"no\n"})
+    await copy(FloodAgent(meter, 1 << 20), store, 1 << 20, ranks=2, statuses=[rank0, rank1])
+    assert store.sizes == {("j1:0", "combined"): 3, ("j1:0", "stdout"): 3, ("j1:0", "rank1.stderr"): 3}
+    assert meter.largest_read == 0
+
+
 @pytest.mark.parametrize("size", [0, 100, 8192])
 def test_capped_keeps_what_fits(size: int) -> None:
     assert capped(b"z" * size, 8192) == b"z" * size

@@ -169,6 +169,9 @@ class JobSpec:
                       "extra": dict(data.get("extra") or {})})
 
 
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
+
+
 @dataclass(frozen=True, slots=True)
 class Acquisition:
     """How one pod of a job was obtained, and why a warmer path was not used."""
@@ -216,9 +219,6 @@ class Attempt:
         if to not in ATTEMPT_TRANSITIONS[self.state]:
             raise IllegalTransition(f"attempt {self.id}: {self.state} -> {to}")
         return dataclasses.replace(self, state=to, **changes)
-
-
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 
 
 def attempt_id(job_id: str, n: int) -> str:

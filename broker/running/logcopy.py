@@ -58,45 +58,47 @@ class LogCopier:
 
     async def copy(self, caller: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                    cap: int) -> None:
-        """Store every stream of every rank that did not get lost (rank 0 under the stream's name)."""
-        known = [s for s in statuses if s is not None]
-        if all(s.logs is not None and all(s.logs.get(stream) is not None for stream in STREAMS) for s in known):
-            # Every stream came inline: one store call for all of them, and none for a quiet attempt (an empty
-            # log is no file, and an attempt's logs are final once it ended: no earlier copy left another one).
-            writes = [(_name(rank, stream), capped(data, cap)) for rank, s in enumerate(statuses)
-                      if s is not None and s.logs is not None for stream, data in s.logs.items() if data]
-            if writes:
-                try:
-                    await self._io(self._write_all, caller, aid, writes)
-                except OSError as exc:  # the host's disk: the attempt's outcome still counts
-                    log.error("storing the logs of %s failed: %s", aid, exc)
-            return
-        await asyncio.gather(*(
-            self._stream(caller, aid, rank, pod, stream, statuses[rank], cap)
-            for rank, pod in enumerate(pods) if statuses[rank] is not None for stream in STREAMS))
+        """Store every stream of every rank that did not get lost (rank 0 under the stream's name).
+
+        Streams that came inline with the status go to the store in one call, and an empty one not at all (an
+        empty log is no file, and an attempt's logs are final once it ended: no earlier copy left another one);
+        the others are read from the agent a chunk at a time."""
+        writes: list[tuple[str, bytes]] = []
+        streamed: list[tuple[int, Pod, str]] = []
+        for rank, (pod, status) in enumerate(zip(pods, statuses, strict=True)):
+            if status is None:
+                continue
+            for stream in STREAMS:
+                inline = status.logs.get(stream) if status.logs is not None else None
+                if inline is None:
+                    streamed.append((rank, pod, stream))
+                elif inline:
+                    writes.append((_name(rank, stream), capped(inline, cap)))
+        if writes:
+            try:
+                await self._io(self._write_all, caller, aid, writes)
+            except OSError as exc:  # the host's disk: the attempt's outcome still counts
+                log.error("storing the logs of %s failed: %s", aid, exc)
+        if streamed:
+            await asyncio.gather(*(self._stream(caller, aid, rank, pod, stream, cap) for rank, pod, stream in streamed))
 
     def _write_all(self, caller: str, aid: str, writes: Sequence[tuple[str, bytes]]) -> None:
         for name, data in writes:
             self.logs.write(caller, aid, name, data)
 
-    async def _stream(self, caller: str, aid: str, rank: int, pod: Pod, stream: str, status: AttemptStatus | None,
-                      cap: int) -> None:
+    async def _stream(self, caller: str, aid: str, rank: int, pod: Pod, stream: str, cap: int) -> None:
         name = _name(rank, stream)
-        inline = status.logs.get(stream) if status is not None and status.logs is not None else None
         copied = [0]
-        if inline is None:
-            try:
-                await self._chunks(self.backend.agent(pod.name), caller, aid, stream, name, cap, copied)
-            except (FirepoolError, OSError) as exc:  # what was copied is kept: part of a log beats none
-                log.warning("copying the %s log of %s from %s failed after %d bytes: %s", stream, aid, pod.name,
-                            copied[0], exc)
         try:
-            if inline is not None:
-                await self._write(caller, aid, name, capped(inline, cap))
-            elif copied[0]:
+            await self._chunks(self.backend.agent(pod.name), caller, aid, stream, name, cap, copied)
+        except (FirepoolError, OSError) as exc:  # what was copied is kept: part of a log beats none
+            log.warning("copying the %s log of %s from %s failed after %d bytes: %s", stream, aid, pod.name,
+                        copied[0], exc)
+        try:
+            if copied[0]:
                 await self._io(self.logs.commit, caller, aid, name)
-            else:
-                await self._write(caller, aid, name, b"")
+            else:  # an empty log writes nothing worth a worker thread
+                self.logs.write(caller, aid, name, b"")
         except OSError as exc:  # the host's disk: the attempt's outcome still counts
             log.error("storing the %s log of %s failed: %s", stream, aid, exc)
 
@@ -121,12 +123,6 @@ class LogCopier:
                 copied[0] = offset
             if chunk.complete or not chunk.data:
                 return
-
-    async def _write(self, caller: str, aid: str, name: str, data: bytes) -> None:
-        if data:
-            await self._io(self.logs.write, caller, aid, name, data)
-        else:  # an empty log writes nothing worth a worker thread
-            self.logs.write(caller, aid, name, data)
 
     async def _io(self, call: Callable[..., None], *args: object, **kwargs: object) -> None:
         if self.logs.blocking:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,13 +68,21 @@ def campaign_in_background(broker: Broker) -> tuple[threading.Thread, list[float
     return thread, took
 
 
+def poll(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait for `check` to hold: a standby warms its sessions before it first reads the leader, slower under load."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def test_a_dead_leaders_lock_passes_to_the_waiting_standby_at_once_with_the_next_term(store_url: str) -> None:
     a, b = Broker(store_url, "a"), Broker(store_url, "b")
     try:
         assert a.campaign() == 1
         thread, took = campaign_in_background(b)
-        time.sleep(0.6)
-        assert not took and b.election.known_leader() == ("http://a", 1)  # b stands by and knows the leader
+        poll(lambda: b.election.known_leader() == ("http://a", 1))  # b stands by and knows the leader
+        assert not took
         died = time.monotonic()
         a.election.lock.close()  # the leader's session ends, as when its process is killed
         thread.join(5)
@@ -131,7 +139,8 @@ def test_two_candidates_at_once_on_a_fresh_store_make_one_leader(store_url: str)
     brokers = [Broker(store_url, f"c{i}") for i in range(3)]
     try:
         threads = [campaign_in_background(x)[0] for x in brokers]
-        time.sleep(1.5)
+        poll(lambda: any(x.term.value for x in brokers))
+        time.sleep(0.5)  # time for a second leader, were the lock to let one through
         leaders = [x for x in brokers if x.term.value]
         assert len(leaders) == 1 and leaders[0].term.value == 1
     finally:

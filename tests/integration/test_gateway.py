@@ -132,7 +132,7 @@ def test_interrupt_stops_a_sleeping_cell(broker: BrokerProcess) -> None:
                     if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_reply":
                         break
             except websocket.WebSocketTimeoutException:
-                assert time.monotonic() - t0 < 20, "no interrupt reached the sleeping cell"
+                assert time.monotonic() - t0 < 45, "no interrupt reached the sleeping cell"  # the cell sleeps 60 s
         ch.ws.settimeout(60.0)
         assert m["content"]["status"] == "error" and m["content"]["ename"] == "KeyboardInterrupt"
         out, reply = ch.execute("print('alive')")

@@ -145,6 +145,8 @@ def test_two_candidates_at_once_on_a_fresh_store_make_one_leader(store_url: str)
         assert len(leaders) == 1 and leaders[0].term.value == 1
     finally:
         for x in brokers:
-            x.close()
-        for t in threads:
-            t.join(2)
+            x.election.stop()
+        for t in threads:  # before the stores close: a campaign still reading would hand its session back to a
+            t.join(5)      # disposed engine's pool, which never closes it
+        for x in brokers:
+            x.store.close()

@@ -62,6 +62,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 report["ptrace_pid1"] = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH: -1 when refused
 SKIP = ("/proc", "/sys")
 FRESH = ("/workspace", "/tmp", "/pkg", "/run", "/dev/shm", "/opt")
+VENV = os.path.dirname(os.path.dirname(sys.executable))  # bin/python3's venv (-S: sys.prefix is the base's)
 for top, dirs, files in os.walk("/"):
     if top.startswith(SKIP) or (top.startswith("/dev") and not top.startswith("/dev/shm")):
         dirs[:] = []
@@ -79,7 +80,7 @@ for top, dirs, files in os.walk("/"):
             # The secret was made when the pod was; an older file cannot hold it. The pod's own directories are
             # read whatever their times say, but not the host's venv bound in at its path (under /tmp in a checkout
             # there, tens of thousands of files: reading them all outlasts the wait below on a busy machine).
-            fresh = top.startswith(FRESH) and not top.startswith(sys.prefix)
+            fresh = top.startswith(FRESH) and not top.startswith(VENV)
             if st.st_mtime < created - 2 and st.st_ctime < created - 2 and not fresh:
                 continue
             with open(path, "rb") as f:

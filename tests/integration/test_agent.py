@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -173,6 +174,30 @@ async def test_every_request_needs_the_secret(agent: RunningAgent) -> None:
         assert refused.value.details["status"] == 401
     finally:
         await impostor.close()
+
+
+def raw_exchange(agent: RunningAgent, *requests: bytes) -> bytes:
+    """Send `requests` on one connection and read until the agent closes it."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(agent.socket)
+        s.sendall(b"".join(requests))
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+        return received
+
+
+async def test_request_heads_are_parsed_strictly_and_keep_the_connection(agent: RunningAgent) -> None:
+    auth = f"Authorization: Bearer {agent.secret}\r\n".encode()
+    get = b"GET /v1/health HTTP/1.1\r\nHost: a\r\n" + auth
+    answer = raw_exchange(agent, get + b"\r\n", get + b"Connection: close\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 200 OK") == 2, answer  # kept open after the first, closed after the second
+    assert raw_exchange(agent, get + b"X-Folded: a\r\n b\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw_exchange(agent, get + b"no colon here\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw_exchange(agent, get + b"X: y\r\n" * 101 + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert raw_exchange(agent, b"GET /v1/health HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505 ")
+    assert raw_exchange(agent, b"GET /v1/health HTTP/1.0\r\n" + auth + b"\r\n").count(b" 200 OK") == 1
 
 
 async def test_unknown_fields_are_rejected(agent: RunningAgent) -> None:

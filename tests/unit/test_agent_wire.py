@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
-from firepool_agent import wire
+from firepool_agent import httpreq, wire
 from firepool_agent.attempt import safe_name
 
 
@@ -77,3 +78,28 @@ def test_attempt_directories_are_safe_and_distinct() -> None:
     names = {safe_name(i) for i in ("job:0", "job_0", "../../etc", "job/0", ".hidden")}
     assert len(names) == 5
     assert all("/" not in n and not n.startswith(".") for n in names)
+
+
+def test_a_request_head_keeps_the_first_value_of_a_name_in_any_case() -> None:
+    head = io.BytesIO(b"Content-Length: 3\r\ncontent-length: 9\r\nX-Term:  7 \r\n\r\nabc")
+    headers = httpreq.read_headers(head)
+    assert (headers.get("CONTENT-LENGTH"), headers["x-term"], headers.get("Missing", "d")) == ("3", "7", "d")
+    assert "x-TERM" in headers and head.read() == b"abc"  # the body is left unread
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"X: " + b"a" * 65536 + b"\r\n\r\n", 431), (b"X: a\r\n" * 101 + b"\r\n", 431),
+    (b"X: a\r\n folded\r\n\r\n", 400), (b"no colon\r\n\r\n", 400), (b"X : a\r\n\r\n", 400)])
+def test_a_request_head_outside_the_limits_is_refused(head: bytes, status: int) -> None:
+    with pytest.raises(httpreq.BadHead) as refused:
+        httpreq.read_headers(io.BytesIO(head))
+    assert refused.value.status == status
+
+
+@pytest.mark.parametrize(("line", "status"), [(b"GET /\r\n", 400), (b"GET / HTTP/2.0\r\n", 505),
+                                              (b"GET / JUNK/1.1\r\n", 400)])
+def test_only_http_1_request_lines_are_served(line: bytes, status: int) -> None:
+    with pytest.raises(httpreq.BadHead) as refused:
+        httpreq.request_line(line)
+    assert refused.value.status == status
+    assert httpreq.request_line(b"POST /v1/reset HTTP/1.0\r\n") == ("POST", "/v1/reset", "HTTP/1.0")

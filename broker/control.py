@@ -136,8 +136,7 @@ class ControlPlane:
     async def start(self, *, loops: bool = True) -> None:
         """Recover, then start the dispatch and reconcile loops (tests may drive them by hand)."""
         self.started_at = self.clock.now()
-        await self.health.quarantine.load()  # before recovery: a quarantined card gets no pod back
-        self.recovery = await recover(self)
+        self.recovery = await recover(self)  # it loads the quarantine first: a quarantined card gets no pod back
         self.health.check_nodes(self.backend.nodes())  # after recovery: the pods it kept are judged as they stand
         self.health.drain()
         await self.health.prime([d.key for d in self.backend.devices()])

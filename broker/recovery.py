@@ -147,9 +147,11 @@ async def recover(cp: Recoverable) -> RecoveryReport:
         mark = time.perf_counter()
 
     infos: dict[str, PodInfo] = {}
-    # The pods and the jobs at once, and both job states in one query: a take-over waits on this.
-    listed, unfinished = await asyncio.gather(cp.backend.list_pods(),
-                                              _all_jobs(cp.book, JobState.RUNNING, JobState.QUEUED))
+    # The pods, the jobs (both states in one query) and the quarantine at once: a take-over waits on this. The
+    # quarantine is loaded before any pod comes back (a quarantined card gets none).
+    listed, unfinished, _ = await asyncio.gather(cp.backend.list_pods(),
+                                                 _all_jobs(cp.book, JobState.RUNNING, JobState.QUEUED),
+                                                 cp.health.quarantine.load())
     running = [j for j in unfinished if j.state is JobState.RUNNING]
     queued = [j for j in unfinished if j.state is JobState.QUEUED]
     for info in listed:
@@ -158,7 +160,11 @@ async def recover(cp: Recoverable) -> RecoveryReport:
             continue
         infos[info.name] = info
     phase("list")
-    healths = await _healths(cp, infos.values())
+    # Every agent's health and every running attempt's status in one round: a take-over waits on them.
+    probing = [(j, a) for j in running if (a := j.current_attempt) is not None and all(n in infos for n in j.pods)]
+    healths, probed = await asyncio.gather(_healths(cp, infos.values()), asyncio.gather(
+        *(asyncio.gather(*(_probe(cp.backend, n, a.id) for n in j.pods)) for j, a in probing)))
+    probes_of = dict(zip((j.id for j, _ in probing), probed, strict=True))
     epochs = {name: _verdict(infos[name], health) for name, health in healths.items()}
     phase("health")
 
@@ -184,7 +190,7 @@ async def recover(cp: Recoverable) -> RecoveryReport:
                 infos.pop(info.name)
                 await _delete(cp, info.name, report)
             continue
-        probes = await asyncio.gather(*(_probe(cp.backend, n, attempt.id) for n in job.pods))
+        probes = probes_of[job.id]
         if not all(reachable for reachable, _ in probes):
             await _requeue(cp, job, "an agent of its pods stayed unreachable", report)
             for name in job.pods:

@@ -1,4 +1,4 @@
-"""A request head read without `email.parser`: http.server's own parser spent a fifth of the agent's CPU per job.
+"""A request head read without `email.parser`: http.server's own parser took a fifth of the agent's Python time.
 
 The broker sends a handful of plain headers per request. This reads the request line and the header block with
 http.client's limits (a line of at most 64 KiB, at most 100 headers) into `Headers`, a case-insensitive map whose

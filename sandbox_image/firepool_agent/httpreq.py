@@ -10,17 +10,11 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
+from firepool_agent.wire import HttpError
+
 MAX_LINE = 65536
 MAX_HEADERS = 100
 VERSIONS = ("HTTP/1.0", "HTTP/1.1")
-
-
-class BadHead(Exception):
-    """The request head cannot be served; `status` is the answer (400, 431 or 505)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Headers:
@@ -45,10 +39,10 @@ def request_line(raw: bytes) -> tuple[str, str, str]:
     """(method, target, version) of an HTTP/1.x request line."""
     words = raw.decode("latin-1").rstrip("\r\n").split()
     if len(words) != 3:
-        raise BadHead(400, f"bad request line {raw[:200]!r}")
+        raise HttpError(400, f"bad request line {raw[:200]!r}")
     method, target, version = words
     if version not in VERSIONS:
-        raise BadHead(505 if version.startswith("HTTP/") else 400, f"unsupported version {version[:20]!r}")
+        raise HttpError(505 if version.startswith("HTTP/") else 400, f"unsupported version {version[:20]!r}")
     return method, target, version
 
 
@@ -58,13 +52,13 @@ def read_headers(rfile: BinaryIO) -> Headers:
     for _ in range(MAX_HEADERS + 1):
         line = rfile.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
-            raise BadHead(431, "a header line is longer than 64 KiB")
+            raise HttpError(431, "a header line is longer than 64 KiB")
         if line in (b"\r\n", b"\n", b""):
             return Headers(values)
         if line[:1] in (b" ", b"\t"):
-            raise BadHead(400, "folded header lines are not accepted")
+            raise HttpError(400, "folded header lines are not accepted")
         name, colon, value = line.decode("latin-1").partition(":")
         if not colon or not name or name != name.strip():
-            raise BadHead(400, f"bad header line {line[:200]!r}")
+            raise HttpError(400, f"bad header line {line[:200]!r}")
         values.setdefault(name.lower(), value.strip())
-    raise BadHead(431, f"more than {MAX_HEADERS} headers")
+    raise HttpError(431, f"more than {MAX_HEADERS} headers")

@@ -137,8 +137,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.command, self.path, self.request_version = httpreq.request_line(self.raw_requestline)
             self.headers = cast(Any, httpreq.read_headers(cast(BinaryIO, self.rfile)))
-        except httpreq.BadHead as exc:
-            self.send_error(exc.status, str(exc))
+        except wire.HttpError as exc:  # 400, 431 or 505
+            self.send_error(exc.status, exc.message)
             return False
         connection = (self.headers.get("Connection") or "").lower()
         self.close_connection = connection == "close" or (self.request_version == "HTTP/1.0"

@@ -91,7 +91,7 @@ def test_a_request_head_keeps_the_first_value_of_a_name_in_any_case() -> None:
     (b"X: " + b"a" * 65536 + b"\r\n\r\n", 431), (b"X: a\r\n" * 101 + b"\r\n", 431),
     (b"X: a\r\n folded\r\n\r\n", 400), (b"no colon\r\n\r\n", 400), (b"X : a\r\n\r\n", 400)])
 def test_a_request_head_outside_the_limits_is_refused(head: bytes, status: int) -> None:
-    with pytest.raises(httpreq.BadHead) as refused:
+    with pytest.raises(wire.HttpError) as refused:
         httpreq.read_headers(io.BytesIO(head))
     assert refused.value.status == status
 
@@ -99,7 +99,7 @@ def test_a_request_head_outside_the_limits_is_refused(head: bytes, status: int) 
 @pytest.mark.parametrize(("line", "status"), [(b"GET /\r\n", 400), (b"GET / HTTP/2.0\r\n", 505),
                                               (b"GET / JUNK/1.1\r\n", 400)])
 def test_only_http_1_request_lines_are_served(line: bytes, status: int) -> None:
-    with pytest.raises(httpreq.BadHead) as refused:
+    with pytest.raises(wire.HttpError) as refused:
         httpreq.request_line(line)
     assert refused.value.status == status
     assert httpreq.request_line(b"POST /v1/reset HTTP/1.0\r\n") == ("POST", "/v1/reset", "HTTP/1.0")

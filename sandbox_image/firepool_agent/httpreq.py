@@ -3,7 +3,8 @@
 The broker sends a handful of plain headers per request. This reads the request line and the header block with
 http.client's limits (a line of at most 64 KiB, at most 100 headers) into `Headers`, a case-insensitive map whose
 `get` answers like `email.message.Message.get` (the first value of a repeated name). Obsolete line folding and
-lines without a colon are refused: RFC 9112 lets a server answer them with 400.
+lines without a colon are refused: RFC 9112 lets a server answer them with 400. Errors never quote the head: its
+target may carry an exec's environment and its headers the bearer secret, and a caller may log the answer.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def request_line(raw: bytes) -> tuple[str, str, str]:
     """(method, target, version) of an HTTP/1.x request line."""
     words = raw.decode("latin-1").rstrip("\r\n").split()
     if len(words) != 3:
-        raise HttpError(400, f"bad request line {raw[:200]!r}")
+        raise HttpError(400, f"a request line needs a method, a target and a version ({len(words)} words)")
     method, target, version = words
     if version not in VERSIONS:
         raise HttpError(505 if version.startswith("HTTP/") else 400, f"unsupported version {version[:20]!r}")
@@ -59,6 +60,6 @@ def read_headers(rfile: BinaryIO) -> Headers:
             raise HttpError(400, "folded header lines are not accepted")
         name, colon, value = line.decode("latin-1").partition(":")
         if not colon or not name or name != name.strip():
-            raise HttpError(400, f"bad header line {line[:200]!r}")
+            raise HttpError(400, "a header line without a name and a colon")
         values.setdefault(name.lower(), value.strip())
     raise HttpError(431, f"more than {MAX_HEADERS} headers")

@@ -37,6 +37,7 @@ from broker.pools import Catalog
 from broker.ports.agent import AgentHealth, AttemptStatus, ResetRequest
 from broker.ports.backend import Backend, PodInfo
 from broker.running.executing import Executor
+from broker.running.returning import reset_request
 from broker.tasks import Supervisor
 
 log = logging.getLogger("firepool.recovery")
@@ -221,7 +222,7 @@ async def recover(cp: Recoverable) -> RecoveryReport:
 
     async def settle(info: PodInfo) -> None:
         spec = cp.catalog.pools[info.pool]
-        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
+        request = reset_request(spec)
         health = healths[info.name]
         if health is not None and still_clean(health, request):
             clean = True  # its last reset was this one and nothing changed the pod since (the agent counts)

@@ -56,7 +56,10 @@ class KeptCacheAgent(HttpAgentClient):
 
     async def launch(self, request: LaunchRequest) -> AttemptStatus:
         await self._backend.kept_in(self.pod, request.env.get("FIREPOOL_CALLER", ""))
-        return await super().launch(request)
+        status = await super().launch(request)
+        if status.reset is not None and status.reset.clean:  # the reset came with the launch's answer
+            await self._backend.kept_out(self.pod)
+        return status
 
     async def reset(self, request: ResetRequest) -> ResetResult:
         result = await super().reset(request)

@@ -32,6 +32,10 @@ class LaunchRequest:
     wait_s: float = 0.0
     """Answer once the attempt ended or this long after its start: a short job's launch, wait and logs then
     cost one round trip (an agent that ignores it answers at the start, and the broker waits as usual)."""
+    reset_after: ResetRequest | None = None
+    """When the attempt ends within `wait_s` and its logs come inline, the agent resets the pod before it
+    answers, keeping those logs in memory for a broker that takes over (`AttemptStatus.reset`): the reset
+    costs no request of its own. An agent that ignores it answers without a reset, and the broker sends one."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class AttemptStatus:
     """A finished attempt's whole logs by stream, when the agent sent them with its status."""
     hardware_fault: str | None = None
     """Why the attempt failed on the GPU's hardware (Xid, ECC, NVML health), as the agent classified it."""
+    reset: ResetResult | None = None
+    """The reset the launch asked for (`LaunchRequest.reset_after`), done as the attempt ended."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,9 @@ class FakeAgent:
             asyncio.get_running_loop().create_task(self._run(request, run))
         if request.wait_s > 0:
             await self.clock.wait(run.done, request.wait_s)
+            if request.reset_after is not None and run.done.is_set():  # as the real agent: logs inline, then reset
+                logs = dict.fromkeys(("stdout", "stderr", "combined"), run.output)  # as read_log serves them
+                return dataclasses.replace(run.status, logs=logs, reset=await self.reset(request.reset_after))
             return run.status
         return status
 

@@ -59,7 +59,19 @@ def _status(payload: dict[str, Any]) -> AttemptStatus:
     fields = {k: v for k, v in payload.items() if k in _STATUS_FIELDS}
     if fields.get("logs") is not None:
         fields["logs"] = {str(stream): base64.b64decode(data, validate=True) for stream, data in fields["logs"].items()}
+    if fields.get("reset") is not None:
+        fields["reset"] = _reset_result(fields["reset"])
     return AttemptStatus(**fields)
+
+
+def _reset_result(body: dict[str, Any]) -> ResetResult:
+    return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
+                       problems=tuple(body.get("problems", ())), incarnation=body.get("incarnation"))
+
+
+def _reset_body(request: ResetRequest) -> dict[str, Any]:
+    return {"wipe_workspace": request.wipe_workspace, "wipe_paths": list(request.wipe_paths),
+            "keep_paths": list(request.keep_paths)}
 
 
 class HttpAgentClient:
@@ -179,6 +191,8 @@ class HttpAgentClient:
         payload = {"attempt_id": request.attempt_id, "argv": list(request.argv), "env": dict(request.env),
                    "session": request.session, "cwd": request.cwd, "timeout_s": request.timeout_s,
                    "extra": dict(request.extra)}
+        if request.reset_after is not None:
+            payload["reset_after"] = _reset_body(request.reset_after)
         setup = SETUP_S if request.extra.get("requirements") is not None else 0.0
         path = "/v1/attempts"
         if request.wait_s > 0:  # the status once the attempt ended (logs inline) or wait_s passed
@@ -228,13 +242,9 @@ class HttpAgentClient:
         await self._request("POST", _attempt_path(attempt_id, "/cancel"), json={"grace_s": grace_s}, ok=(202,))
 
     async def reset(self, request: ResetRequest) -> ResetResult:
-        payload = {"wipe_workspace": request.wipe_workspace, "wipe_paths": list(request.wipe_paths),
-                   "keep_paths": list(request.keep_paths)}
-        response = await self._request("POST", "/v1/reset", json=payload)
+        response = await self._request("POST", "/v1/reset", json=_reset_body(request))
         with self._decoding():
-            body = response.json()
-            return ResetResult(clean=body["clean"], duration_s=body["duration_s"], killed=body.get("killed", 0),
-                               problems=tuple(body.get("problems", ())), incarnation=body.get("incarnation"))
+            return _reset_result(response.json())
 
     async def keep_kernels(self, keep: bool) -> None:
         await self._request("POST", "/v1/kernels", json={"keep": keep})

@@ -21,8 +21,8 @@ from broker.clock import Clock
 from broker.errors import FirepoolError
 from broker.health.monitor import LAUNCH_REFUSED, HealthMonitor
 from broker.jobs import AttemptState, ErrorClass, Job, JobState
-from broker.pods import Pod
-from broker.ports.agent import AttemptStatus, LaunchRequest
+from broker.pods import Origin, Pod
+from broker.ports.agent import AttemptStatus, LaunchRequest, ResetResult
 from broker.ports.backend import Backend
 from broker.ports.logs import LogStore
 from broker.running.delivering import PackageDelivery
@@ -31,7 +31,7 @@ from broker.running.jobenv import agent_session, memory_limits
 from broker.running.kernelwarm import KernelWarmth
 from broker.running.logcopy import LogCopier, output_cap
 from broker.running.outcome import OUTCOME_RETRY_MAX_S, OUTCOME_RETRY_S, PREEMPTING, outcome_of
-from broker.running.returning import PodReturn
+from broker.running.returning import PodReturn, reset_request
 from broker.running.signalling import Signalling
 from broker.running.topology import Rendezvous, topology_env
 from broker.stats import Stats
@@ -203,8 +203,12 @@ class Executor(Signalling):
         if rank == 0 and spec.extra.get("kernel"):
             env.update(rdzv.kernel_env)
         extra = {**spec.extra, "max_output_bytes": output_cap(pool)}  # the agent stops writing a stream there
+        # A lone rank on a reusable pod is reset by its agent as it ends: the gang's other ranks may still run,
+        # a single-use pod is deleted instead, and a kernel's attempt outlives any launch's wait.
+        reset_after = reset_request(pool) if pool is not None and world == 1 and pod.origin is not Origin.SINGLE_USE \
+            and not spec.extra.get("kernel") else None
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
-                             timeout_s=spec.timeout_s, extra=extra, wait_s=LAUNCH_WAIT_S)
+                             timeout_s=spec.timeout_s, extra=extra, wait_s=LAUNCH_WAIT_S, reset_after=reset_after)
 
     async def _launch(self, pod: Pod, request: LaunchRequest) -> AttemptStatus | None:
         try:
@@ -307,7 +311,8 @@ class Executor(Signalling):
         if self.health is not None and not never_ran:
             job = self.book.live.get(job_id)
             statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
-        reset = asyncio.ensure_future(self._reset(job_id, pods, lost))  # the agents reset while the store writes
+        done = {p.name: s.reset for p, s in zip(pods, statuses, strict=True) if s is not None and s.reset is not None}
+        reset = asyncio.ensure_future(self._reset(job_id, pods, lost, done))  # the agents reset while the store writes
         try:
             committed = await self._commit_outcome(job_id, aid, statuses, never_ran, may_retry)
         finally:
@@ -341,8 +346,8 @@ class Executor(Signalling):
             self.stats.jobs_finished[(committed.spec.pool, str(committed.state))] += 1
         return committed
 
-    async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
-        await self.returns.reset(job_id, pods, lost)
+    async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str], done: dict[str, ResetResult]) -> None:
+        await self.returns.reset(job_id, pods, lost, done)
         self.gate_opened()
 
     def gate_opened(self) -> None:

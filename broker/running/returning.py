@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from broker.claiming.jobbook import JobBook
 from broker.claiming.tracker import Tracker
@@ -24,7 +24,8 @@ from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.health.monitor import HealthMonitor
 from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
-from broker.ports.agent import ResetRequest
+from broker.pools import PoolSpec
+from broker.ports.agent import ResetRequest, ResetResult
 from broker.ports.backend import Backend
 from broker.stats import Stats
 from broker.tasks import Supervisor
@@ -37,6 +38,11 @@ AGEING = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-si
 AGEING_DEFER_S = 1.0
 """How long an ageing-only change of a pod's record waits, to be written once for all the jobs meanwhile."""
 _OWNERS_KEPT = 10_000
+
+
+def reset_request(pool: PoolSpec) -> ResetRequest:
+    """The reset every pod of `pool` gets between jobs."""
+    return ResetRequest(wipe_paths=pool.wipe_paths, keep_paths=pool.keep_paths)
 
 
 class PodReturn:
@@ -100,15 +106,18 @@ class PodReturn:
             self._ageing.add(pod.name)
             self.tasks.spawn(f"annotate {pod.name} later", self._annotate_later(pod))
 
-    async def reset(self, job_id: str, pods: Sequence[Pod], lost: set[str]) -> None:
-        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted."""
+    async def reset(self, job_id: str, pods: Sequence[Pod], lost: set[str],
+                    done: Mapping[str, ResetResult] | None = None) -> None:
+        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted.
+        `done`: pods whose agent already reset them as the attempt ended (the launch's `reset_after`)."""
         job = self.book.live.get(job_id) or await self.book.get(job_id)
         assert job is not None
         spec = self.tracker.pool(job.spec.pool)
         assert spec is not None
         key = (job.caller, job.spec.queue, job.spec.lease_tag)
         self.tracker.begin_reset(job_id, key)
-        request = ResetRequest(wipe_paths=spec.wipe_paths, keep_paths=spec.keep_paths)
+        request = reset_request(spec)
+        done = done or {}
 
         async def reset_one(pod: Pod) -> None:
             if pod.origin is Origin.SINGLE_USE:
@@ -121,7 +130,7 @@ class PodReturn:
             started = self.clock.now()
             if pod.name not in lost:
                 try:
-                    result = await self.backend.agent(pod.name).reset(request)
+                    result = done.get(pod.name) or await self.backend.agent(pod.name).reset(request)
                     clean = result.clean
                     self.stats.observe_reset(
                         pod.name, started, clean, result.duration_s, result.killed, tuple(result.problems)

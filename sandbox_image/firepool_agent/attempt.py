@@ -26,6 +26,13 @@ class Conflict(Exception):
 
 
 @dataclass(frozen=True)
+class ResetSpec:
+    wipe_workspace: bool = False
+    wipe_paths: tuple[str, ...] = ()
+    keep_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     attempt_id: str
     argv: Sequence[str]
@@ -34,6 +41,9 @@ class LaunchSpec:
     cwd: str | None = None
     timeout_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    reset_after: ResetSpec | None = None
+    """Reset the pod as soon as the attempt ends within the launch's wait, its logs inline in the answer: the
+    broker's reset request folded into the launch (`server`)."""
 
 
 class Attempt:

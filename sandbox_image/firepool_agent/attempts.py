@@ -75,6 +75,8 @@ class Attempts:
         """The pod's pre-started kernel process, bound by a kernel launch (`prestart`)."""
         self.ledger: Ledger | None = None
         """The durable record of started attempt ids; written before anything of the attempt runs."""
+        self._kept: Output | None = None
+        """The one attempt output held in memory (`wait`'s `keep`)."""
 
     # -- launching ------------------------------------------------------------------------------
 
@@ -359,9 +361,13 @@ class Attempts:
         with self.cond:
             return self.by_id.get(attempt_id)
 
-    def wait(self, attempt: Attempt, wait_s: float, inline_logs: int = 0) -> dict[str, Any]:
+    def wait(self, attempt: Attempt, wait_s: float, inline_logs: int = 0, keep: bool = False) -> dict[str, Any]:
         """The attempt's status once it finished or `wait_s` passed; a finished attempt whose logs
-        total at most `inline_logs` bytes carries them (base64), sparing the broker a read per stream."""
+        total at most `inline_logs` bytes carries them (base64), sparing the broker a read per stream.
+
+        `keep`: logs that came inline stay in memory, served as before once a reset wiped their files, until
+        another attempt's are kept. A broker that takes over from one killed between this answer and storing
+        the logs still finds them (the broker that got them launches nothing more here before storing them)."""
         with self.cond:
             if wait_s > 0:
                 self.cond.wait_for(lambda: not attempt.running, timeout=wait_s)
@@ -371,9 +377,14 @@ class Attempts:
                 output.sizes[s] for s in LOG_STREAMS) <= inline_logs
         if small and output is not None:
             try:
-                status["logs"] = {s: base64.b64encode(output.read(s, 0, inline_logs)).decode() for s in LOG_STREAMS}
+                logs = {s: output.read(s, 0, inline_logs) for s in LOG_STREAMS}
             except FileNotFoundError:
-                pass  # a reset wiped them (the broker that reset the pod had copied them): the status still counts
+                return status  # a reset wiped them (the broker that reset the pod had copied them)
+            status["logs"] = {s: base64.b64encode(data).decode() for s, data in logs.items()}
+            if keep:
+                if self._kept is not None and self._kept is not output:
+                    self._kept.kept = None
+                output.kept, self._kept = logs, output
         return status
 
     def read_log(self, attempt: Attempt, stream: str, offset: int, max_bytes: int,

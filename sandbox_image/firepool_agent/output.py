@@ -63,6 +63,8 @@ class Output:
         """Why the files could not be written (output is then discarded)."""
         self.exited_at: float | None = None
         """Monotonic time rank 0 was reaped; set by the attempt, read by the pump."""
+        self.kept: dict[str, bytes] | None = None
+        """Every stream, held in memory across a reset that wiped the files (`Attempts.wait`'s `keep`)."""
 
     def pump(self, stdout_fd: int, stderr_fd: int, done: Callable[[], None]) -> threading.Thread:
         """Start the pump thread over the read ends of the two pipes; `done` runs when it stops."""
@@ -149,6 +151,8 @@ class Output:
     def read(self, stream: str, offset: int, max_bytes: int) -> bytes:
         """Up to `max_bytes` from `offset` of a stream, never past what the pump has written."""
         end = min(self.sizes[stream], offset + max_bytes)
+        if self.kept is not None:
+            return self.kept[stream][offset:end]
         if not self.created:
             return b""
         fd = os.open(self.directory / stream, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError once reset

@@ -14,17 +14,13 @@ import time
 from dataclasses import dataclass
 
 from firepool_agent import proctree, wiping
+from firepool_agent.attempt import ResetSpec
 from firepool_agent.attempts import Attempts
+
+__all__ = ["KILL_DEADLINE_S", "ResetOutcome", "ResetSpec", "Resetter"]
 
 KILL_DEADLINE_S = 2.0
 """How long processes in uninterruptible sleep get to die before the reset is declared unclean."""
-
-
-@dataclass(frozen=True)
-class ResetSpec:
-    wipe_workspace: bool = False
-    wipe_paths: tuple[str, ...] = ()
-    keep_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ class Handler(BaseHTTPRequestHandler):
     agent: Agent  # set on the subclass made by `make_server`
     _term = 0
     """The term of the request being handled (`_check_term`)."""
+    _changing = False
+    """Whether the request being handled changes the pod: counted again as it ends (`Agent.changes`)."""
     raw_requestline: bytes  # set by http.server's handle_one_request
 
     def setup(self) -> None:
@@ -210,13 +212,13 @@ class Handler(BaseHTTPRequestHandler):
         try:
             url = urlsplit(self.path)
             parts = [unquote(p) for p in url.path.strip("/").split("/")]
-            changing = self._check_term(method, parts)
+            self._changing = self._check_term(method, parts)
             query = parse_qs(url.query)
             body = self._body() if method == "POST" else b""
             try:
                 self._route(method, parts, query, body)
             finally:
-                if changing:  # counted as it ends too: one that waited out a reset still made the pod unclean
+                if self._changing:  # counted as it ends too: one that waited out a reset still made the pod unclean
                     self.agent.changes += 1
         except wire.HttpError as exc:
             self._error(exc.status, exc.message)
@@ -270,8 +272,19 @@ class Handler(BaseHTTPRequestHandler):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
             fence = partial(self.agent.terms.check, self._term, True, "POST v1/attempts")
-            attempt = attempts.launch(wire.parse_launch(body), fence)
-            self._json(201, attempts.wait(attempt, wait_s, int(inline)) if wait_s or inline else attempt.to_json())
+            spec = wire.parse_launch(body)
+            attempt = attempts.launch(spec, fence)
+            reset = spec.reset_after
+            status = attempts.wait(attempt, wait_s, int(inline), keep=reset is not None) \
+                if wait_s or inline else attempt.to_json()
+            if reset is not None and "logs" in status:
+                # Ended within the wait, its logs in the answer (and kept): reset now, sparing the broker the
+                # reset request. The launch's change is counted before the reset, so a clean one leaves the pod
+                # clean for a broker that takes over.
+                self.agent.changes += 1
+                self._changing = False
+                status["reset"] = self.agent.reset(reset).to_json()
+            self._json(201, status)
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))

@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from firepool_agent import limits
-from firepool_agent.attempt import LaunchSpec
+from firepool_agent.attempt import LaunchSpec, ResetSpec
 from firepool_agent.attempts import SIGNALS
 from firepool_agent.output import STREAMS, cap_of
-from firepool_agent.resetting import ResetSpec
 
 MAX_WAIT_S = 600.0
 MAX_INLINE_LOGS = 1 << 20
@@ -35,8 +34,13 @@ def _object(raw: bytes, allowed: set[str], required: frozenset[str] | set[str] =
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
         raise HttpError(400, f"the body is not JSON: {exc}") from None
+    return _fields(body, "the body", allowed, required)
+
+
+def _fields(body: Any, name: str, allowed: set[str], required: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """`body` checked as a JSON object of only `allowed` fields, `required` among them."""
     if not isinstance(body, dict):
-        raise HttpError(400, "the body must be a JSON object")
+        raise HttpError(400, f"{name} must be a JSON object")
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise HttpError(400, f"unknown field(s): {', '.join(unknown)}")
@@ -70,7 +74,7 @@ def _paths(name: str, value: Any) -> tuple[str, ...]:
 
 
 def parse_launch(raw: bytes) -> LaunchSpec:
-    body = _object(raw, {"attempt_id", "argv", "env", "session", "cwd", "timeout_s", "extra"},
+    body = _object(raw, {"attempt_id", "argv", "env", "session", "cwd", "timeout_s", "extra", "reset_after"},
                    {"attempt_id", "argv", "session"})
     attempt_id = _string("attempt_id", body["attempt_id"], nonempty=True)
     assert attempt_id is not None
@@ -98,13 +102,24 @@ def parse_launch(raw: bytes) -> LaunchSpec:
     timeout = _number("timeout_s", body.get("timeout_s"), optional=True)
     if timeout is not None and timeout <= 0:
         raise HttpError(400, "timeout_s must be positive")
+    reset_after = body.get("reset_after")
+    if reset_after is not None:
+        reset_after = _reset(_fields(reset_after, "reset_after", RESET_FIELDS))
     return LaunchSpec(attempt_id=attempt_id, argv=tuple(argv), env=env,
                       session=_string("session", body["session"]) or "",
-                      cwd=_string("cwd", body.get("cwd"), optional=True), timeout_s=timeout, extra=extra)
+                      cwd=_string("cwd", body.get("cwd"), optional=True), timeout_s=timeout, extra=extra,
+                      reset_after=reset_after)
 
 
 def parse_reset(raw: bytes) -> ResetSpec:
-    body = _object(raw, {"wipe_workspace", "wipe_paths", "keep_paths"})
+    return _reset(_object(raw, RESET_FIELDS))
+
+
+RESET_FIELDS = {"wipe_workspace", "wipe_paths", "keep_paths"}
+
+
+def _reset(body: dict[str, Any]) -> ResetSpec:
+    """A reset's fields, checked: `POST /v1/reset`'s body, or a launch's `reset_after`."""
     wipe_workspace = body.get("wipe_workspace", False)
     if not isinstance(wipe_workspace, bool):
         raise HttpError(400, "wipe_workspace must be a boolean")

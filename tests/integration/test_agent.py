@@ -332,6 +332,43 @@ async def test_clean_reset_is_fast_and_empties_the_package_dir(agent: RunningAge
     assert wiped.value.details["status"] == 410
 
 
+async def test_a_launch_that_ends_in_its_wait_resets_the_pod_and_keeps_its_logs(agent: RunningAgent) -> None:
+    (agent.root / "pkg" / "module.py").write_text("x = 1\n")
+    script = "sleep 300 & echo $! > last.pid; echo out; echo err >&2"
+    request = dataclasses.replace(launch("job-f:0", "sh", "-c", script), wait_s=5.0, reset_after=ResetRequest())
+    done = await agent.client.launch(request)
+    assert not done.running and done.exit_code == 0 and done.reset is not None
+    assert done.reset.clean and done.reset.killed >= 1, done.reset.problems
+    assert done.logs == {"combined": b"out\nerr\n", "stdout": b"out\n", "stderr": b"err\n"}
+    assert not list((agent.root / "pkg").iterdir())
+    assert (agent.root / "run" / "agent.sock").exists()
+    # Nothing changed the pod since that reset: a broker taking over may reuse it without another.
+    assert (await agent.client.health()).info["clean_for"] == {"wipe_workspace": False, "wipe_paths": [],
+                                                               "keep_paths": []}
+    # The files are gone, the logs are not: a broker that takes over before storing them still reads them.
+    assert (await agent.client.wait("job-f:0", 0)).logs == done.logs
+    assert (await agent.client.read_log("job-f:0", "stderr")).data == b"err\n"
+    # Another attempt's kept logs take their place (the broker stored these before launching it).
+    again = await agent.client.launch(dataclasses.replace(request, attempt_id="job-g:0", argv=("true",)))
+    assert again.reset is not None and again.reset.clean
+    with pytest.raises(AgentError) as wiped:
+        await agent.client.read_log("job-f:0")
+    assert wiped.value.details["status"] == 410
+
+
+async def test_a_launch_that_outlives_its_wait_or_inlines_no_logs_is_not_reset(agent: RunningAgent) -> None:
+    slow = dataclasses.replace(launch("job-s:0", "sleep", "0.5"), wait_s=0.05, reset_after=ResetRequest())
+    status = await agent.client.launch(slow)
+    assert status.running and status.reset is None
+    assert (await agent.client.wait("job-s:0", 10)).exit_code == 0
+    big = INLINE_LOGS // 2 + 1
+    loud = dataclasses.replace(launch("job-b:0", PY, "-S", "-c", f"import sys; sys.stdout.write('x' * {big})"),
+                               wait_s=5.0, reset_after=ResetRequest())
+    status = await agent.client.launch(loud)
+    assert not status.running and status.logs is None and status.reset is None  # the broker reads them first
+    assert len((await agent.client.read_log("job-b:0", "stdout")).data) == big
+
+
 async def test_reset_of_ten_thousand_files(agent: RunningAgent) -> None:
     make = "import os\nos.makedirs('d/e', exist_ok=True)\nfor i in range(10000): open(f'd/e/f{i}' if i % 2 else f'f{i}', 'w').close()"
     await agent.client.launch(launch("job-10k:0", PY, "-S", "-c", make))

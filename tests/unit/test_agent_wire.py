@@ -20,6 +20,13 @@ def test_a_launch_body_is_read_field_by_field() -> None:
                                   cwd="sub", timeout_s=5, extra={"package": None}))
     assert (spec.attempt_id, spec.argv, spec.env, spec.session, spec.cwd, spec.timeout_s) == \
         ("job:0", ("python", "-c", "1"), {"A": "b"}, "s", "sub", 5.0)
+    assert spec.reset_after is None
+
+
+def test_a_launch_may_ask_for_the_reset_after_it() -> None:
+    spec = wire.parse_launch(body(attempt_id="job:0", argv=["true"], session="s",
+                                  reset_after={"wipe_paths": ["/data"], "keep_paths": ["/cache"]}))
+    assert spec.reset_after == wire.parse_reset(body(wipe_paths=["/data"], keep_paths=["/cache"]))
 
 
 @pytest.mark.parametrize("fields, complaint", [
@@ -34,6 +41,9 @@ def test_a_launch_body_is_read_field_by_field() -> None:
     ({"attempt_id": ""}, "attempt_id"),
     ({"attempt_id": "x" * 257}, "attempt_id"),
     ({"cwd": 3}, "cwd"),
+    ({"reset_after": []}, "reset_after must be a JSON object"),
+    ({"reset_after": {"wipe_all": True}}, "unknown field"),
+    ({"reset_after": {"keep_paths": ["cache"]}}, "keep_paths"),
 ])
 def test_a_malformed_launch_is_a_400(fields: dict[str, object], complaint: str) -> None:
     good: dict[str, object] = {"attempt_id": "job:0", "argv": ["true"], "session": "s"}

@@ -114,3 +114,27 @@ async def test_reuse_tag_hint_keeps_the_pod_across_tags() -> None:
         assert h.paths(other_queue) == ["recycled"] and other_queue.pods == first.pods
     finally:
         await h.stop()
+
+
+async def test_a_short_lone_job_is_reset_by_its_launch_and_a_long_one_by_a_reset_request(h: Harness) -> None:
+    short = await h.run_job(lease_tag="t", command=("echo", "hi"))
+    agent = h.backend.agents[short.pods[0]]
+    assert agent.launches[-1].reset_after is not None and len(agent.resets) == 1
+    assert h.logs.read("alice", short.attempts[-1].id, "stdout") == b"hi\n"  # the logs came with the launch
+    long = await h.run_job(lease_tag="t", command=("sleep", "5"))  # outlives the launch's wait
+    assert long.pods == short.pods and len(agent.resets) == 2
+    third = await h.run_job(lease_tag="t", command=("exit", "3"))  # clean after either: reused
+    assert third.pods == short.pods and h.paths(third) == ["warm"]
+    assert h.cp.stats.resets[("cpu", True)] == 3
+
+
+async def test_a_gangs_ranks_are_reset_by_reset_requests() -> None:
+    h = await Harness([cpu_pool(max_count=2)]).start()
+    try:
+        job = await h.run_job("bob", pods=2, command=("exit", "0"))
+        assert job.state is JobState.SUCCEEDED
+        for name in job.pods:
+            agent = h.backend.agents[name]
+            assert [r.reset_after for r in agent.launches] == [None] and len(agent.resets) == 1
+    finally:
+        await h.stop()

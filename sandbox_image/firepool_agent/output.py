@@ -58,7 +58,7 @@ class Output:
         self._changed = changed
         self._fds: dict[str, int] = {}
         self.created = False
-        """True once the files exist; before that every stream is empty."""
+        """True once the files exist, from the first byte on: a quiet attempt writes no file."""
         self.error: str | None = None
         """Why the files could not be written (output is then discarded)."""
         self.exited_at: float | None = None
@@ -77,7 +77,7 @@ class Output:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for name in STREAMS:
-                self._fds[name] = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                self._fds[name] = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                                           0o600)
             self.created = True
         except OSError as exc:
@@ -85,7 +85,6 @@ class Output:
             self.error = f"cannot write the attempt's logs: {exc}"
 
     def _pump(self, stdout_fd: int, stderr_fd: int, done: Callable[[], None]) -> None:
-        self._create()
         selector = selectors.DefaultSelector()
         selector.register(stdout_fd, selectors.EVENT_READ, "stdout")
         selector.register(stderr_fd, selectors.EVENT_READ, "stderr")
@@ -119,7 +118,9 @@ class Output:
             os.close(fd)
 
     def _append(self, stream: str, data: bytes) -> None:
-        if not self.created or self.error:
+        if not self.created and not self.error:
+            self._create()
+        if self.error:
             return  # keep draining so the job never blocks on a full pipe
         wrote = False
         try:
@@ -153,9 +154,9 @@ class Output:
         end = min(self.sizes[stream], offset + max_bytes)
         if self.kept is not None:
             return self.kept[stream][offset:end]
-        if not self.created:
+        if end <= offset:
             return b""
-        fd = os.open(self.directory / stream, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError once reset
+        fd = os.open(os.path.join(self.directory, stream), os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError once reset
         try:
             return os.pread(fd, end - offset, offset) if end > offset else b""
         finally:

@@ -318,7 +318,7 @@ async def test_a_new_session_sees_an_empty_workspace(agent: RunningAgent) -> Non
 
 async def test_clean_reset_is_fast_and_empties_the_package_dir(agent: RunningAgent) -> None:
     (agent.root / "pkg" / "module.py").write_text("x = 1\n")
-    await agent.client.launch(launch("job-r:0", "true"))
+    await agent.client.launch(launch("job-r:0", "echo", "hi"))
     await agent.client.wait("job-r:0", 10)
     result = await agent.client.reset(ResetRequest())
     assert result.clean and result.killed == 0 and not result.problems

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,21 @@ from firepool_agent.output import MIN_MAX_BYTES, Output, cap_of, marker
 
 
 def output(tmp_path: Path, cap: int) -> Output:
-    out = Output(tmp_path / "a", lambda: None, cap)
-    out._create()  # what the pump thread does first; the test feeds the pipes' reads by hand
-    return out
+    return Output(tmp_path / "a", lambda: None, cap)  # the test feeds the pipes' reads by hand
+
+
+def test_a_quiet_attempt_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
+    out = output(tmp_path, 8192)
+    read_end, write_end = os.pipe()
+    err_read, err_write = os.pipe()
+    os.close(write_end)
+    os.close(err_write)
+    done = threading.Event()
+    out.pump(read_end, err_read, done.set).join(5)
+    assert done.is_set() and not (tmp_path / "a").exists()
+    assert [out.read(s, 0, 1 << 20) for s in ("stdout", "stderr", "combined")] == [b"", b"", b""]
+    out._append("stderr", b"late\n")  # the first byte creates them
+    assert (tmp_path / "a" / "stderr").read_bytes() == b"late\n" and out.read("combined", 0, 10) == b"late\n"
 
 
 def test_a_flooding_stream_stops_at_the_cap_with_a_marker_and_later_bytes_are_dropped(tmp_path: Path) -> None:

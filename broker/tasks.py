@@ -58,24 +58,37 @@ class Supervisor:
 
 class Wakeable:
     """A pass that runs as soon as something wakes it, and every `tick` seconds at the latest; with `min_gap`,
-    passes woken in quick succession run at most once per `min_gap` (the wakes in between share one)."""
+    passes woken in quick succession run at most once per `min_gap` (the wakes in between share one). A `nudge`
+    is a wake that can wait: it runs the pass no sooner than `lazy_gap` after the last one, unless a `wake`
+    comes meanwhile."""
 
-    def __init__(self, clock: Clock, tick: float, step: Callable[[], object], min_gap: float = 0.0) -> None:
+    def __init__(self, clock: Clock, tick: float, step: Callable[[], object], min_gap: float = 0.0,
+                 lazy_gap: float = 0.0) -> None:
         self.clock = clock
         self.tick = tick
         self.step = step
         self.min_gap = min_gap
+        self.lazy_gap = max(lazy_gap, min_gap)
         self._event = asyncio.Event()
+        self._urgent = asyncio.Event()
         self._last = -math.inf
 
     def wake(self) -> None:
+        self._urgent.set()
+        self._event.set()
+
+    def nudge(self) -> None:
         self._event.set()
 
     async def run(self) -> None:
         while True:
             await self.clock.wait(self._event, self.tick)
+            if self._event.is_set() and not self._urgent.is_set() \
+                    and (left := self._last + self.lazy_gap - self.clock.now()) > 0:
+                await self.clock.wait(self._urgent, left)
             if (gap := self._last + self.min_gap - self.clock.now()) > 0:
                 await self.clock.sleep(gap)
             self._event.clear()
+            self._urgent.clear()
             self._last = self.clock.now()
             self.step()

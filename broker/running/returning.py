@@ -147,7 +147,7 @@ class PodReturn:
             self.stats.resets[(pod.pool, clean)] += 1
             if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
                 self._held(pod)
-                self.controller.wake()  # a new hold: the controller re-plans its next expiry wake-up
+                self.controller.nudge()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)
 

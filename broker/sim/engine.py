@@ -175,7 +175,7 @@ class Simulation:
             # The pool controller as the paper describes it: it scales "on every reconcile pass (30 s by default)"
             # (§7, App. A.5). Our controller also wakes on every demand report, pod ready and pod deletion; only
             # those wake-ups are cut: its own schedule (the 30 s pass, keep-alive and hold expiries) stays.
-            self.cp.controller.wake = _no_wake
+            self.cp.controller.wake = self.cp.controller.nudge = _no_wake
         self.began = 0.0
         self.labels: dict[str, dict[str, str]] = {}
 

@@ -42,6 +42,9 @@ from broker.warmth.standby import exclusive_cards, plan_standbys
 MIN_GAP_S = 0.005
 """Reconcile passes woken in quick succession (a fan-out ends a job and holds a pod every few milliseconds) run at
 most this often: a pod takes seconds to start, and a pass costs the broker ~0.2 ms."""
+LAZY_GAP_S = 0.05
+"""How soon a pass follows a change that asks for nothing new (less demand, a pod back from its reset): at fan-out
+rates those come every few milliseconds, and more demand or a lost pod still wakes the loop at once."""
 
 log = logging.getLogger("firepool.pooling")
 
@@ -50,6 +53,11 @@ __all__ = ["Counts", "Plan", "PoolController", "count", "plan"]
 
 RECONCILE_S = 30.0
 """Default reconcile interval (paper App. A.5); demand changes and expiries wake the loop sooner."""
+
+
+def _more(now: Mapping[str, int], before: Mapping[str, int]) -> bool:
+    """Whether any count in `now` is above its count `before`."""
+    return any(n > before.get(key, 0) for key, n in now.items())
 
 
 class PoolController(Creating):
@@ -107,8 +115,9 @@ class PoolController(Creating):
         """Where hold breaks and budget throttling are recorded (broker.events); None: nowhere."""
         self.throttled: set[str] = set()
         """Pools whose creates the accelerator budget holds back now (one event when it starts)."""
-        self._loop = Wakeable(clock, tick, self.reconcile_once, min_gap=min_gap)
+        self._loop = Wakeable(clock, tick, self.reconcile_once, min_gap=min_gap, lazy_gap=LAZY_GAP_S)
         self.wake = self._loop.wake
+        self.nudge = self._loop.nudge
         self.run = self._loop.run
         self._backoff_until: dict[str, float] = {}
         self._gang_sizes: dict[str, int] = {}
@@ -139,6 +148,12 @@ class PoolController(Creating):
         self.takers = {pool: dict(callers) for pool, callers in (takers or {}).items()}
         changed = (dict(demand) != self.demand or set(single_use) != set(self.single_use)
                    or by != self.queued_by or quota != self.over_quota or set(sets or {}) != set(self.sets))
+        # More wanted (pods, a caller's waiting jobs, single-use pods or sets, room freed from a quota) is acted
+        # on at once; less of it can wait for a lazy pass.
+        wants_more = (_more(demand, self.demand) or not set(single_use) <= set(self.single_use)
+                      or not set(sets or {}) <= set(self.sets)
+                      or any(_more(callers, self.queued_by.get(pool, {})) for pool, callers in by.items())
+                      or any(_more(callers, quota.get(pool, {})) for pool, callers in self.over_quota.items()))
         self.demand = dict(demand)
         self.single_use = dict(single_use)
         self.sets = dict(sets or {})
@@ -148,8 +163,10 @@ class PoolController(Creating):
         self.gangs = {pool: list(waiting) for pool, waiting in (gangs or {}).items()}
         self.queued_by = by
         self.over_quota = quota
-        if changed:
+        if wants_more:
             self.wake()
+        elif changed:
+            self.nudge()
 
     def update_pools(self, pools: Mapping[str, PoolSpec]) -> None:
         """A reloaded catalog: changed templates make older pods stale, and they drain from the next pass."""

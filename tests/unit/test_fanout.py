@@ -203,6 +203,40 @@ async def test_a_failed_group_commit_reaches_every_writer_of_the_group() -> None
     await asyncio.to_thread(writer.close)
 
 
+async def test_a_nudge_waits_out_the_lazy_gap_unless_a_wake_comes_meanwhile() -> None:
+    clock = VirtualClock()
+    passes: list[float] = []
+    loop = Wakeable(clock, 30.0, lambda: passes.append(clock.now()), min_gap=0.005, lazy_gap=0.05)
+    task = asyncio.create_task(loop.run())
+
+    async def settle() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    try:
+        loop.wake()
+        await settle()
+        assert passes == [clock.now()]
+        loop.nudge()  # less demand, a pod back from its reset: a pass within the lazy gap, not at once
+        clock.advance(0.02)
+        await settle()
+        assert len(passes) == 1
+        clock.advance(0.03)
+        await settle()
+        assert len(passes) == 2 and passes[1] - passes[0] == pytest.approx(0.05)
+        loop.nudge()
+        clock.advance(0.01)
+        await settle()
+        loop.wake()  # more demand meanwhile: the pass runs now, the min gap being over
+        await settle()
+        assert len(passes) == 3 and passes[2] == clock.now()
+        clock.advance(1.0)
+        await settle()
+        assert len(passes) == 3  # nothing pending: no pass until the tick
+    finally:
+        task.cancel()
+
+
 async def test_passes_woken_in_quick_succession_share_one_per_gap_and_a_lone_wake_runs_at_once() -> None:
     clock = VirtualClock()
     passes: list[float] = []

@@ -64,3 +64,21 @@ async def test_keep_alive_expiry_retires_a_warm_pod_on_the_virtual_clock() -> No
         assert fresh[0].name in h.backend.deleted
     finally:
         await h.stop()
+
+
+async def test_more_wanted_wakes_the_controller_at_once_and_less_only_nudges_it() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        calls: list[str] = []
+        c = h.cp.controller
+        c.wake, c.nudge = (lambda: calls.append("wake")), (lambda: calls.append("nudge"))  # type: ignore[method-assign]
+        c.report_demand({"cpu": 4}, {}, {"cpu": {"alice": 4}})
+        c.report_demand({"cpu": 3}, {}, {"cpu": {"alice": 3}})  # a fan-out draining: every pass, less
+        c.report_demand({"cpu": 3}, {}, {"cpu": {"alice": 2, "bob": 1}})  # a new caller waits: hold breaks due
+        c.report_demand({"cpu": 3}, {}, {"cpu": {"alice": 2, "bob": 1}}, over_quota={"cpu": {"bob": 1}})
+        c.report_demand({"cpu": 3}, {}, {"cpu": {"alice": 2, "bob": 1}})  # bob's quota frees room
+        c.report_demand({"cpu": 3}, {}, {"cpu": {"alice": 2, "bob": 1}})  # nothing changed
+        c.report_demand({"cpu": 3}, {"job-1": ("cpu", 1)}, {"cpu": {"alice": 2, "bob": 1}})  # a single-use job
+        assert calls == ["wake", "nudge", "wake", "nudge", "wake", "wake"]
+    finally:
+        await h.stop()

@@ -38,7 +38,7 @@ from broker.ports.backend import Backend
 from broker.ports.capacity import CapacitySource, FileCapacitySource, HttpCapacitySource
 from broker.running.logretention import LogRetention
 from broker.running.packages import FilePackageStore, PackageLimits
-from broker.standby import remove_address, stand_by, warm_up, write_address
+from broker.standby import remove_address, stand_by, warm_streams, warm_up, write_address
 from broker.ui.session import SessionSettings
 
 log = logging.getLogger("firepool.server")
@@ -339,6 +339,7 @@ def serve(settings: ServeSettings) -> int:
         await cp.start()
         leadership.leading = True  # it dispatches: say so first, the rest is bookkeeping
         led.set()
+        chores.add(asyncio.ensure_future(asyncio.to_thread(warm_streams)))
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         server.announce()
         took = time.monotonic() - (election.locked_at or time.monotonic())

@@ -9,6 +9,7 @@ unfinished jobs run, a connection to each agent of a shared state dir kept open.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -31,6 +32,13 @@ def warm_up() -> None:
     import httpx
 
     httpx.AsyncHTTPTransport(verify=False)
+
+
+def warm_streams() -> None:
+    """Starlette's first streamed answer (a fan-out's watch, a log follow, a terminal) imports anyio's asyncio
+    backend: ~20 ms of CPU inside that request. A leader pays it in a worker thread as it starts dispatching, off
+    the path to its first dispatch."""
+    importlib.import_module("anyio._backends._asyncio")
 
 
 async def stand_by(cp: ControlPlane, warm: asyncio.Event) -> None:

@@ -23,7 +23,7 @@ from broker.claiming.tracker import Tracker
 from broker.clock import Clock
 from broker.errors import AgentError, FirepoolError
 from broker.health.monitor import HealthMonitor
-from broker.pods import ANNOTATION_PREFIX, Origin, Pod, owner_annotations
+from broker.pods import Origin, Pod, owner_annotations
 from broker.pools import PoolSpec
 from broker.ports.agent import ResetRequest, ResetResult
 from broker.ports.backend import Backend
@@ -33,11 +33,16 @@ from broker.warmth.pooling import PoolController
 
 log = logging.getLogger("firepool.executing")
 
-AGEING = frozenset(ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since"))
-"""Owner annotations that change with every job; recovery takes a busy pod's job and owner from the job row."""
 AGEING_DEFER_S = 1.0
 """How long an ageing-only change of a pod's record waits, to be written once for all the jobs meanwhile."""
 _OWNERS_KEPT = 10_000
+
+
+def owner_identity(pod: Pod) -> tuple[object, ...]:
+    """What the owner annotations say (`owner_annotations`) but the ageing ones (`job`, `hold-until`, `idle-since`,
+    which change with every job: recovery takes a busy pod's job and owner from the job row), compared at every
+    job's start and reset without building the annotations."""
+    return pod.caller or "", pod.key or ("", "", ""), pod.used, pod.origin, pod.standby, pod.image, pod.epoch
 
 
 def reset_request(pool: PoolSpec) -> ResetRequest:
@@ -66,8 +71,8 @@ class PodReturn:
         self.tasks = tasks
         self.stats = stats
         self.health = health
-        self._owners: dict[str, dict[str, str]] = {}
-        """pod -> the identity annotations last written for it."""
+        self._owners: dict[str, tuple[object, ...]] = {}
+        """pod -> the identity last written for it (`owner_identity`)."""
         self._ageing: set[str] = set()
         """Pods whose ageing-only change waits to be written."""
 
@@ -77,14 +82,13 @@ class PodReturn:
             self.tasks.spawn(f"annotate {pod.name}", self._annotate(pod))
 
     def _owner_changed(self, pod: Pod) -> bool:
-        owner = {k: v for k, v in owner_annotations(pod).items() if k not in AGEING}
-        return self._owners.get(pod.name) != owner
+        return self._owners.get(pod.name) != owner_identity(pod)
 
     async def _annotate(self, pod: Pod) -> None:
         annotations = owner_annotations(pod)
         if len(self._owners) > _OWNERS_KEPT:  # names of deleted pods; forgetting costs one extra write each
             self._owners.clear()
-        self._owners[pod.name] = {k: v for k, v in annotations.items() if k not in AGEING}
+        self._owners[pod.name] = owner_identity(pod)
         self._ageing.discard(pod.name)  # the latest ageing values go with this write
         try:
             await self.backend.annotate(pod.name, annotations)

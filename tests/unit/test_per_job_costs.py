@@ -9,10 +9,10 @@ import pytest
 
 from broker.clock import VirtualClock
 from broker.jobs import JobState
-from broker.pods import ANNOTATION_PREFIX
+from broker.pods import ANNOTATION_PREFIX, Origin, Pod, PodState, owner_annotations
 from broker.ports.backend import FakeBackend
 from broker.running.logstore import FileLogStore
-from broker.running.returning import AGEING_DEFER_S
+from broker.running.returning import AGEING_DEFER_S, owner_identity
 from tests.unit.harness import Harness, cpu_pool
 
 
@@ -101,3 +101,20 @@ def test_a_jobs_row_carries_its_current_spec_even_when_the_spec_object_changes()
     assert job_row(dataclasses.replace(job, version=1), 2.0)["spec"] == first  # same spec object
     changed = dataclasses.replace(job, spec=dataclasses.replace(job.spec, priority=7))
     assert json.loads(job_row(changed, 3.0)["spec"])["priority"] == 7
+
+
+def test_the_identity_a_reset_compares_changes_exactly_when_a_non_ageing_annotation_does() -> None:
+    ageing = {ANNOTATION_PREFIX + k for k in ("job", "hold-until", "idle-since")}
+
+    def lasting(pod: Pod) -> dict[str, str]:
+        return {k: v for k, v in owner_annotations(pod).items() if k not in ageing}
+
+    changes: list[tuple[str, object]] = [
+        ("caller", "bob"), ("key", ("bob", "batch", "t")), ("used", True), ("origin", Origin.DEMAND),
+        ("standby", True), ("image", "img:2"), ("epoch", "e2"), ("job", "j-2"), ("hold_until", 99.0),
+        ("idle_since", 98.0)]
+    for field, value in changes:
+        pod = Pod("p", "cpu", state=PodState.IDLE, origin=Origin.WARM)
+        before, identity = lasting(pod), owner_identity(pod)
+        setattr(pod, field, value)
+        assert (lasting(pod) != before) == (owner_identity(pod) != identity), field

@@ -281,6 +281,7 @@ class LocalBackend(PodStarting, KeptCaches):
             "kernels": agent_kernels(request.pool), "network_policy": NETWORK_POLICY,
             "limits": {"cgroup": "off"}, "venue_delay_s": modelled,
             "node": self.gpus.node(keys),
+            "keeps": bool(request.pool.keep_paths),
         }
         self._records[name] = record  # devices are taken from here on
         self._starting.add(name)

@@ -101,8 +101,9 @@ class KeptCaches:
         """After a clean reset or at deletion: the pod's kept content back into its caller's store."""
         record = record if record is not None else self._records.get(name)
         caller = record.get("kept_caller") if record is not None else None
-        if record is None or not caller or not _has_entries(os.path.join(self.pods_dir, name, KEPT)):
-            return  # nothing kept (a pool without keep_paths): no worker-thread hop per reset
+        if record is None or not caller or not record.get("keeps", True) \
+                or not _has_entries(os.path.join(self.pods_dir, name, KEPT)):
+            return  # nothing kept (a pool without keep_paths: no directory read, no worker-thread hop per reset)
         try:
             await asyncio.to_thread(
                 check_out, self._dirs(name).kept, caller_store(self.state_dir, record["pool"], caller)

@@ -122,11 +122,14 @@ class JobBook:
             if not queues:
                 del self._enders[job_id]
 
-    async def write(self, job_id: str, change: Callable[[Job], Job]) -> Job | None:
+    async def write(self, job_id: str, change: Callable[[Job], Job],
+                    queued: Callable[[], None] | None = None) -> Job | None:
         """Apply `change` to the latest row and commit it version-checked.
 
         Returns the committed job, the unchanged job when `change` aborts or returns its input, or None
-        when another writer moved the row first (the book then adopts the row the store holds).
+        when another writer moved the row first (the book then adopts the row the store holds). `queued` is
+        called once the row is handed to the store: any write handed over after it commits in the same
+        transaction or a later one.
         """
         waiting = self._turns.get(job_id)
         if waiting is None:  # the usual case: nobody writes this job now; no lock object, no future
@@ -152,7 +155,7 @@ class JobBook:
                 return current
             if updated is current:
                 return current
-            if await self._commit(updated, current.version):
+            if await self._commit(updated, current.version, queued):
                 self.adopt(updated)
                 return updated
             fresh = await self.io(self.store.get, job_id)
@@ -172,16 +175,21 @@ class JobBook:
                 return
         del self._turns[job_id]
 
-    async def _commit(self, job: Job, expected: int) -> bool:
+    async def _commit(self, job: Job, expected: int, queued: Callable[[], None] | None = None) -> bool:
         if not self.store.blocking:
-            return self.store.commit([(job, expected)])[0]
-        won: bool = await self._enqueue(job, expected)
-        return won
+            won = self.store.commit([(job, expected)])[0]
+            if queued is not None:
+                queued()
+            return won
+        result: bool = await self._enqueue(job, expected, queued)
+        return result
 
-    async def _enqueue(self, job: Job, expected: int | None) -> Any:
+    async def _enqueue(self, job: Job, expected: int | None, queued: Callable[[], None] | None = None) -> Any:
         """Wait for the group commit: a write's win (bool), or the job an insert stored (or found) for it."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.writer.put([(job, expected, future)])
+        if queued is not None:
+            queued()
         return await future
 
     async def close(self) -> None:

@@ -3,7 +3,9 @@
 Steps (4) and (5) of the claim path live here: pods go RUNNING through the per-GPU gate, then each
 rank's agent starts the attempt. When the attempt ends the executor copies its logs, commits the result
 (or a retry) version-checked, and — in parallel — has every pod reset with proof: a clean pod goes back
-to the pool held for its owner, anything else is deleted (a single-use pod at once, with no reset). A pod
+to the pool held for its owner once the result is handed to the store, anything else is deleted (a
+single-use pod at once, with no reset). A short attempt's pod was reset by its agent as the attempt ended,
+the proof coming with the launch's answer (`LaunchRequest.reset_after`). A pod
 whose agent stays unreachable is lost: the attempt ends `PodLost` and the pod is deleted. What the broker
 sends a running attempt (a signal, a cancel, a preemption, a kill) is broker.running.signalling's.
 """
@@ -312,16 +314,22 @@ class Executor(Signalling):
             job = self.book.live.get(job_id)
             statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
         done = {p.name: s.reset for p, s in zip(pods, statuses, strict=True) if s is not None and s.reset is not None}
-        reset = asyncio.ensure_future(self._reset(job_id, pods, lost, done))  # the agents reset while the store writes
+        # The agents reset while the store writes; the pods go back once the outcome is handed to the store (not
+        # before: a job claimed on them next must commit with it or after it, or a broker killed in between
+        # would find two jobs running on one pod).
+        handed = asyncio.Event()
+        reset = asyncio.ensure_future(self._reset(job_id, pods, lost, done, handed))
         try:
-            committed = await self._commit_outcome(job_id, aid, statuses, never_ran, may_retry)
+            committed = await self._commit_outcome(job_id, aid, statuses, never_ran, may_retry, handed.set)
         finally:
+            handed.set()
             await reset
         if committed is not None and committed.state is JobState.QUEUED:
             self.requeue(committed)
 
     async def _commit_outcome(self, job_id: str, aid: str, statuses: Sequence[AttemptStatus | None],
-                              never_ran: bool, may_retry: bool) -> Job | None:
+                              never_ran: bool, may_retry: bool, handed: Callable[[], None] | None = None
+                              ) -> Job | None:
         now = self.clock.now()
         preempted = self.preempting.pop(job_id, None)
         handed_off_at = self.handed_off.pop(job_id, None)
@@ -333,7 +341,7 @@ class Executor(Signalling):
         pause = OUTCOME_RETRY_S
         while True:
             try:
-                committed = await self.book.write(job_id, outcome)
+                committed = await self.book.write(job_id, outcome, handed)
                 break
             except FirepoolError as exc:
                 # The store is down: the outcome is known only here, so keep trying (a restarted database
@@ -346,8 +354,9 @@ class Executor(Signalling):
             self.stats.jobs_finished[(committed.spec.pool, str(committed.state))] += 1
         return committed
 
-    async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str], done: dict[str, ResetResult]) -> None:
-        await self.returns.reset(job_id, pods, lost, done)
+    async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str], done: dict[str, ResetResult],
+                     after: asyncio.Event) -> None:
+        await self.returns.reset(job_id, pods, lost, done, after)
         self.gate_opened()
 
     def gate_opened(self) -> None:

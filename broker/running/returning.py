@@ -111,9 +111,10 @@ class PodReturn:
             self.tasks.spawn(f"annotate {pod.name} later", self._annotate_later(pod))
 
     async def reset(self, job_id: str, pods: Sequence[Pod], lost: set[str],
-                    done: Mapping[str, ResetResult] | None = None) -> None:
-        """Reset every pod with proof; clean ones go back to the pool held for the owner, lost ones are deleted.
-        `done`: pods whose agent already reset them as the attempt ended (the launch's `reset_after`)."""
+                    done: Mapping[str, ResetResult] | None = None, after: asyncio.Event | None = None) -> None:
+        """Reset every pod with proof; clean ones go back to the pool held for the owner (not before `after` is
+        set), lost ones are deleted. `done`: pods whose agent already reset them as the attempt ended (the
+        launch's `reset_after`)."""
         job = self.book.live.get(job_id) or await self.book.get(job_id)
         assert job is not None
         spec = self.tracker.pool(job.spec.pool)
@@ -122,12 +123,15 @@ class PodReturn:
         self.tracker.begin_reset(job_id, key)
         request = reset_request(spec)
         done = done or {}
+        pending = {p.name for p in pods}
+        """Pods still RESETTING for this job."""
 
         async def reset_one(pod: Pod) -> None:
             if pod.origin is Origin.SINGLE_USE:
                 # Never reused: deleting it is the proof, so it retires at once (cancelled, failed or done),
                 # and its card's gate stays closed until the deletion.
                 self.tracker.finish_reset(pod.name, False, self.clock.now(), spec.hold_seconds)
+                pending.discard(pod.name)
                 self.controller.delete_retiring(pod.name)
                 return
             clean = False
@@ -149,13 +153,28 @@ class PodReturn:
                     log.warning("reset of %s failed: %s", pod.name, exc)
                     self.stats.observe_reset(pod.name, started, False, problems=(f"reset failed: {exc}",))
             self.stats.resets[(pod.pool, clean)] += 1
-            if self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds):
+            if after is not None:
+                await after.wait()
+            returned = self.tracker.finish_reset(pod.name, clean, self.clock.now(), spec.hold_seconds)
+            pending.discard(pod.name)
+            if returned:
                 self._held(pod)
                 self.controller.nudge()  # a new hold: the controller re-plans its next expiry wake-up
             else:
                 self.controller.delete_retiring(pod.name)
 
-        if len(pods) == 1:  # awaited inline: gather would wrap the one reset in a task of its own
-            await reset_one(pods[0])
-        else:
-            await asyncio.gather(*(reset_one(p) for p in pods))
+        try:
+            if len(pods) == 1:  # awaited inline: gather would wrap the one reset in a task of its own
+                await reset_one(pods[0])
+            else:
+                ended = await asyncio.gather(*(reset_one(p) for p in pods), return_exceptions=True)
+                for failure in ended:
+                    if isinstance(failure, BaseException):
+                        raise failure
+        except Exception:
+            # A bug on this path (not an agent's refusal: that makes the pod unclean above). The pods it left
+            # RESETTING were never proven clean: they retire, and the finish that raised ends the attempt alone.
+            for name in pending:
+                self.tracker.finish_reset(name, False, self.clock.now(), 0.0)
+                self.controller.delete_retiring(name)
+            raise

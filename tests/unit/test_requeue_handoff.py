@@ -40,11 +40,12 @@ async def test_a_retry_whose_hand_off_to_the_queue_raises_still_runs_exactly_onc
 
 
 async def test_a_retry_whose_pod_reset_raises_beside_its_commit_still_runs_exactly_once_more() -> None:
-    """The reset raising makes the finish lose the committed retry it ran beside (the hand-off never happens)."""
+    """The reset raising makes the finish lose the committed retry it ran beside (the hand-off never happens); the
+    pod it left resetting retires."""
     h = await Harness([cpu_pool(max_count=2, step=1)]).start()
     try:
         started = _launches(h)
-        h.cp.executor.returns.reset = failing_once(h.cp.executor.returns.reset)  # type: ignore[method-assign]
+        h.cp.stats.observe_reset = failing_once(h.cp.stats.observe_reset)  # type: ignore[method-assign]
         job = await h.submit(command=("exit", "3"), max_retries=1)
         done = await h.finish(job, timeout=30.0)
         assert done.state is JobState.FAILED and done.retries == 1 and len(done.attempts) == 2, done

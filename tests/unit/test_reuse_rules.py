@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from broker.jobs import JobState
+from broker.jobs import AttemptState, Job, JobState
 from broker.pods import PodState
 from tests.unit.harness import Harness, cpu_pool
 
@@ -138,3 +140,25 @@ async def test_a_gangs_ranks_are_reset_by_reset_requests() -> None:
             assert [r.reset_after for r in agent.launches] == [None] and len(agent.resets) == 1
     finally:
         await h.stop()
+
+
+async def test_a_pod_goes_back_to_the_pool_only_once_its_jobs_outcome_is_handed_to_the_store(h: Harness) -> None:
+    # Else the next job could be claimed on it and stored first: a broker killed in between would find two jobs
+    # running on one pod. Here the outcome waits behind the attempt's slow start write (the job outlived the
+    # launch's wait), the race where the pod used to go back first.
+    seen: list[tuple[str, list[PodState]]] = []
+    book = h.cp.book
+    real = book._commit
+
+    async def commit(job: Job, expected: int, queued: Callable[[], None] | None = None) -> bool:
+        attempt = job.current_attempt
+        if attempt is not None and attempt.state is AttemptState.RUNNING:  # the start write: slow
+            await h.clock.sleep(1.0)
+        if job.terminal:
+            seen.append((job.id, [h.cp.tracker.pods[n].state for n in job.pods]))
+        return await real(job, expected, queued)
+
+    book._commit = commit  # type: ignore[method-assign]
+    job = await h.run_job(lease_tag="t", command=("sleep", "0.3"))
+    assert job.state is JobState.SUCCEEDED and seen == [(job.id, [PodState.RESETTING])]
+    assert h.cp.tracker.pods[job.pods[0]].state is PodState.IDLE  # and back once it was

@@ -10,6 +10,9 @@
     GET  /v1/terminal?rows=&cols=&command=&session=&env=   (Upgrade: firepool-pty; a shell on a PTY, `terminal`)
     GET  /v1/exec?argv=&env=&cwd=&session=&stdin=          (Upgrade: firepool-exec; a process on pipes, `execproc`)
 
+A launch body may carry `reset_after` (the fields of `POST /v1/reset`): an attempt that ends within the
+launch's wait, its logs inline, is reset before the answer, which carries the reset's outcome as `reset`.
+
 A thread per connection; connections stay open between requests (the broker's launch path is
 latency-bound). Every response goes out in one write, and TCP sockets set TCP_NODELAY, so no reply
 waits on Nagle's algorithm.

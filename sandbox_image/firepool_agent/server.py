@@ -104,6 +104,17 @@ class Agent:
                                   "keep_paths": list(spec.keep_paths)}) if clean else None
         return outcome
 
+    def reset_after(self, spec: ResetSpec, attempt_id: str) -> ResetOutcome:
+        """The reset a launch asked for as its attempt ended. It answers with the attempt's status: a reset that
+        raises (a bug) reads as unclean, and the broker deletes the pod, rather than losing that answer and
+        running the attempt again."""
+        try:
+            return self.reset(spec)
+        except Exception as exc:
+            log.exception("the reset after attempt %s failed", attempt_id)
+            return ResetOutcome(clean=False, duration_s=0.0, killed=0, problems=[f"the reset failed: {exc!r}"],
+                                incarnation=self.config.incarnation)
+
     def keep_kernels(self, keep: bool) -> dict[str, Any]:
         """The broker's word that the pod's pool serves kernels (or no longer does); acted on when idle."""
         prestarter = self.attempts.prestarter
@@ -286,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
                 # clean for a broker that takes over.
                 self.agent.changes += 1
                 self._changing = False
-                status["reset"] = self.agent.reset(reset).to_json()
+                status["reset"] = self.agent.reset_after(reset, attempt.attempt_id).to_json()
             self._json(201, status)
         elif route == ("GET", "attempts", 3):
             wait_s = wire.query_number(query, "wait_s", 0.0, wire.MAX_WAIT_S)

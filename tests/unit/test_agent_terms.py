@@ -16,6 +16,8 @@ from firepool_agent.attempts import Attempts, busy_message, job_of
 from firepool_agent.config import AgentConfig, parse_args
 from firepool_agent.orphan import OrphanWatch
 from firepool_agent.reaping import Reaper
+from firepool_agent.resetting import ResetOutcome, ResetSpec
+from firepool_agent.server import Agent
 from firepool_agent.terms import StaleTerm, Terms, changes, parse
 from tests.unit.harness import Harness, cpu_pool
 
@@ -159,3 +161,18 @@ def test_a_launch_that_waited_for_the_lock_is_judged_against_the_newest_term(tmp
     with pytest.raises(StaleTerm):
         attempts.launch(LaunchSpec("job-1:0", ["true"], {}, "s1"), partial(terms.check, 4, True, "POST v1/attempts"))
     assert attempts.get("job-1:0") is None and attempts.current is None and not attempts.launch_lock.locked()
+
+
+def test_a_reset_after_a_launch_that_raises_reads_as_unclean_and_leaves_the_pod_not_clean(tmp_path: Path) -> None:
+    config = AgentConfig(pod="p", listen="unix:/x", workspace=str(tmp_path / "w"), package_dir=str(tmp_path / "p"),
+                         run_dir=str(tmp_path / "r"), tmp_dir=str(tmp_path / "t"))
+    agent = Agent(config, b"secret", Attempts(config, Reaper()), Terms())
+    agent.changes += 1  # the launch it follows
+
+    def broken(spec: ResetSpec) -> ResetOutcome:
+        raise OSError("a bug in the wipe")
+
+    agent.resetter.reset = broken  # type: ignore[method-assign]
+    outcome = agent.reset_after(ResetSpec(), "job-1:0")
+    assert not outcome.clean and "a bug in the wipe" in outcome.problems[0]
+    assert agent.still_clean() is None  # a broker taking over resets it (or deletes it) before any reuse

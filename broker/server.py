@@ -321,6 +321,7 @@ def serve(settings: ServeSettings) -> int:
     async def lead() -> None:
         """Wait for the store's lock (a hot standby: everything is built), then recover and dispatch."""
         warm_up()
+        chores.add(asyncio.ensure_future(asyncio.to_thread(warm_streams)))  # beside the warm-up, off the loop
         warm = asyncio.Event()
         warming = asyncio.get_running_loop().create_task(stand_by(cp, warm))
         try:
@@ -339,7 +340,6 @@ def serve(settings: ServeSettings) -> int:
         await cp.start()
         leadership.leading = True  # it dispatches: say so first, the rest is bookkeeping
         led.set()
-        chores.add(asyncio.ensure_future(asyncio.to_thread(warm_streams)))
         start_ui(app)  # the dashboard's timeline sampler and snapshot hub, supervised by cp.tasks
         server.announce()
         took = time.monotonic() - (election.locked_at or time.monotonic())

@@ -36,8 +36,8 @@ def warm_up() -> None:
 
 def warm_streams() -> None:
     """Starlette's first streamed answer (a fan-out's watch, a log follow, a terminal) imports anyio's asyncio
-    backend: ~20 ms of CPU inside that request. A leader pays it in a worker thread as it starts dispatching, off
-    the path to its first dispatch."""
+    backend: ~20 ms of CPU inside that request. A broker pays it in a worker thread while it warms up and
+    campaigns: a standby long before it takes over."""
     importlib.import_module("anyio._backends._asyncio")
 
 

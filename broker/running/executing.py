@@ -207,8 +207,8 @@ class Executor(Signalling):
         extra = {**spec.extra, "max_output_bytes": output_cap(pool)}  # the agent stops writing a stream there
         # A lone rank on a reusable pod is reset by its agent as it ends: the gang's other ranks may still run,
         # a single-use pod is deleted instead, and a kernel's attempt outlives any launch's wait.
-        reset_after = reset_request(pool) if pool is not None and world == 1 and pod.origin is not Origin.SINGLE_USE \
-            and not spec.extra.get("kernel") else None
+        folds = world == 1 and pod.origin is not Origin.SINGLE_USE and not spec.extra.get("kernel")
+        reset_after = reset_request(pool) if folds and pool is not None else None
         return LaunchRequest(attempt_id=aid, argv=spec.command, env=env, session=agent_session(job, pool),
                              timeout_s=spec.timeout_s, extra=extra, wait_s=LAUNCH_WAIT_S, reset_after=reset_after)
 

@@ -77,8 +77,8 @@ class Output:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for name in STREAMS:
-                self._fds[name] = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                          0o600)
+                self._fds[name] = os.open(os.path.join(self.directory, name),
+                                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             self.created = True
         except OSError as exc:
             self.close()

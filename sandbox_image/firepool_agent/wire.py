@@ -37,7 +37,8 @@ def _object(raw: bytes, allowed: set[str], required: frozenset[str] | set[str] =
     return _fields(body, "the body", allowed, required)
 
 
-def _fields(body: Any, name: str, allowed: set[str], required: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+def _fields(body: Any, name: str, allowed: set[str],
+            required: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """`body` checked as a JSON object of only `allowed` fields, `required` among them."""
     if not isinstance(body, dict):
         raise HttpError(400, f"{name} must be a JSON object")

@@ -56,6 +56,8 @@ def text_problem(value: str) -> str | None:
     """Why `value` cannot be stored as UTF-8 text or passed to execve (NUL, a lone surrogate), or None."""
     if "\x00" in value:
         return "contains a NUL character"
+    if value.isascii():  # O(1): the string's own flag
+        return None
     found = _SURROGATE.search(value)
     if found is not None:
         return f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode text"
@@ -63,13 +65,14 @@ def text_problem(value: str) -> str | None:
 
 
 def utf8_size(value: str) -> int:
-    return len(value.encode("utf-8", "surrogatepass"))
+    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
 def exec_bytes(argv: Iterable[str], env: Mapping[str, str]) -> int:
-    """Bytes execve counts for these strings: each string, its NUL and a pointer."""
-    total = sum(utf8_size(a) + 1 + _POINTER for a in argv)
-    return total + sum(utf8_size(k) + utf8_size(v) + 2 + _POINTER for k, v in env.items())
+    """Bytes execve counts for these strings: each string, its NUL and a pointer (`NAME=value` for env)."""
+    args = list(argv)
+    text = "".join(args) + "".join(env) + "".join(env.values())  # one encode, not one per string
+    return utf8_size(text) + len(args) * (1 + _POINTER) + len(env) * (2 + _POINTER)
 
 
 def check_argv(argv: Iterable[str], field: str = "command") -> None:
@@ -97,6 +100,9 @@ def check_env(env: Mapping[str, str], field: str = "env", *, names: re.Pattern[s
         if not names.match(name) or len(name) > MAX_ENV_NAME_BYTES:
             raise LimitError(field, f"{field} name {name!r} is not a variable name (letters, digits, _; "
                              f"at most {MAX_ENV_NAME_BYTES})")
+        if value.isascii() and name.isascii() and "\x00" not in value \
+                and len(name) + 1 + len(value) <= MAX_ENV_ENTRY_BYTES:
+            continue  # the common case, decided without a call per check
         problem = text_problem(value)
         if problem is not None:
             raise LimitError(f"{field}.{name}", f"{field} value of {name} {problem}")

@@ -37,8 +37,11 @@ class _MountTable:
         self._fd: int | None = None
         self._poll = select.poll()
         self._points: tuple[str, ...] = ()
+        self._under: dict[str, tuple[str, ...]] = {}
+        """`under`'s answers for this reading of the table (a reset asks the same few directories each time)."""
 
-    def points(self) -> tuple[str, ...]:
+    def under(self, path: str) -> tuple[str, ...]:
+        """Mount points strictly inside `path`."""
         with self._lock:
             if self._fd is None:
                 try:
@@ -46,10 +49,17 @@ class _MountTable:
                 except OSError:
                     return ()
                 self._poll.register(self._fd, select.POLLPRI)
-                self._points = self._read(self._fd)
+                self._reread(self._fd)
             elif self._poll.poll(0):
-                self._points = self._read(self._fd)
-            return self._points
+                self._reread(self._fd)
+            found = self._under.get(path)
+            if found is None:
+                found = self._under[path] = tuple(m for m in self._points if m != path and _under(m, path))
+            return found
+
+    def _reread(self, fd: int) -> None:
+        self._points = self._read(fd)
+        self._under = {}
 
     @staticmethod
     def _read(fd: int) -> tuple[str, ...]:
@@ -66,7 +76,7 @@ _mounts = _MountTable()
 
 def mounts_under(path: str) -> tuple[str, ...]:
     """Mount points strictly inside `path`, from /proc/self/mountinfo (jobs cannot mount: no caps)."""
-    return tuple(m for m in _mounts.points() if m != path and _under(m, path))
+    return _mounts.under(path)
 
 
 def empty_dir(path: str, keep: tuple[str, ...] = ()) -> list[str]:

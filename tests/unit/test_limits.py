@@ -76,3 +76,11 @@ def test_text_problems_name_nul_and_lone_surrogates() -> None:
     assert "NUL" in (limits.text_problem("a\x00") or "")
     assert "U+D800" in (limits.text_problem("\ud800") or "")
     assert limits.exec_bytes(["ab"], {"K": "é"}) == (2 + 1 + 8) + (1 + 2 + 2 + 8)
+
+
+def test_exec_bytes_counts_every_string_as_execve_does_whatever_its_text() -> None:
+    argv, env = ["true", "a\ud800é"], {"K": "\udc00", "LONG": "x" * 300, "É": "😀"}
+    one_by_one = sum(len(a.encode("utf-8", "surrogatepass")) + 1 + 8 for a in argv) + sum(
+        len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2 + 8
+        for k, v in env.items())
+    assert limits.exec_bytes(argv, env) == one_by_one

@@ -77,6 +77,8 @@ class Attempts:
         """The durable record of started attempt ids; written before anything of the attempt runs."""
         self._kept: Output | None = None
         """The one attempt output held in memory (`wait`'s `keep`)."""
+        self._inline = False
+        """The launch in progress (set under the launch lock) leaves its output's pump to its caller's `wait`."""
 
     # -- launching ------------------------------------------------------------------------------
 
@@ -95,14 +97,16 @@ class Attempts:
         env.update(gpushare.attempt_env(c.run_dir, c.cuda_visible_devices, safe_name(attempt_id)))
         return env
 
-    def launch(self, spec: LaunchSpec, fence: Callable[[], None] | None = None) -> Attempt:
+    def launch(self, spec: LaunchSpec, fence: Callable[[], None] | None = None, waits: bool = False) -> Attempt:
         """Start rank 0 and return once it has exec'd (or failed to: then it is finished, LaunchError).
 
         `fence` runs once the launch lock is held and may refuse (raise): a launch that waited for a reset or
-        another launch is judged again against the newest broker term (`terms`), not the one of its arrival."""
+        another launch is judged again against the newest broker term (`terms`), not the one of its arrival.
+        `waits`: the caller calls `wait` with a wait next, which pumps the output itself while it waits."""
         with self.launch_lock:
             if fence is not None:
                 fence()
+            self._inline = waits
             try:
                 return self._launch(spec)
             finally:
@@ -269,7 +273,7 @@ class Attempts:
 
     def _follow(self, attempt: Attempt, spec: LaunchSpec, output: Output, out_r: int, err_r: int) -> None:
         """Pump rank 0's output and arm the attempt's timeout."""
-        output.pump(out_r, err_r, partial(self._drained, attempt))
+        output.pump(out_r, err_r, partial(self._drained, attempt), inline=self._inline)
         if spec.timeout_s is not None:
             attempt.timer = threading.Timer(spec.timeout_s, self._time_out, args=(attempt,))
             attempt.timer.daemon = True
@@ -368,9 +372,12 @@ class Attempts:
         `keep`: logs that came inline stay in memory, served as before once a reset wiped their files, until
         another attempt's are kept. A broker that takes over from one killed between this answer and storing
         the logs still finds them (the broker that got them launches nothing more here before storing them)."""
+        deadline = time.monotonic() + wait_s
+        if wait_s > 0 and attempt.output is not None:
+            attempt.output.pump_for(wait_s)  # held for this wait by `launch(waits=True)`: no thread for a short job
         with self.cond:
             if wait_s > 0:
-                self.cond.wait_for(lambda: not attempt.running, timeout=wait_s)
+                self.cond.wait_for(lambda: not attempt.running, timeout=max(0.0, deadline - time.monotonic()))
             status = attempt.to_json()
             output = attempt.output
             small = output is not None and not attempt.running and sum(

@@ -1,9 +1,10 @@
 """An attempt's output: pipes pumped into `stdout`, `stderr` and an interleaved `combined` file.
 
-One thread per attempt creates the files (off the launch path: the pipes buffer meanwhile), reads
-both pipes as data arrives and appends to the files unbuffered, so a reader sees every byte the
-moment it is written. The pump stops at EOF, or shortly after rank 0
-exits when a daemonised child still holds the pipes open (its later output is not collected).
+The pump creates the files at the first byte, reads both pipes as data arrives and appends to the files
+unbuffered, so a reader sees every byte the moment it is written. It stops at EOF, or shortly after rank 0
+exits when a daemonised child still holds the pipes open (its later output is not collected). It runs in a
+thread of its own; or, for a launch that waits for its attempt, first in that request's thread (`pump_for`),
+which hands it to a thread only if the attempt outlives the wait: a short job starts no thread.
 
 Each file holds at most `max_bytes` (the pool's `max_output_bytes`): a stream that reaches it ends with a
 marker line and the rest of its output is read and dropped, so the job goes on, its pipes never fill,
@@ -45,6 +46,21 @@ def cap_of(extra: Mapping[str, Any]) -> int:
     return cap
 
 
+class _Pipes:
+    """What a pump reads: the selector over the pipes still open, and what runs when it stops."""
+
+    def __init__(self, selector: selectors.BaseSelector, fds: list[int], done: Callable[[], None]) -> None:
+        self.selector = selector
+        self.fds = fds
+        self.done = done
+        self._all = tuple(fds)
+
+    def close(self) -> None:
+        self.selector.close()
+        for fd in self._all:
+            os.close(fd)
+
+
 class Output:
     """The three log files of one attempt and their sizes; `changed` is called after every write."""
 
@@ -65,11 +81,34 @@ class Output:
         """Monotonic time rank 0 was reaped; set by the attempt, read by the pump."""
         self.kept: dict[str, bytes] | None = None
         """Every stream, held in memory across a reset that wiped the files (`Attempts.wait`'s `keep`)."""
+        self._held: _Pipes | None = None
+        """The pipes `pump(inline=True)` left for `pump_for` (`_taking`: one caller takes them)."""
+        self._taking = threading.Lock()
 
-    def pump(self, stdout_fd: int, stderr_fd: int, done: Callable[[], None]) -> threading.Thread:
-        """Start the pump thread over the read ends of the two pipes; `done` runs when it stops."""
-        thread = threading.Thread(target=self._pump, args=(stdout_fd, stderr_fd, done),
-                                  name=f"pump-{self.directory.name}", daemon=True)
+    def pump(self, stdout_fd: int, stderr_fd: int, done: Callable[[], None],
+             inline: bool = False) -> threading.Thread | None:
+        """Pump the read ends of the two pipes; `done` runs when the pump stops. In a thread started now, or
+        (`inline`) once its caller calls `pump_for`, which it must."""
+        selector = selectors.DefaultSelector()
+        selector.register(stdout_fd, selectors.EVENT_READ, "stdout")
+        selector.register(stderr_fd, selectors.EVENT_READ, "stderr")
+        pipes = _Pipes(selector, [stdout_fd, stderr_fd], done)
+        if inline:
+            self._held = pipes
+            return None
+        return self._in_thread(pipes)
+
+    def pump_for(self, seconds: float) -> None:
+        """Run the pump held for this call (`pump(inline=True)`) here for up to `seconds`, then in a thread if the
+        pipes are still open. Once only: a later or concurrent call returns at once."""
+        with self._taking:
+            pipes, self._held = self._held, None
+        if pipes is not None and not self._pump(pipes, time.monotonic() + seconds):
+            self._in_thread(pipes)  # the attempt outlived the wait
+
+    def _in_thread(self, pipes: _Pipes) -> threading.Thread:
+        thread = threading.Thread(target=self._pump, args=(pipes, None), name=f"pump-{self.directory.name}",
+                                  daemon=True)
         thread.start()
         return thread
 
@@ -84,32 +123,36 @@ class Output:
             self.close()
             self.error = f"cannot write the attempt's logs: {exc}"
 
-    def _pump(self, stdout_fd: int, stderr_fd: int, done: Callable[[], None]) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(stdout_fd, selectors.EVENT_READ, "stdout")
-        selector.register(stderr_fd, selectors.EVENT_READ, "stderr")
-        open_fds = 2
+    def _pump(self, pipes: _Pipes, deadline: float | None) -> bool:
+        """Read until the pipes end (then close everything and call `done`: True) or `deadline` passes (False)."""
+        ended = True
         try:
-            while open_fds:
+            while pipes.fds:
+                now = time.monotonic()
                 timeout = 0.05
                 if self.exited_at is not None:
-                    left = self.exited_at + EXIT_GRACE_S - time.monotonic()
+                    left = self.exited_at + EXIT_GRACE_S - now
                     if left <= 0:
                         break
                     timeout = min(timeout, left)
-                for key, _ in selector.select(timeout):
+                if deadline is not None:
+                    if now >= deadline:
+                        ended = False
+                        return False
+                    timeout = min(timeout, deadline - now)
+                for key, _ in pipes.selector.select(timeout):
                     data = os.read(key.fd, _CHUNK)
                     if not data:
-                        selector.unregister(key.fd)
-                        open_fds -= 1
+                        pipes.selector.unregister(key.fd)
+                        pipes.fds.remove(key.fd)
                         continue
                     self._append(key.data, data)
+            return True
         finally:
-            selector.close()
-            os.close(stdout_fd)
-            os.close(stderr_fd)
-            self.close()
-            done()
+            if ended:
+                pipes.close()
+                self.close()
+                pipes.done()
 
     def close(self) -> None:
         """Close the files; idempotent (the pump calls it when it stops, a failed launch directly)."""

@@ -287,7 +287,7 @@ class Handler(BaseHTTPRequestHandler):
             inline = wire.query_number(query, "inline_logs", 0.0, float(wire.MAX_INLINE_LOGS))
             fence = partial(self.agent.terms.check, self._term, True, "POST v1/attempts")
             spec = wire.parse_launch(body)
-            attempt = attempts.launch(spec, fence)
+            attempt = attempts.launch(spec, fence, waits=wait_s > 0)
             reset = spec.reset_after
             status = attempts.wait(attempt, wait_s, int(inline), keep=reset is not None) \
                 if wait_s or inline else attempt.to_json()

@@ -24,7 +24,8 @@ def test_a_quiet_attempt_writes_no_file_and_reads_empty(tmp_path: Path) -> None:
     os.close(write_end)
     os.close(err_write)
     done = threading.Event()
-    out.pump(read_end, err_read, done.set).join(5)
+    out.pump(read_end, err_read, done.set, inline=True)
+    out.pump_for(5)
     assert done.is_set() and not (tmp_path / "a").exists()
     assert [out.read(s, 0, 1 << 20) for s in ("stdout", "stderr", "combined")] == [b"", b"", b""]
     out._append("stderr", b"late\n")  # the first byte creates them

@@ -62,8 +62,10 @@ def test_websocket_terminal_runs_in_the_session_workspace_resizes_signals_and_re
         _send(ws, "set_size", 40, 132)
         _send(ws, "stdin", "stty size\r")
         assert "40 132" in _read_until(ws, "40 132")
-        _send(ws, "stdin", "sleep 60\r")
-        time.sleep(0.3)
+        # The foreground job says it runs before the SIGINT goes (a fixed pause lost the race on a loaded machine:
+        # a SIGINT before the shell forks reaches only the shell, which ignores it at its prompt).
+        _send(ws, "stdin", "sh -c 'echo sleep''ing; exec sleep 60'\r")
+        _read_until(ws, "sleeping")
         _send(ws, "signal", "SIGINT")
         _send(ws, "stdin", "echo rc=$?\r")
         assert "rc=130" in _read_until(ws, "rc=130")

@@ -119,6 +119,6 @@ def admit(spec: JobSpec, caller: str, pools: Mapping[str, PoolSpec], now: float,
     if spec.image:
         admit_image(spec.image, pool.name, pool.images, runs_images)
     env, dropped = filter_env(spec.env)
-    job = Job(id=new_job_id(now), caller=caller, spec=dataclasses.replace(spec, env=env),
+    job = Job(id=new_job_id(now), caller=caller, spec=dataclasses.replace(spec, env=env) if dropped else spec,
               dropped_env=tuple(dropped), timings={"submitted_at": now})
     return transition(job, JobState.QUEUED, now)

@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 
 LEDGER_FD = 5
 """The agent's record of started attempts (`firepool_agent.ledger`): a host file no sandbox can open."""
+DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGTERM, signal.SIGUSR1,
+                   signal.SIGUSR2, signal.SIGXFSZ, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
+"""Reset to their default action in a pod, whatever the broker ignores: a broker started in the background by a
+script ignores SIGINT and SIGQUIT (POSIX), and every process of its pods would inherit that, a kernel's
+interrupt or a terminal's Ctrl-C then reaching nothing."""
 
 
 class PodProcesses:
@@ -57,7 +62,7 @@ class PodProcesses:
             if ledger_fd is not None:
                 actions.append((os.POSIX_SPAWN_DUP2, _away(ledger_fd, moved), LEDGER_FD))
             pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True,
-                                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
+                                 setsigdef=DEFAULT_SIGNALS, setsigmask=())
             self._children.add(pid)
             return pid, info_r
         except BaseException:

@@ -13,6 +13,7 @@ and neither the pod's disk nor the broker's log store gets more than the cap (do
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 STREAMS = ("combined", "stdout", "stderr")
 EXIT_GRACE_S = 0.2
 """How long after rank 0's exit the pump keeps reading pipes that daemonised children hold open."""
@@ -103,7 +105,14 @@ class Output:
         pipes are still open. Once only: a later or concurrent call returns at once."""
         with self._taking:
             pipes, self._held = self._held, None
-        if pipes is not None and not self._pump(pipes, time.monotonic() + seconds):
+        if pipes is None:
+            return
+        try:
+            ended = self._pump(pipes, time.monotonic() + seconds)
+        except Exception:  # as a pump thread's would, it ends the pump only (closed, `done` called): the launch's
+            log.exception("the output pump of %s failed", self.directory.name)  # answer still comes
+            return
+        if not ended:
             self._in_thread(pipes)  # the attempt outlived the wait
 
     def _in_thread(self, pipes: _Pipes) -> threading.Thread:

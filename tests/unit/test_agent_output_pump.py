@@ -63,3 +63,20 @@ def test_pump_for_does_nothing_for_a_pump_already_in_a_thread(tmp_path: Path) ->
     os.close(err_w)
     thread.join(5)
     assert done.is_set() and out.read("stdout", 0, 100) == b"x" * 10
+
+
+def test_a_pump_that_fails_in_the_waiting_thread_ends_the_pump_not_the_wait(tmp_path: Path) -> None:
+    out = Output(tmp_path / "a", lambda: None)
+    out_r, out_w, err_r, err_w = pipes()
+    done = threading.Event()
+    out.pump(out_r, err_r, done.set, inline=True)
+    os.write(out_w, b"x")
+
+    def broken(stream: str, data: bytes) -> None:
+        raise RuntimeError("a bug in the pump")
+
+    out._append = broken  # type: ignore[method-assign]
+    out.pump_for(5.0)  # returns: the launch still answers
+    assert done.is_set() and not pump_threads()
+    os.close(out_w)
+    os.close(err_w)

@@ -122,6 +122,7 @@ def test_interrupt_stops_a_sleeping_cell(broker: BrokerProcess) -> None:
         t0 = time.monotonic()
         ch.ws.settimeout(3.0)
         m = {}
+        seen: list[str] = []  # what came back meanwhile: a failure says whether the reply or the interrupt was lost
         while m.get("msg_type") != "execute_reply":
             # A SIGINT that lands while ipykernel is still between its execute_input and the cell's code is lost,
             # as at a notebook's stop button: the user presses it again.
@@ -129,10 +130,15 @@ def test_interrupt_stops_a_sleeping_cell(broker: BrokerProcess) -> None:
             try:
                 while True:
                     m = ch.recv()
-                    if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_reply":
+                    ours = m["parent_header"].get("msg_id") == msg_id
+                    seen.append(f"{time.monotonic() - t0:.1f}s {m.get('channel')}/{m['msg_type']}"
+                                f"{'' if ours else ' (other)'} {str(m['content'])[:80]}")
+                    if ours and m["msg_type"] == "execute_reply":
                         break
             except websocket.WebSocketTimeoutException:
-                assert time.monotonic() - t0 < 45, "no interrupt reached the sleeping cell"  # the cell sleeps 60 s
+                state = c.get(f"/api/kernels/{kid}").json().get("execution_state")
+                assert time.monotonic() - t0 < 45, (  # the cell sleeps 60 s
+                    f"no interrupt reached the sleeping cell (kernel {state}); seen: {seen[-20:]}")
         ch.ws.settimeout(60.0)
         assert m["content"]["status"] == "error" and m["content"]["ename"] == "KeyboardInterrupt"
         out, reply = ch.execute("print('alive')")

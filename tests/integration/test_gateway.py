@@ -112,20 +112,24 @@ def test_interrupt_stops_a_sleeping_cell(broker: BrokerProcess) -> None:
     try:
         # stop_on_error False: otherwise ipykernel aborts requests arriving just after the interrupted cell's
         # error reply, and the next cell could come back `aborted` with no output
-        msg_id = ch.send("execute_request", {"code": "import time; time.sleep(60)", "silent": False,
-                                             "store_history": False, "user_expressions": {}, "allow_stdin": False,
-                                             "stop_on_error": False})
-        while True:  # the kernel is busy with it
+        code = "import time; print('sleeping', flush=True); time.sleep(60)"
+        msg_id = ch.send("execute_request", {"code": code, "silent": False, "store_history": False,
+                                             "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+        # Interrupt once the cell's own code runs. ipykernel turns a SIGINT that lands in its request handler
+        # before the code starts (after execute_input) into "KeyboardInterrupt caught in kernel" and drops the
+        # request without an execute_reply, as a notebook's stop button pressed that early would (seen here once
+        # in a few full runs): then no later interrupt finds a cell to stop.
+        while True:
             m = ch.recv()
-            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream" \
+                    and "sleeping" in m["content"].get("text", ""):
                 break
         t0 = time.monotonic()
         ch.ws.settimeout(3.0)
         m = {}
         seen: list[str] = []  # what came back meanwhile: a failure says whether the reply or the interrupt was lost
         while m.get("msg_type") != "execute_reply":
-            # A SIGINT that lands while ipykernel is still between its execute_input and the cell's code is lost,
-            # as at a notebook's stop button: the user presses it again.
+            # Pressed again while no reply comes, as a user would.
             assert c.post(f"/api/kernels/{kid}/interrupt", json={}).status_code == 204
             try:
                 while True:

@@ -216,16 +216,18 @@ class Kernels:
         ex.interrupted = True
         try:
             await k.kernel.interrupt()
-            await self._collect(k, msg_id, ex, time.monotonic() + DRAIN_S)
+            await self._collect(k, msg_id, ex, time.monotonic() + DRAIN_S, dropped_ends=True)
         except (TimeoutError, KernelDied, FirepoolError) as exc:
             log.warning("kernel %s did not settle after an interrupt (%s): stopping it", k.job.id, exc)
             await self.stop(k)
 
     async def _collect(self, k: LiveKernel, msg_id: str, ex: Execution, deadline: float,
                        progress: Progress | None = None, total: float | None = None,
-                       on_stream: OnStream | None = None) -> None:
+                       on_stream: OnStream | None = None, dropped_ends: bool = False) -> None:
         """The request's messages until its reply and its idle status are in (TimeoutError at `deadline`;
-        KernelDied when the kernel job ended)."""
+        KernelDied when the kernel job ended). `dropped_ends`: after an interrupt, an idle status with no reply
+        ends it too. ipykernel drops a request, with no reply, when the SIGINT lands in its own handler before
+        the cell's code runs ("KeyboardInterrupt caught in kernel"): the kernel is idle and its state intact."""
         reply: dict[str, Any] | None = None
         idle_seen = False
         began = silent_since = time.monotonic()
@@ -243,8 +245,9 @@ class Kernels:
                 msg = await k.kernel.next_reply(msg_id, min(deadline, now + ALIVE_CHECK_S,
                                                             next_report if progress is not None else deadline))
             except KernelTimeout:
-                if reply is not None and time.monotonic() - silent_since >= ALIVE_CHECK_S:
-                    break  # the reply is in and iopub stayed quiet: its idle status was lost
+                quiet = time.monotonic() - silent_since >= ALIVE_CHECK_S
+                if quiet and (reply is not None or (dropped_ends and idle_seen)):
+                    break  # the reply is in and iopub stayed quiet (its idle status was lost), or it was dropped
                 if time.monotonic() - silent_since >= ALIVE_CHECK_S:
                     job = await k.client.get(k.job.id)
                     if job.terminal:
@@ -262,7 +265,8 @@ class Kernels:
             elif on_stream is not None and msg.get("msg_type") == "stream":
                 content = msg.get("content") or {}
                 on_stream(str(content.get("name", "stdout")), str(content.get("text", "")))
-        assert reply is not None
+        if reply is None:  # dropped after an interrupt: `ex.interrupted` says how it ended
+            return
         content = reply.get("content", {})
         ex.status = content.get("status", "ok")
         ex.execution_count = content.get("execution_count")

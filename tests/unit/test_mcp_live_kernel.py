@@ -3,7 +3,9 @@ how a kernel's outputs become MCP content, and how argument errors read."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from importlib.metadata import version
 from typing import Any
 
@@ -12,7 +14,9 @@ from mcp import Client
 from mcp_types import ImageContent, TextContent
 
 from broker.clock import VirtualClock
+from broker.kernel_client import KernelTimeout
 from broker.sandbox import idle
+from broker.sandbox import kernels as kernels_module
 from broker.sandbox.calls import choose_pool
 from broker.sandbox.kernel_io import Execution, Started
 from broker.sandbox.kernels import Kernels, LiveKernel
@@ -175,3 +179,45 @@ def test_without_a_configured_pool_the_server_picks_cpu_else_the_only_pool_else_
     assert choose_pool([{"name": "h200", "gpus": 8}, {"name": "small", "gpus": 0}, {"name": "a", "gpus": 0}]) == "a"
     assert choose_pool([{"name": "h200", "gpus": 8}, {"name": "a100", "gpus": 8}]) == "a100"
     assert choose_pool([]) == "cpu"
+
+
+class DroppingKernel:
+    """A kernel that answers the interrupted request with its idle status alone, as ipykernel does when the SIGINT
+    lands in its handler before the cell's code runs."""
+
+    def __init__(self) -> None:
+        self.interrupts = 0
+        self.messages = [{"channel": "iopub", "msg_type": "status", "content": {"execution_state": "idle"}}]
+
+    async def interrupt(self) -> None:
+        self.interrupts += 1
+
+    async def next_reply(self, msg_id: str, deadline: float) -> dict[str, Any]:
+        if self.interrupts and self.messages:
+            return self.messages.pop(0)
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        raise KernelTimeout("nothing more")
+
+
+class StoppingKernels(Kernels):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: list[str] = []
+
+    async def stop(self, k: LiveKernel) -> None:
+        self.stopped.append(k.session)
+
+
+async def test_an_interrupted_request_dropped_without_a_reply_keeps_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels_module, "ALIVE_CHECK_S", 0.01)
+    monkeypatch.setattr(kernels_module, "DRAIN_S", 2.0)
+    kernels, kernel = StoppingKernels(), DroppingKernel()
+    k = LiveKernel(caller="alice", session="s", pool="cpu", client=None, job=None, kernel=kernel,  # type: ignore[arg-type]
+                   last_used=0.0)
+    ex = Execution()
+    began = time.monotonic()
+    await kernels._interrupt(k, "m-1", ex)
+    assert (kernel.interrupts, kernels.stopped, ex.interrupted) == (1, [], True)
+    assert time.monotonic() - began < 1.0  # settled on the idle status, not at the drain's deadline
+    result = pyresult.render("s", "j", None, ex, None).structured_content
+    assert result is not None and result["status"] == "interrupted"

@@ -248,7 +248,7 @@ class Kernels:
                 quiet = time.monotonic() - silent_since >= ALIVE_CHECK_S
                 if quiet and (reply is not None or (dropped_ends and idle_seen)):
                     break  # the reply is in and iopub stayed quiet (its idle status was lost), or it was dropped
-                if time.monotonic() - silent_since >= ALIVE_CHECK_S:
+                if quiet:
                     job = await k.client.get(k.job.id)
                     if job.terminal:
                         raise KernelDied(job) from None

@@ -15,15 +15,21 @@ def pipes() -> tuple[int, int, int, int]:
     return out_r, out_w, err_r, err_w
 
 
+def inline_pump(tmp_path: Path) -> tuple[Output, int, int, threading.Event]:
+    """An attempt's output pumped by the launch's waiting thread: (output, stdout's and stderr's write ends, done)."""
+    out = Output(tmp_path / "a", lambda: None)
+    out_r, out_w, err_r, err_w = pipes()
+    done = threading.Event()
+    assert out.pump(out_r, err_r, done.set, inline=True) is None  # no thread until the wait hands it one
+    return out, out_w, err_w, done
+
+
 def pump_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("pump-")]
 
 
 def test_a_job_that_ends_within_the_wait_is_pumped_by_the_waiting_thread(tmp_path: Path) -> None:
-    out = Output(tmp_path / "a", lambda: None)
-    out_r, out_w, err_r, err_w = pipes()
-    done = threading.Event()
-    assert out.pump(out_r, err_r, done.set, inline=True) is None
+    out, out_w, err_w, done = inline_pump(tmp_path)
     os.write(out_w, b"hello\n")
     os.write(err_w, b"oops\n")
     os.close(out_w)
@@ -36,10 +42,7 @@ def test_a_job_that_ends_within_the_wait_is_pumped_by_the_waiting_thread(tmp_pat
 
 
 def test_a_job_that_outlives_the_wait_is_handed_to_a_thread_and_its_later_output_kept(tmp_path: Path) -> None:
-    out = Output(tmp_path / "a", lambda: None)
-    out_r, out_w, err_r, err_w = pipes()
-    done = threading.Event()
-    out.pump(out_r, err_r, done.set, inline=True)
+    out, out_w, err_w, done = inline_pump(tmp_path)
     os.write(out_w, b"early\n")
     out.pump_for(0.02)
     assert not done.is_set() and out.read("stdout", 0, 100) == b"early\n"
@@ -66,10 +69,7 @@ def test_pump_for_does_nothing_for_a_pump_already_in_a_thread(tmp_path: Path) ->
 
 
 def test_a_pump_that_fails_in_the_waiting_thread_ends_the_pump_not_the_wait(tmp_path: Path) -> None:
-    out = Output(tmp_path / "a", lambda: None)
-    out_r, out_w, err_r, err_w = pipes()
-    done = threading.Event()
-    out.pump(out_r, err_r, done.set, inline=True)
+    out, out_w, err_w, done = inline_pump(tmp_path)
     os.write(out_w, b"x")
 
     def broken(stream: str, data: bytes) -> None:

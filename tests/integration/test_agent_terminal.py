@@ -45,8 +45,10 @@ async def test_an_open_terminal_never_holds_up_the_agents_other_requests(agent: 
     await agent.client.launch(launch("a1", "true", session="s1"))
     reader, writer = await agent.client.upgrade("/v1/terminal", {"session": "s1", "env": '{"MINE": "x1"}'},
                                                 ptyframes.PROTOCOL)
-    writer.write(ptyframes.frame(ptyframes.DATA, b"echo $MINE-$FIREPOOL_WORKSPACE; sleep 30\r"))
-    assert b"x1-" in await _output_until(reader, b"x1-/")
+    # The SIGINT below goes once the foreground job says it runs: sent while the shell was still starting it, it
+    # reached the shell's own group and the sleep ran its 30 s (seen once under a loaded full run).
+    writer.write(ptyframes.frame(ptyframes.DATA, b"echo $MINE-$FIREPOOL_WORKSPACE; sh -c 'echo sleep''ing; exec sleep 30'\r"))
+    assert b"x1-/" in await _output_until(reader, b"sleeping")
     began = time.perf_counter()
     await agent.client.health()
     status = await agent.client.launch(launch("a2", "sh", "-c", "echo beside", session="s1"))

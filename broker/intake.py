@@ -155,6 +155,14 @@ class Watch:
                     ready.append(await self._queue.get())
             except TimeoutError:
                 return []
+        return self._mine(ready)
+
+    def ended_now(self) -> list[Job]:
+        """The jobs that ended since the last call, without waiting."""
+        ready, self._ready = self._ready, []
+        return self._mine(ready)
+
+    def _mine(self, ready: list[Job]) -> list[Job]:
         while not self._queue.empty():
             ready.append(self._queue.get_nowait())
         ended = [job for job in ready if job.id in self.pending]

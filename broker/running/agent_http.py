@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json as jsonlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
+from broker import jsonwire
 from broker.errors import AgentError
 from broker.fencing import Term
 from broker.ports.agent import (
@@ -122,7 +122,7 @@ class HttpAgentClient:
         seconds = self.timeout_s + wait_s + (_SLACK_S if wait_s else 0.0)
         if self._fast is not None:
             target = path + ("?" + urlencode(params) if params else "")
-            body = None if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
+            body = None if json is None else jsonwire.dumps(json)
             try:
                 reply = await self._fast.request(method, target, body, seconds)
             except RuntimeError as exc:

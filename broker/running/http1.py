@@ -13,12 +13,13 @@ and one the agent closed meanwhile (EOF already seen) is never reused, so a requ
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from broker import jsonwire
 
 IDLE_S = 60.0
 """Idle connections older than this are closed rather than reused (below the agent's 300 s)."""
@@ -42,7 +43,7 @@ class Reply:
     content: bytes
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return jsonwire.loads(self.content)
 
     @property
     def text(self) -> str:

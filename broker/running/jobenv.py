@@ -11,6 +11,7 @@ workspace; with `reuse_tag: hint` the tag only routes claims and the workspace s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 
@@ -38,5 +39,10 @@ def agent_session(job: Job, spec: PoolSpec | None) -> str:
 
 def session_id(caller: str, queue: str, tag: str, spec: PoolSpec | None) -> str:
     """`agent_session` of a (caller, queue, tag) session on a pod of `spec`'s pool (a terminal names it)."""
-    raw = "\x1f".join((caller, queue, "" if spec is not None and spec.reuse_tag == "hint" else tag))
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    return _session_hash(caller, queue, "" if spec is not None and spec.reuse_tag == "hint" else tag)
+
+
+@functools.lru_cache(maxsize=4096)
+def _session_hash(caller: str, queue: str, tag: str) -> str:
+    """Remembered: every launch names its session, and a caller's sessions are few."""
+    return hashlib.sha256("\x1f".join((caller, queue, tag)).encode()).hexdigest()[:24]

@@ -132,16 +132,18 @@ def outcome_of(
             )
     if attempt.state is AttemptState.LAUNCHING and verdict.final is not AttemptState.LOST and not never_ran:
         attempt = attempt.move(AttemptState.RUNNING)
-    job = job.with_attempt(attempt.move(verdict.final, **changes))
+    # One row copy: the ended attempt rides on the transition (requeues_free reads only the earlier attempts).
+    attempts = job.attempts_with(attempt.move(verdict.final, **changes))
     if may_retry and health is not None and health.requeues_free(job, verdict.error):
-        return transition(job, JobState.QUEUED, now, pods=(), timings=times)  # no retry spent
+        return transition(job, JobState.QUEUED, now, pods=(), timings=times, attempts=attempts)  # no retry spent
     if (
         verdict.error is not None
         and not verdict.cancelled
         and may_retry
         and job.retries < job.spec.max_retries
     ):
-        return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times)
+        return transition(job, JobState.QUEUED, now, retries=job.retries + 1, pods=(), timings=times,
+                          attempts=attempts)
     return transition(
         job,
         verdict.state,
@@ -150,4 +152,5 @@ def outcome_of(
         error_class=verdict.error,
         error_message=verdict.message,
         timings=times,
+        attempts=attempts,
     )

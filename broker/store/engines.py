@@ -106,6 +106,9 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         poolclass=QueuePool,
         pool_size=POOL_SIZE,
         max_overflow=MAX_OVERFLOW,
+        # LIFO: the store writer gets back the connection it just returned, whose page cache is warm; FIFO rotated it
+        # through the pool, and each connection re-read the pages the others had written (3.8 preads a job, now 0.5).
+        pool_use_lifo=True,
         connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
     )
 

@@ -474,3 +474,19 @@ def test_dashboard_sessions_round_trip_and_end_with_their_token_or_expiry(store:
     assert [sessions.get(r.id_digest) is not None for r in rows] == [True, False, False, True]
     sessions.delete("1" * 64)
     assert sessions.get("1" * 64) is None and sessions.get("4" * 64) == rows[3]
+
+
+def test_a_driver_error_on_the_direct_path_arrives_as_sqlalchemys_and_the_group_stores_nothing(
+        store: SqlJobStore) -> None:
+    # No cursor listener on this engine: the group's statements go straight to the driver (broker.store.prepared).
+    assert not sa.event.contains(store.engine, "before_cursor_execute", lambda *a: None)
+    with pytest.raises(ValueError, match="duplicate job id"):  # the driver's IntegrityError, as SQLAlchemy's
+        store.commit_group([], [make_job("j-1"), make_job("j-2"), make_job("j-1")])
+    assert store.get("j-1") is None and store.get("j-2") is None
+
+
+def test_cursor_listeners_see_every_statement_of_a_group_commit(store: SqlJobStore) -> None:
+    job = store.insert(make_job("j-1"))
+    seen = _fail_once(store, "NO SUCH VERB", RuntimeError("never"))  # a listener that only watches
+    assert store.commit([(transition(job, JobState.QUEUED, at=1.0), 0)]) == [True]
+    assert _job_write(store) in seen and "SELECT" in seen

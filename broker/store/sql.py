@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ from broker.jobs import Job, JobState
 from broker.store import migrating, rows
 from broker.store.engines import WRITE, create_store_engine, normalize_url
 from broker.store.firsts import split_firsts
-from broker.store.prepared import Prepared, PreparedIn, attempt_upsert, job_upsert
+from broker.store.prepared import Prepared, PreparedIn, PreparedRows, attempt_upsert, job_upsert
 from broker.store.schema import NAME_LENGTH, attempts, events, jobs
 from broker.store.sqlerrors import transient, translated
 
@@ -67,17 +68,31 @@ class SqlJobStore:
         dialect = engine.dialect
         self._update = jobs.update().where(jobs.c.id == sa.bindparam("w_id"),
                                            jobs.c.version == sa.bindparam("w_version"))
-        self._updates: dict[tuple[str, ...], Prepared] = {}
+        self._updates: dict[tuple[str, ...], Prepared | PreparedRows] = {}
         """The version-guarded UPDATE per set of columns sent, compiled once (broker.store.prepared)."""
         job_columns = [c.name for c in jobs.columns]
-        self._upsert_attempts = Prepared(attempt_upsert(dialect.name), dialect, rows.ATTEMPT_COLUMNS)
+        # SQLite: many rows a statement and the versions in one row, so a group commit steps its driver (each step a
+        # GIL release, costly beside the busy event loop) a few times instead of a few times a job.
+        lite = dialect.name == "sqlite"
+        self._upsert_attempts: Prepared | PreparedRows = Prepared(attempt_upsert(dialect.name), dialect,
+                                                                  rows.ATTEMPT_COLUMNS)
         self._upsert_jobs = (Prepared(job_upsert(), dialect, job_columns)
                              if dialect.name in ("mysql", "mariadb") else None)
-        self._insert_jobs = Prepared(jobs.insert(), dialect, job_columns)
-        self._insert_attempts = Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS)
-        self._lock = PreparedIn(sa.select(jobs.c.id, jobs.c.version)
-                                .where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
-                                .order_by(jobs.c.id).with_for_update(), dialect, "ids")
+        self._insert_jobs: Prepared | PreparedRows = Prepared(jobs.insert(), dialect, job_columns)
+        self._insert_attempts: Prepared | PreparedRows = Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS)
+        if lite:
+            self._upsert_attempts = PreparedRows.inserting(self._upsert_attempts)
+            self._insert_jobs = PreparedRows.inserting(self._insert_jobs)
+            self._insert_attempts = PreparedRows.inserting(self._insert_attempts)
+        ids_in = jobs.c.id.in_(sa.bindparam("ids", expanding=True))
+        self._lock = PreparedIn(sa.select(jobs.c.id, jobs.c.version).where(ids_in).order_by(jobs.c.id)
+                                .with_for_update(), dialect, "ids")
+        self._update_from = lite and sqlite3.sqlite_version_info >= (3, 33)  # UPDATE ... FROM (VALUES ...)
+        self._lock_one_row = lite  # BEGIN IMMEDIATE holds SQLite's write lock: the read only fetches versions
+        if lite:
+            space = sa.literal_column("' '", sa.String())
+            pairs = sa.func.group_concat(jobs.c.id.concat(space).concat(sa.cast(jobs.c.version, sa.String)), space)
+            self._lock = PreparedIn(sa.select(pairs).where(ids_in), dialect, "ids")
         self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
         self._written: dict[str, dict[str, Any]] = {}
         """job id -> the row this store last committed for it. A write whose row still holds that version
@@ -235,7 +250,7 @@ class SqlJobStore:
             version: dict[str, int] = {}
             for i in range(0, len(ids), _IN_CHUNK):
                 chunk = ids[i:i + _IN_CHUNK]
-                version.update((row[0], row[1]) for row in self._lock.rows(conn, chunk))
+                version.update(self._versions(conn, chunk))
             locked = dict(version)
             final: dict[str, Job] = {}
             upserts: dict[str, dict[str, Any]] = {}
@@ -281,6 +296,14 @@ class SqlJobStore:
             stored[n] = first if isinstance(first, Job) else by_id.get(first) or self.insert(inserts[n])
         return result, stored
 
+    def _versions(self, conn: sa.Connection, ids: list[str]) -> Iterable[tuple[str, int]]:
+        """(id, version) of the rows of `ids` that exist, locked for this transaction."""
+        found = self._lock.rows(conn, ids)
+        if not self._lock_one_row:
+            return ((row[0], row[1]) for row in found)
+        words = (found[0][0] or "").split()  # "id version id version ...": job ids hold no space
+        return ((words[i], int(words[i + 1])) for i in range(0, len(words), 2))
+
     def _remember(self, written: dict[str, dict[str, Any]]) -> None:
         if len(self._written) + len(written) > _ROWS_KEPT:
             self._written.clear()
@@ -312,13 +335,18 @@ class SqlJobStore:
             raise sa.exc.InvalidRequestError(f"group commit updated {updated} of {len(full)} locked rows")
         return full
 
-    def _prepared_update(self, columns: tuple[str, ...]) -> Prepared:
+    def _prepared_update(self, columns: tuple[str, ...]) -> Prepared | PreparedRows:
         prepared = self._updates.get(columns)
         if prepared is None:
             if len(self._updates) >= _STATEMENTS_KEPT:
                 self._updates.clear()
             set_columns = [c for c in columns if c not in ("w_id", "w_version")]
-            prepared = self._updates[columns] = Prepared(self._update, self._engine.dialect, set_columns)
+            dialect = self._engine.dialect
+            prepared = Prepared(self._update, dialect, set_columns)
+            if self._update_from:
+                prepared = PreparedRows.updating(prepared, dialect, "jobs", set_columns,
+                                                 {"id": "w_id", "version": "w_version"})
+            self._updates[columns] = prepared
         return prepared
 
     def _run(self, work: Callable[[sa.Connection], T], *, writes: bool) -> T:

@@ -24,7 +24,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from broker.claiming.jobbook import JobBook
 from broker.clock import RealClock
 from broker.errors import InvalidRequest, StoreError
-from broker.jobs import Job, JobState, transition
+from broker.jobs import Attempt, AttemptState, Job, JobState, attempt_id, transition
 from broker.store import SqlJobStore
 from broker.store.engines import normalize_url
 from broker.store.schema import VERSION_TABLE, metadata
@@ -490,3 +490,21 @@ def test_cursor_listeners_see_every_statement_of_a_group_commit(store: SqlJobSto
     seen = _fail_once(store, "NO SUCH VERB", RuntimeError("never"))  # a listener that only watches
     assert store.commit([(transition(job, JobState.QUEUED, at=1.0), 0)]) == [True]
     assert _job_write(store) in seen and "SELECT" in seen
+
+
+def test_groups_larger_than_one_sqlite_statement_holds_insert_claim_and_end_every_job(store: SqlJobStore) -> None:
+    # SQLite sends a group's rows as multi-row statements of at most 999 parameters (broker.store.prepared).
+    n = 130
+    queued = [transition(make_job(f"j-{i:03}"), JobState.QUEUED, at=1.0) for i in range(n)]
+    assert store.commit_group([], queued)[1] == queued
+    running = []
+    for job in queued:
+        attempt = Attempt(id=attempt_id(job.id, 0), job_id=job.id, n=0, pods=("cpu-1",))
+        running.append(transition(job, JobState.RUNNING, 2.0, attempts=(attempt,), pods=("cpu-1",)))
+    stale = dataclasses.replace(running[7], version=running[7].version + 5)  # loses its version check alone
+    wins = store.commit([(job, job.version - 1) for job in running] + [(stale, stale.version - 1)])
+    assert wins == [True] * n + [False]
+    ended = [transition(job.with_attempt(job.attempts[0].move(AttemptState.RUNNING).move(AttemptState.SUCCEEDED)),
+                        JobState.SUCCEEDED, 3.0, exit_code=0) for job in running]
+    assert store.commit([(job, job.version - 1) for job in ended]) == [True] * n
+    assert [store.get(job.id) for job in ended] == ended

@@ -11,9 +11,10 @@ unchanged.
 Bind processors: Boolean's (bool to 1/0 where the database has no boolean) and Double's on SQLite (int to
 float) are skipped, because every driver here binds a Python bool as 1/0 or boolean and a column
 declared DOUBLE stores an int as a double; any other type's processor is applied.
-Both run on the driver's own cursor (`driver_run`). `PreparedIn` is the same for one statement with an expanding `IN` list (the group commit's locking read),
-whose cache key SQLAlchemy would otherwise rebuild from every id on each call. `job_upsert` and
-`attempt_upsert` build the dialects' upserts the store prepares.
+`PreparedIn` is the same for one statement with an expanding `IN` list (the group commit's locking read), whose
+cache key SQLAlchemy would otherwise rebuild from every id on each call; `PreparedRows` sends many rows as one
+statement (SQLite). All run on the driver's own cursor (`driver_run`). `job_upsert` and `attempt_upsert` build the
+dialects' upserts the store prepares.
 """
 
 from __future__ import annotations

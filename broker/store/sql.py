@@ -90,8 +90,8 @@ class SqlJobStore:
         self._update_from = lite and sqlite3.sqlite_version_info >= (3, 33)  # UPDATE ... FROM (VALUES ...)
         self._lock_one_row = lite  # BEGIN IMMEDIATE holds SQLite's write lock: the read only fetches versions
         if lite:
-            space = sa.literal_column("' '", sa.String())
-            pairs = sa.func.group_concat(jobs.c.id.concat(space).concat(sa.cast(jobs.c.version, sa.String)), space)
+            unit = sa.literal_column("char(31)", sa.String())  # the unit separator: never in a job id
+            pairs = sa.func.group_concat(jobs.c.id.concat(unit).concat(sa.cast(jobs.c.version, sa.String)), unit)
             self._lock = PreparedIn(sa.select(pairs).where(ids_in), dialect, "ids")
         self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
         self._written: dict[str, dict[str, Any]] = {}
@@ -301,7 +301,9 @@ class SqlJobStore:
         found = self._lock.rows(conn, ids)
         if not self._lock_one_row:
             return ((row[0], row[1]) for row in found)
-        words = (found[0][0] or "").split()  # "id version id version ...": job ids hold no space
+        if not found[0][0]:
+            return ()
+        words = found[0][0].split("\x1f")  # id, version, id, version, ...
         return ((words[i], int(words[i + 1])) for i in range(0, len(words), 2))
 
     def _remember(self, written: dict[str, dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ dialects' upserts the store prepares.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -139,7 +140,7 @@ class PreparedRows:
                 if len(self._sql) >= _STATEMENTS_KEPT:
                     self._sql.clear()
                 sql = self._sql[len(chunk)] = self._head + ", ".join([self._one] * len(chunk)) + self._tail
-            params = tuple(value for values in self._prepared.params(chunk) for value in values)
+            params = tuple(chain.from_iterable(self._prepared.params(chunk)))
             changed += driver_run(conn, sql, params, many=False)[0]
         return changed
 

@@ -90,6 +90,11 @@ class Prepared:
         return driver_run(conn, self.sql, self.params(rows), many=True)[0]
 
 
+def _row_marks(prepared: Prepared) -> str:
+    """One row of `prepared`'s qmark parameters: `(?, ?, ...)`."""
+    return "(" + ", ".join("?" * len(prepared.names)) + ")"
+
+
 class PreparedRows:
     """A `Prepared` statement of many rows sent as one statement a chunk of rows: `head (row), (row), ... tail`.
 
@@ -101,7 +106,7 @@ class PreparedRows:
         if not prepared.positional:
             raise ValueError("multi-row statements are built for positional (qmark) parameters")
         self._prepared = prepared
-        self._one = "(" + ", ".join("?" * len(prepared.names)) + ")"
+        self._one = _row_marks(prepared)
         self._head, self._tail = head, tail
         self._chunk = max(1, max_variables // len(prepared.names))
         self._sql: dict[int, str] = {}
@@ -110,8 +115,7 @@ class PreparedRows:
     @classmethod
     def inserting(cls, prepared: Prepared) -> PreparedRows:
         """`INSERT ... VALUES (...), (...)` (an upsert's conflict clause kept) from a one-row INSERT."""
-        one = "(" + ", ".join("?" * len(prepared.names)) + ")"
-        head, found, tail = prepared.sql.partition(f" VALUES {one}")
+        head, found, tail = prepared.sql.partition(f" VALUES {_row_marks(prepared)}")
         if not found or "?" in head + tail:
             raise ValueError(f"not a one-row INSERT: {prepared.sql[:80]}")
         return cls(prepared, head + " VALUES ", tail)
@@ -208,9 +212,9 @@ def driver_run(conn: sa.Connection, sql: str, params: Any, *, many: bool) -> tup
         lost = bool(dialect.is_disconnect(exc, driver, cursor))
         if lost:
             conn.invalidate(exc)
-        raise sa.exc.DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,
-                                         hide_parameters=conn.engine.hide_parameters, connection_invalidated=lost,
-                                         dialect=dialect) from exc
+        # Parameters never go into the message: they are whole job rows (a spec's env may hold a caller's secret).
+        raise sa.exc.DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error, hide_parameters=True,
+                                         connection_invalidated=lost, dialect=dialect) from exc
     finally:
         cursor.close()
 

@@ -74,25 +74,25 @@ class SqlJobStore:
         # SQLite: many rows a statement and the versions in one row, so a group commit steps its driver (each step a
         # GIL release, costly beside the busy event loop) a few times instead of a few times a job.
         lite = dialect.name == "sqlite"
-        self._upsert_attempts: Prepared | PreparedRows = Prepared(attempt_upsert(dialect.name), dialect,
-                                                                  rows.ATTEMPT_COLUMNS)
+
+        def rows_at_once(prepared: Prepared) -> Prepared | PreparedRows:
+            return PreparedRows.inserting(prepared) if lite else prepared
+
+        self._upsert_attempts = rows_at_once(Prepared(attempt_upsert(dialect.name), dialect, rows.ATTEMPT_COLUMNS))
         self._upsert_jobs = (Prepared(job_upsert(), dialect, job_columns)
                              if dialect.name in ("mysql", "mariadb") else None)
-        self._insert_jobs: Prepared | PreparedRows = Prepared(jobs.insert(), dialect, job_columns)
-        self._insert_attempts: Prepared | PreparedRows = Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS)
-        if lite:
-            self._upsert_attempts = PreparedRows.inserting(self._upsert_attempts)
-            self._insert_jobs = PreparedRows.inserting(self._insert_jobs)
-            self._insert_attempts = PreparedRows.inserting(self._insert_attempts)
-        ids_in = jobs.c.id.in_(sa.bindparam("ids", expanding=True))
-        self._lock = PreparedIn(sa.select(jobs.c.id, jobs.c.version).where(ids_in).order_by(jobs.c.id)
-                                .with_for_update(), dialect, "ids")
+        self._insert_jobs = rows_at_once(Prepared(jobs.insert(), dialect, job_columns))
+        self._insert_attempts = rows_at_once(Prepared(attempts.insert(), dialect, rows.ATTEMPT_COLUMNS))
         self._update_from = lite and sqlite3.sqlite_version_info >= (3, 33)  # UPDATE ... FROM (VALUES ...)
         self._lock_one_row = lite  # BEGIN IMMEDIATE holds SQLite's write lock: the read only fetches versions
+        ids_in = jobs.c.id.in_(sa.bindparam("ids", expanding=True))
         if lite:
             unit = sa.literal_column("char(31)", sa.String())  # the unit separator: never in a job id
             pairs = sa.func.group_concat(jobs.c.id.concat(unit).concat(sa.cast(jobs.c.version, sa.String)), unit)
             self._lock = PreparedIn(sa.select(pairs).where(ids_in), dialect, "ids")
+        else:
+            self._lock = PreparedIn(sa.select(jobs.c.id, jobs.c.version).where(ids_in).order_by(jobs.c.id)
+                                    .with_for_update(), dialect, "ids")
         self._attempt_cols = [c.label(rows.ATTEMPT_PREFIX + c.name) for c in attempts.columns]
         self._written: dict[str, dict[str, Any]] = {}
         """job id -> the row this store last committed for it. A write whose row still holds that version

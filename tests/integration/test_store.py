@@ -480,8 +480,10 @@ def test_a_driver_error_on_the_direct_path_arrives_as_sqlalchemys_and_the_group_
         store: SqlJobStore) -> None:
     # No cursor listener on this engine: the group's statements go straight to the driver (broker.store.prepared).
     assert not sa.event.contains(store.engine, "before_cursor_execute", lambda *a: None)
-    with pytest.raises(ValueError, match="duplicate job id"):  # the driver's IntegrityError, as SQLAlchemy's
+    with pytest.raises(ValueError, match="duplicate job id") as refused:  # the driver's IntegrityError, as SQLAlchemy's
         store.commit_group([], [make_job("j-1"), make_job("j-2"), make_job("j-1")])
+    assert isinstance(refused.value.__cause__, sa.exc.IntegrityError)
+    assert "parameters hidden" in str(refused.value.__cause__)  # job rows (an env's secrets) stay out of messages
     assert store.get("j-1") is None and store.get("j-2") is None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         dbapi_connection.isolation_level = None  # the "begin" hook below emits BEGIN itself
         cursor = dbapi_connection.cursor()
         try:
-            mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = _enter_wal(cursor)
             if str(mode).lower() != "wal":
                 raise sa.exc.OperationalError("PRAGMA journal_mode=WAL", {}, RuntimeError(
                     f"SQLite refused WAL mode (got {mode!r}); is the file on a network filesystem?"))
@@ -143,3 +144,20 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
             raise sa.exc.DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
     return engine
+
+
+def _enter_wal(cursor: sqlite3.Cursor) -> str:
+    """Switch to WAL (persistent: a no-op once the file is in it) and return the mode SQLite reports.
+
+    Switching needs the database to itself, and SQLite answers SQLITE_BUSY at once, without the busy handler,
+    while another connection opening the same fresh file holds it: several brokers or threads opening a new
+    database together would fail at random. Retried here until the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            return str(cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)

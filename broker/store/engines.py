@@ -119,7 +119,7 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         cursor = dbapi_connection.cursor()
         try:
             mode = _enter_wal(cursor)
-            if str(mode).lower() != "wal":
+            if mode.lower() != "wal":
                 raise sa.exc.OperationalError("PRAGMA journal_mode=WAL", {}, RuntimeError(
                     f"SQLite refused WAL mode (got {mode!r}); is the file on a network filesystem?"))
             cursor.execute("PRAGMA synchronous=FULL")

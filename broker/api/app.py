@@ -67,6 +67,14 @@ def _validation_error(exc: RequestValidationError) -> FirepoolError:
             loc = [str(p) for p in err.get("loc", ()) if p != "body"]
             field = ".".join(loc)
             return UnknownField(f"unknown field {field!r}", {"field": field, **_item(err)})
+    for err in errors:
+        if err.get("type") == "json_invalid":  # loc ("body", offset): the body never parsed, so no field is to blame
+            place = tuple(err.get("loc", ()))
+            at = place[1] if len(place) > 1 and isinstance(place[1], int) else None
+            why = (err.get("ctx") or {}).get("error", "")
+            where = f" at character {at}" if at is not None else ""
+            return InvalidRequest(f"the request body is not valid JSON{where}" + (f": {why}" if why else ""),
+                                  {"field": "body", **({"offset": at} if at is not None else {})})
     details = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg", "")}
                for e in errors]
     first = details[0] if details else {"field": "", "problem": "invalid request"}

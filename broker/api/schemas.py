@@ -11,7 +11,8 @@ from firepool_agent.limits import MAX_ARGV_ITEMS, MAX_ENV_ENTRIES, MAX_NAME_CHAR
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NaN and Infinity are not JSON, though Python's parser reads them: a number must be finite everywhere.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class JobRequest(Strict):

@@ -65,9 +65,21 @@ async def test_wrong_types_are_422_and_store_nothing(api, body) -> None:
     assert api.h.store.list_jobs() == []
 
 
-async def test_malformed_json_is_a_typed_422(api) -> None:
+async def test_malformed_json_is_a_typed_422_that_blames_the_body(api) -> None:
     r = await api.post("/v1/jobs", content=b"{not json", headers={**auth(), "content-type": "application/json"})
-    assert_error(r, 422, "InvalidRequest")
+    err = assert_error(r, 422, "InvalidRequest")
+    assert err["details"] == {"field": "body", "offset": 1}
+    assert err["message"].startswith("the request body is not valid JSON at character 1")
+    assert api.h.store.list_jobs() == []
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+async def test_a_non_finite_number_is_refused_as_not_finite(api, number: str) -> None:
+    body = '{"pool": "cpu", "command": ["true"], "timeout_s": ' + number + '}'
+    r = await api.post("/v1/jobs", content=body.encode(), headers={**auth(), "content-type": "application/json"})
+    err = assert_error(r, 422, "InvalidRequest")
+    assert err["details"]["field"] == "timeout_s" and "finite" in err["message"]
+    assert api.h.store.list_jobs() == []
 
 
 async def test_unknown_pool_is_a_typed_400(api) -> None:

@@ -40,7 +40,7 @@ Depth = Annotated[int, Field(ge=1, le=10)]
 
 
 class FileIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     path: str = Field(min_length=1, max_length=4096, description="Path relative to the workspace.")
     text: str | None = None
     base64: str | None = None
@@ -75,7 +75,7 @@ def check_files(files: list[FileIn]) -> None:
 
 
 class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a model's NaN is not a timeout
 
 
 class RunArgs(_Args):

@@ -82,6 +82,7 @@ async def test_the_mcp_servers_shared_tools_take_the_llm_definitions_parameters_
     ("run_in_sandbox", {"command": "true", "bogus": 1}, "unknown argument 'bogus' (the arguments are command"),
     ("run_in_sandbox", {"command": "true", "session": "s"}, "unknown argument 'session'"),
     ("run_in_sandbox", {"command": "true", "timeout_s": 0}, "timeout_s: Input should be greater than 0"),
+    ("run_in_sandbox", '{"command": "true", "timeout_s": NaN}', "timeout_s: Input should be a finite number"),
     ("run_in_sandbox", {"command": "true", "env": {"A": 1}}, "env.A: Input should be a valid string"),
     ("run_in_sandbox", {}, "command is required"),
     ("run_in_sandbox", '{"command": ', "not valid JSON"),

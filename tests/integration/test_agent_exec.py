@@ -14,7 +14,7 @@ from broker.pods import Pod, PodState
 from broker.ports.agent import AgentClient, ResetRequest
 from broker.running.execstream import ExecProcess, open_exec, run_collected
 from broker.running.sessionstreams import SessionStreams
-from tests.integration.test_agent import RunningAgent, agent, alive, launch
+from tests.integration.test_agent import PY, RunningAgent, agent, alive, launch
 
 pytestmark = pytest.mark.integration
 __all__ = ["agent"]
@@ -134,11 +134,17 @@ async def test_all_output_arrives_before_the_exit_however_slowly_it_is_read(agen
 async def test_a_closed_connection_hangs_its_process_up(agent: RunningAgent) -> None:
     streams = await _holding(agent)
     proc = await open_exec(streams, CALLER, TAG, ["sh", "-c", "trap '' HUP; sleep 60"])
-    quick = await open_exec(streams, CALLER, TAG, ["sleep", "60"])
+    # Marks the hang-up in a file (its stdout has no reader by then) and never writes to stdout again.
+    marks = ("import os, signal, time\n"
+             "def hung_up(*_):\n    open('hung-up', 'w').write('HUP')\n    os._exit(129)\n"
+             "signal.signal(signal.SIGHUP, hung_up)\nprint('trapped', flush=True)\ntime.sleep(60)")
+    quick = await open_exec(streams, CALLER, TAG, [PY, "-S", "-c", marks])
+    assert await anext(quick.events()) == ("stdout", b"trapped\n")  # a hang-up before the handler would just kill it
     await proc.close()
     await quick.close()
-    assert await _gone(quick.pid, 1)  # SIGHUP
-    assert await _gone(proc.pid, 5)  # SIGKILL after the grace, HUP ignored
+    assert await _gone(quick.pid, 10)
+    assert (agent.workspace / "hung-up").read_text() == "HUP"  # SIGHUP, not the SIGKILL after the grace
+    assert await _gone(proc.pid, 10)  # SIGKILL after the grace, HUP ignored
 
 
 async def test_another_callers_tag_is_not_found_and_a_pod_without_a_session_conflicts(agent: RunningAgent) -> None:

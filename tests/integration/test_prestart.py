@@ -25,6 +25,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from broker.backends.sandboxing import PodDirs
 from broker.running.agent_http import HttpAgentClient
+from tests.integration.sandboxpids import prestarted_host_pids
 from tests.integration.test_jupyter import TIMEOUT, job_of, run, use
 
 pytestmark = pytest.mark.integration
@@ -227,25 +228,9 @@ async def test_a_killed_prestarted_process_falls_back_to_a_normal_launch(kernel_
         pod = job_of(broker, km)["bound_pods"][0]
     await held_idle(broker, pod)
     ready = await prestarted(broker, pod)
-    host_pid = _host_pid(ready["pid"], pod)
+    (host_pid,) = prestarted_host_pids(ready["pid"], pod)
     os.kill(host_pid, signal.SIGKILL)
     async with kernel("fp-kern") as (km, kc, _):
         assert attempt_timings(job_of(broker, km))["kernel_prestarted"] == 0.0
         reply, out, _ = await run(kc, "import os; print(os.getpid())")
     assert reply["status"] == "ok" and int(out) != ready["pid"]
-
-
-def _host_pid(sandbox_pid: int, pod: str) -> int:
-    """The host pid of a process a pod's agent names by its sandbox pid (NSpid's first and last fields)."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{name}/status").read_text()
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-        except OSError:
-            continue
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if len(nspid) > 1 and int(nspid[-1]) == sandbox_pid and b"--prestarted" in cmdline:
-            return int(name)
-    raise AssertionError(f"no process of pod {pod} has sandbox pid {sandbox_pid}")

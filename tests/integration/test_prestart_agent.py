@@ -25,6 +25,7 @@ from broker.ports.agent import LaunchRequest, ResetRequest
 from broker.ports.backend import PodRequest
 from broker.running.agent_http import HttpAgentClient
 from firepool_agent.prestart import held_paths
+from tests.integration.sandboxpids import prestarted_host_pids
 from tests.integration.test_agent import AGENT_ROOT, RunningAgent, alive, wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -162,20 +163,10 @@ def test_auto_is_learned_per_pool_and_explicit_modes_pass_through() -> None:
 async def test_deleting_a_pod_leaves_no_prestarted_process(backend: LocalBackend) -> None:
     await backend.create(PodRequest(name="pk-1", pool=PoolSpec(name="kern", kernels="prestart")))
     state = await ready(backend.agent("pk-1"))
-    host = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_prestarted(int(p), state["pid"])]
+    host = prestarted_host_pids(state["pid"], "pk-1")
     assert len(host) == 1
     await backend.delete("pk-1")
     assert not alive(host[0])
-
-
-def _is_prestarted(pid: int, sandbox_pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-    return len(nspid) > 1 and int(nspid[-1]) == sandbox_pid and b"--prestarted" in cmdline
 
 
 async def test_an_unbound_process_dies_with_its_agent(agent: RunningAgent) -> None:

@@ -24,12 +24,31 @@ from firepool_agent.server import Agent, make_server
 
 log = logging.getLogger("firepool_agent")
 
+JOB_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+               signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
+"""Signals whose ignored disposition every job would inherit from us (an exec keeps SIG_IGN): a launcher that
+ignores them (`nohup`, a script's `cmd &` ignoring SIGINT and SIGQUIT) must not leave a hang-up, an interrupt or a
+Ctrl-C reaching nothing. SIGPIPE and SIGXFSZ are Python's own, and subprocess restores them for each child."""
+
+
+def default_signals() -> list[int]:
+    """Put the signals we inherited ignored back to their default action; returns those it changed."""
+    changed = []
+    for sig in JOB_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+            changed.append(int(sig))
+    return changed
+
 
 def main(argv: list[str] | None = None) -> int:
     config, secret = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s agent[{config.pod}] %(levelname)s %(message)s")
     privileges.forbid_dumps()
+    reset = default_signals()  # before anything is spawned
+    if reset:
+        log.info("signals %s were ignored when we started: back to their default action for every job", reset)
     if not proctree.in_own_pid_namespace():
         privileges.become_subreaper()
     for directory in (config.workspace, config.package_dir, config.run_dir, config.tmp_dir,

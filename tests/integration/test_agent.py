@@ -10,12 +10,14 @@ import asyncio
 import dataclasses
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,11 +79,17 @@ async def wait_healthy(client: HttpAgentClient, process: subprocess.Popen[bytes]
             await asyncio.sleep(0.002)
 
 
-@pytest.fixture
-async def agent() -> AsyncIterator[RunningAgent]:
+@asynccontextmanager
+async def running_agent(ignoring: tuple[signal.Signals, ...] = ()) -> AsyncIterator[RunningAgent]:
+    """An agent of its own, started by a process that ignores the signals `ignoring` (as `nohup` ignores SIGHUP)."""
     root = Path(tempfile.mkdtemp(prefix="fp-agent-"))  # short: a Unix socket path holds ~107 bytes
     secret = secrets.token_urlsafe(32)
-    process = start_agent(root, secret)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignoring}
+    try:
+        process = start_agent(root, secret)  # inherits the ignored dispositions, as an exec does
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     client = HttpAgentClient(f"unix:{root}/run/agent.sock", secret, pod="test-pod")
     try:
         await wait_healthy(client, process)
@@ -91,6 +99,12 @@ async def agent() -> AsyncIterator[RunningAgent]:
         process.terminate()
         process.wait(10)
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[RunningAgent]:
+    async with running_agent() as running:
+        yield running
 
 
 def launch(attempt_id: str, *argv: str, session: str = "s1", timeout_s: float | None = None,

@@ -14,7 +14,9 @@ kept ready (min_count = P, one virtual GPU each), P = 4, 16 and 64 by default. O
 Figures per phase: jobs/s (jobs / wall time), submit -> finish p50/p99 as the client sees it (for a batch, from
 the batch's request to the job's event on the stream), and the broker process's CPU per job: utime + stime of
 its /proc/<pid>/stat, read before the first submit and after the last job finished (the pods' agents are other
-processes and not counted).
+processes and not counted there). Beside it, the whole machine's CPU per job (bench.machine_cpu: broker, agents,
+jobs, this process's clients, idle share): on a machine whose cores are all busy, single's total over the batches'
+is about the most the batches can gain.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
+from bench import machine_cpu
 from bench.broker_proc import BenchBroker
 from bench.common import Row, at_least, at_most, percentile, report
 from broker.fanout import BATCH_PATH, MAX_BATCH, WATCH_PATH, SseParser
@@ -46,6 +49,7 @@ class Phase:
     latencies: list[float]
     cpu_s: float
     failed: int
+    machine: machine_cpu.Split
 
     @property
     def rate(self) -> float:
@@ -112,17 +116,21 @@ def single(broker: BenchBroker, jobs: int, threads: int, keyed: bool = False) ->
     for w in workers:
         w.start()
     cpu0 = cpu_seconds(broker.proc.pid)
+    machine0 = machine_cpu.sample(broker.proc.pid)
     start.wait()
     t0 = time.perf_counter()
     for w in workers:
         w.join()
-    return Phase(len(latencies), time.perf_counter() - t0, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed[0])
+    wall = time.perf_counter() - t0
+    machine = machine_cpu.split(machine0, machine_cpu.sample(broker.proc.pid), len(latencies))
+    return Phase(len(latencies), wall, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed[0], machine)
 
 
 def batched(broker: BenchBroker, jobs: int) -> Phase:
     """B18: batches of up to MAX_BATCH jobs, then one watch stream for their results."""
     with broker.client() as c:
         cpu0 = cpu_seconds(broker.proc.pid)
+        machine0 = machine_cpu.sample(broker.proc.pid)
         t0 = time.perf_counter()
         sent: dict[str, float] = {}
         for first in range(0, jobs, MAX_BATCH):
@@ -133,7 +141,8 @@ def batched(broker: BenchBroker, jobs: int) -> Phase:
             sent.update((job["id"], at) for job in r.json()["jobs"])
         latencies, failed = _watch(c, sent)
         wall = time.perf_counter() - t0
-        return Phase(len(latencies), wall, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed)
+        machine = machine_cpu.split(machine0, machine_cpu.sample(broker.proc.pid), len(latencies))
+        return Phase(len(latencies), wall, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed, machine)
 
 
 def _watch(c: httpx.Client, sent: dict[str, float]) -> tuple[list[float], int]:
@@ -174,7 +183,8 @@ def main(argv: list[str], json_out: bool = False) -> int:
     for pods in args.pods or [4, 16, 64]:
         one, many = run(pods, args.jobs, args.threads, keyed=args.keyed)
         raw[pods] = {name: {"jobs": p.jobs, "wall_s": p.wall_s, "cpu_s": p.cpu_s, "failed": p.failed,
-                            "latencies_s": sorted(p.latencies)} for name, p in (("single", one), ("batch", many))}
+                            "machine_ms": asdict(p.machine), "latencies_s": sorted(p.latencies)}
+                     for name, p in (("single", one), ("batch", many))}
         before = f"; before: {BEFORE_4PODS_JOBS_S:.0f}/s" if pods == 4 else ""
         goal = pods == 16
         rows += [
@@ -194,5 +204,11 @@ def main(argv: list[str], json_out: bool = False) -> int:
             Row("B18", f"{pods} pods: submit->finish p99 in batches", percentile(many.latencies, 99) * 1000, "ms", "-"),
             Row("B18", f"{pods} pods: broker CPU per job in batches", many.cpu_ms, "ms", "-",
                 "<= 1 ms" if goal else "", at_most(many.cpu_ms, 1.0) if goal else None),
+            Row("B18", f"{pods} pods: the machine's CPU per job, one request a job ({one.machine.describe()})",
+                one.machine.total_ms, "ms", "-"),
+            Row("B18", f"{pods} pods: the machine's CPU per job in batches ({many.machine.describe()})",
+                many.machine.total_ms, "ms", "-"),
+            Row("B18", f"{pods} pods: the most batches can gain while the cores are busy (the two totals above)",
+                one.machine.total_ms / max(many.machine.total_ms, 1e-9), "x", "-"),
         ]
     return report("throughput", rows, json_out=json_out, extra={"runs": raw})

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import httpx
 
@@ -47,9 +45,13 @@ class Phase:
     jobs: int
     wall_s: float
     latencies: list[float]
-    cpu_s: float
     failed: int
     machine: machine_cpu.Split
+
+    @property
+    def cpu_s(self) -> float:
+        """The broker process's CPU seconds over the phase."""
+        return self.machine.broker_ms * self.jobs / 1000
 
     @property
     def rate(self) -> float:
@@ -57,13 +59,7 @@ class Phase:
 
     @property
     def cpu_ms(self) -> float:
-        return self.cpu_s / max(self.jobs, 1) * 1000
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (not its children), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return self.machine.broker_ms
 
 
 def _pools(pods: int) -> str:
@@ -115,7 +111,6 @@ def single(broker: BenchBroker, jobs: int, threads: int, keyed: bool = False) ->
     workers = [threading.Thread(target=client, args=(n,), daemon=True) for n in share]
     for w in workers:
         w.start()
-    cpu0 = cpu_seconds(broker.proc.pid)
     machine0 = machine_cpu.sample(broker.proc.pid)
     start.wait()
     t0 = time.perf_counter()
@@ -123,13 +118,12 @@ def single(broker: BenchBroker, jobs: int, threads: int, keyed: bool = False) ->
         w.join()
     wall = time.perf_counter() - t0
     machine = machine_cpu.split(machine0, machine_cpu.sample(broker.proc.pid), len(latencies))
-    return Phase(len(latencies), wall, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed[0], machine)
+    return Phase(len(latencies), wall, latencies, failed[0], machine)
 
 
 def batched(broker: BenchBroker, jobs: int) -> Phase:
     """B18: batches of up to MAX_BATCH jobs, then one watch stream for their results."""
     with broker.client() as c:
-        cpu0 = cpu_seconds(broker.proc.pid)
         machine0 = machine_cpu.sample(broker.proc.pid)
         t0 = time.perf_counter()
         sent: dict[str, float] = {}
@@ -142,7 +136,7 @@ def batched(broker: BenchBroker, jobs: int) -> Phase:
         latencies, failed = _watch(c, sent)
         wall = time.perf_counter() - t0
         machine = machine_cpu.split(machine0, machine_cpu.sample(broker.proc.pid), len(latencies))
-        return Phase(len(latencies), wall, latencies, cpu_seconds(broker.proc.pid) - cpu0, failed, machine)
+        return Phase(len(latencies), wall, latencies, failed, machine)
 
 
 def _watch(c: httpx.Client, sent: dict[str, float]) -> tuple[list[float], int]:

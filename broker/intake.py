@@ -1,5 +1,8 @@
 """Taking jobs in: admission, the package check, one group commit, the hand-off to the dispatcher.
 
+A single submit that finds nothing queued and an idle pod for it is claimed before it is stored, and stored bound:
+its insert's commit is its claim's, one commit before the hand-off instead of two (`Dispatcher.insert_bound`).
+
 A batch (`submit_many`) is the same path for many jobs at once: every item is admitted before any is stored
 (all or nothing: the first bad item's error names its `index`), then all of them join one store
 transaction, then each is handed to the dispatcher as a single submit's would be. Owner holds, tags, gangs,
@@ -11,7 +14,7 @@ in the order they end, so a client collects a thousand results over one stream i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from broker.claiming.admission import admit
@@ -19,7 +22,7 @@ from broker.claiming.jobbook import JobBook
 from broker.clock import Clock
 from broker.errors import FirepoolError, InvalidRequest, NotFound, PackageError
 from broker.fleet.quotas import QuotaTree
-from broker.jobs import Job, JobSpec, JobState
+from broker.jobs import Job, JobSpec
 from broker.pools import Catalog
 from broker.running.packages import PackageStore
 
@@ -39,6 +42,8 @@ class Queue(Protocol):
     def binding(self) -> Collection[str]: ...
 
     def enqueue(self, job: Job) -> None: ...
+
+    async def insert_bound(self, job: Job, insert: Callable[[Job], Awaitable[Job]]) -> Job | None: ...
 
 
 class Ceilings(Protocol):
@@ -73,7 +78,9 @@ class Intake:
         """Admit and store a job; (job, created). The same idempotency key returns the first job."""
         job = self._admit(caller, spec)
         await self._check_packages(caller, [spec])
-        stored = await self.book.insert(job)
+        stored = await self.queue.insert_bound(job, self.book.insert)  # claimed and stored in one commit
+        if stored is None:  # no pod for it now: stored QUEUED, the dispatcher claims it
+            stored = await self.book.insert(job)
         return stored, self._hand_off(job, stored)
 
     async def submit_many(self, caller: str, specs: Sequence[JobSpec]) -> list[tuple[Job, bool]]:
@@ -94,10 +101,10 @@ class Intake:
     def _hand_off(self, job: Job, stored: Job) -> bool:
         """Give a stored job to the dispatcher; whether it was created (not an earlier job of its key)."""
         created = stored.id == job.id
-        if created or (stored.state is JobState.QUEUED and stored.id not in self.queue.queued
-                       and stored.id not in self.queue.binding):
+        if created or (stored.id not in self.queue.queued and stored.id not in self.queue.binding):
             # A retried submit whose first insert landed although its answer was lost (a database
-            # restarting) finds its job queued in the store but never handed to the dispatcher.
+            # restarting) finds its job in the store but never handed to the dispatcher (which takes only
+            # a QUEUED row, or one its own bound insert stored unknowingly).
             self.queue.enqueue(self.book.live.get(stored.id, stored))
         return created
 

@@ -5,6 +5,9 @@ Woken by submit, release and pod-ready events; a 3 s tick is only a fallback. Fo
 with the pod bindings and acquisition paths, conditional on the row version, then hands the job to the
 executor, which (4) marks the pods running and (5) launches. No user code runs before the commit: a
 failed prepare retires the pods and keeps the job queued; a lost or failed commit returns the pods.
+A new one-pod job that finds the queue empty is claimed at submit instead, and its insert commits it bound
+(`insert_bound`): the same claim and the same attempt, in one commit where a queued job takes two. The commits
+and the hand-off to the executor are broker.claiming.binding's.
 A job that cannot be placed is skipped (no partial gang is ever held) and its pods count as demand.
 
 A job committed QUEUED is always in the queue or adopted by the next sweeps: every tick the pass looks for live
@@ -18,9 +21,11 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.claiming.binding import Binder
 from broker.claiming.jobbook import Abort, JobBook
 from broker.claiming.passing import Shape, Tally
 from broker.claiming.queueing import JobQueue, Reasons
@@ -41,13 +46,10 @@ from broker.errors import FirepoolError
 from broker.events import EventLog
 from broker.images import pinned
 from broker.jobs import (
-    Acquisition,
-    Attempt,
-    AttemptState,
     ErrorClass,
     Job,
     JobState,
-    attempt_id,
+    job_sort_key,
     transition,
 )
 from broker.stats import Stats
@@ -76,16 +78,18 @@ class Dispatcher:
         self.tick = tick
         self.queued = JobQueue()
         """QUEUED jobs not being bound right now, in dispatch order (broker.claiming.queueing)."""
-        self.binding: set[str] = set()
         self.waiting_reason = Reasons(self.queued)
         """job id -> why its last claim took nothing."""
-        self.executor: Executor | None = None
         self.preempter: Preempter | None = None
         self.events: EventLog | None = None
         """Where reservation alerts go (broker.events)."""
         """Makes room for jobs within their team's quota (set when the catalog has quotas)."""
         self._loop = Wakeable(clock, tick, self.dispatch_once)
         self.wake = self._loop.wake
+        self.binder = Binder(clock=clock, book=book, tracker=tracker, controller=controller, tasks=tasks, stats=stats,
+                             adopt=self._adopt, wake=self.wake)
+        """Commits claims and hands the jobs to the executor (broker.claiming.binding)."""
+        self.binding = self.binder.binding
         self.run = self._loop.run
         self.passes = 0
         self._next_sweep = 0.0
@@ -98,9 +102,32 @@ class Dispatcher:
         return job_id in self.queued or job_id in self.binding
 
     def enqueue(self, job: Job) -> None:
-        """A job is QUEUED (submitted, retried or recovered): dispatch soon."""
-        if self._adopt(job):
+        """A job is QUEUED (submitted, retried or recovered): dispatch soon. A row that a bound insert stored
+        although its answer was lost (`insert_bound`), found again by its idempotency key, is re-queued first."""
+        if not self.binder.landed(job) and self._adopt(job):
             self.wake()
+
+    @property
+    def executor(self) -> Executor | None:
+        return self.binder.executor
+
+    @executor.setter
+    def executor(self, executor: Executor) -> None:
+        self.binder.executor = executor
+
+    async def insert_bound(self, job: Job, insert: Callable[[Job], Awaitable[Job]]) -> Job | None:
+        """Submit's short way for a new one-pod job while nothing is queued: claim its pod now and insert it bound,
+        its insert's commit its claim's (broker.claiming.binding). What `insert` stored, or None when no pod could
+        be claimed now: nothing is inserted, and the job goes the usual way (stored QUEUED, claimed by a pass)."""
+        spec = job.spec
+        if self.queued or not self.passes or self.executor is None or spec.pods != 1 or spec.own_pods:
+            return None  # queued jobs come first; and no claim before recovery ended and dispatching began
+        now = self.clock.now()
+        self.tracker.queued_sessions = frozenset()  # as a pass over this empty queue would set it
+        got = self._claim(job, job_sort_key(job), now)
+        if isinstance(got, Shortfall):
+            return None
+        return await self.binder.insert(job, got, now, insert)
 
     def _adopt(self, job: Job) -> bool:
         """Queue the job's newest row; not one that moved on (a stale hand-off) nor one being bound now."""
@@ -165,13 +192,7 @@ class Dispatcher:
                     continue
                 if not left[same]:
                     open_shapes -= 1  # its last job: it closes, whether it takes a pod or not
-            spec = job.spec
-            ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
-            got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
-                                           spec.single_use, job.timings.get("submitted_at", now), ends_by,
-                                           key, recycle=spec.recycle, image=spec.image,
-                                           preemptible=bool(spec.extra.get("preemptible")),
-                                           topology=spec.topology), now)
+            got = self._claim(job, key, now)
             if isinstance(got, Shortfall):
                 if same is not None:
                     short[same] = _Like(got, job)
@@ -180,12 +201,10 @@ class Dispatcher:
                 self._short(job, got, now, t, own_reason=same is None)
                 continue
             claimed += 1
-            if any(p.retire for p in got.pods):
-                self.controller.wake()  # a pod that retires after this job (reuse_tag: retire, a backfill) wants a replacement now
             del self.queued[job.id]
             self.waiting_reason.pop(job.id, None)
             self.binding.add(job.id)
-            self.tasks.spawn(f"bind {job.id}", self._bind(job.id, got, now))
+            self.tasks.spawn(f"bind {job.id}", self.binder.bind(job.id, got, now))
         for same, like in short.items():
             like.more += left[same]  # its jobs the pass never reached
             if like.more:
@@ -293,77 +312,17 @@ class Dispatcher:
                              {"pool": pool, "for": "reservation"})
         return True
 
-    async def _requeue_unlaunched(self, job: Job) -> Job | None:
-        """A row RUNNING that no executor of ours launched: an earlier commit of ours landed although the
-        store's answer was lost (a database restarting). Its attempt never ran: it is lost, the job queued."""
-        now = self.clock.now()
-
-        def requeue(current: Job) -> Job:
-            attempt = current.current_attempt
-            if current.state is not JobState.RUNNING or attempt is None or attempt.state is not AttemptState.LAUNCHING:
-                raise Abort
-            lost = attempt.move(AttemptState.LOST, finished_at=now, error_class=ErrorClass.POD_LOST,
-                                message="its commit's answer was lost; it never ran")
-            return transition(current.with_attempt(lost), JobState.QUEUED, now, pods=())
-
-        try:
-            requeued = await self.book.write(job.id, requeue)
-        except FirepoolError as exc:
-            log.warning("re-queueing %s after a lost commit answer failed: %s", job.id, exc)
-            return None
-        if requeued is not None and requeued.state is JobState.QUEUED:
-            log.warning("%s was committed RUNNING although its commit failed; re-queued (it never ran)", job.id)
-        return requeued
-
-    async def _bind(self, job_id: str, lease: Lease, claimed_at: float) -> None:
-        """Commit the claim durably, then hand the job to the executor; undo the claim if it loses."""
-        names = tuple(p.name for p in lease.pods)
-        acquisition = tuple(Acquisition(p.name, p.path, p.reason) for p in lease.pods)
-
-        made: list[Job] = []
-
-        def bind(job: Job) -> Job:
-            if job.state is not JobState.QUEUED:
-                raise Abort
-            now = self.clock.now()
-            n = len(job.attempts)  # every execution gets a new id, retries and recovery re-queues alike
-            attempt = Attempt(id=attempt_id(job.id, n), job_id=job.id, n=n, pods=names)
-            made.append(transition(job, JobState.RUNNING, now, attempts=job.attempts_with(attempt), pods=names,
-                                   acquisition=acquisition, timings={"claimed_at": claimed_at, "committed_at": now}))
-            return made[-1]
-
-        store_failed = False
-        try:
-            committed = await self.book.write(job_id, bind)
-        except FirepoolError as exc:
-            log.warning("committing %s failed, pods returned, job stays queued: %s", job_id, exc)
-            committed, store_failed = None, True
-        self.binding.discard(job_id)
-        if committed is None or committed is not (made[-1] if made else None):
-            # Lost: a version race or a store error (None), or the row was no longer QUEUED (a row that is
-            # RUNNING now is another attempt's, never this claim's to start or to re-queue).
-            self.tracker.unclaim(job_id, self.clock.now())
-            current = self.book.live.get(job_id)
-            if committed is None and current is not None and current.state is JobState.RUNNING \
-                    and self.executor is not None and job_id not in self.executor.launched:
-                current = await self._requeue_unlaunched(current)
-            if current is not None:
-                self._adopt(current)
-            if not store_failed:
-                self.wake()  # a lost race: the pods may suit another job now
-            # A store that is down is tried again by the next event or the fallback tick, not at once:
-            # waking here spun claim -> failed commit -> claim hundreds of times a second.
-            return
-        self.controller.forget_single_use(job_id)
-        assert self.executor is not None
-        for p in lease.pods:
-            self.stats.acquisitions[(p.pool, p.path)] += 1
-        try:
-            await self.executor.start(committed, lease)
-        except Exception as exc:  # a bug on the launch path must not leave the job RUNNING for ever
-            log.exception("running %s failed inside the broker; ending its attempt", job_id)
-            await self.executor.abort(committed, lease, exc)
-
+    def _claim(self, job: Job, order: tuple[int, float, str], now: float) -> Lease | Shortfall:
+        """Ask the tracker for the job's pods; a lease, or why not."""
+        spec = job.spec
+        ends_by = now + spec.timeout_s if spec.timeout_s is not None else math.inf
+        got = self.tracker.claim(Claim(job.id, job.caller, spec.pool, spec.queue, spec.lease_tag, spec.pods,
+                                       spec.single_use, job.timings.get("submitted_at", now), ends_by, order,
+                                       recycle=spec.recycle, image=spec.image,
+                                       preemptible=bool(spec.extra.get("preemptible")), topology=spec.topology), now)
+        if isinstance(got, Lease) and any(p.retire for p in got.pods):
+            self.controller.wake()  # a pod that retires after this job (reuse_tag: retire, a backfill) wants a replacement now
+        return got
 
 @dataclass
 class _Like:

@@ -49,6 +49,8 @@ LAUNCH_WAIT_S = 0.25
 no start write (the outcome write carries its start); a longer one is marked running this much later."""
 UNREACHABLE_AFTER = 3
 """Consecutive failed agent calls after which a pod counts as lost."""
+OUTCOME_RACES = 3
+"""Times an outcome is applied again to a row that moved under it (each a store read and a commit)."""
 BACKSTOP_S = 30.0
 """How long past its timeout the broker lets the agent enforce it before killing from outside."""
 __all__ = ["PREEMPTING", "Executor", "session_key"]
@@ -339,9 +341,15 @@ class Executor(Signalling):
                               preempted=preempted, handed_off_at=handed_off_at, health=self.health)
 
         pause = OUTCOME_RETRY_S
+        races = 0
         while True:
             try:
                 committed = await self.book.write(job_id, outcome, handed)
+                if committed is None and races < OUTCOME_RACES:
+                    # The row moved first: an earlier write of this job landed although its answer was lost (a
+                    # database restarting). The book holds the stored row now: apply the outcome to it.
+                    races += 1
+                    continue
                 break
             except FirepoolError as exc:
                 # The store is down: the outcome is known only here, so keep trying (a restarted database

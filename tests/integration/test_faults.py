@@ -108,12 +108,12 @@ def test_resets_that_cannot_prove_themselves_clean_recycle_each_pod_and_fail_no_
 
 
 class FlakyStore:
-    """The real SQL store, with commits that fail (or hang, then fail) while `failing` is set."""
+    """The real SQL store, with commits that fail (or hang, then fail) while they write the job `failing`."""
 
     def __init__(self, inner: SqlJobStore, hang_s: float) -> None:
         self.inner = inner
         self.blocking = inner.blocking
-        self.failing = False
+        self.failing: str | None = None
         self.failures = 0
         self.hang_s = hang_s
 
@@ -130,14 +130,14 @@ class FlakyStore:
         return self.inner.list_jobs(**kw)
 
     def commit(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> list[bool]:
-        if self.failing and writes:  # a batch of new jobs only (a submit) still lands, as insert() does
+        if any(job.id == self.failing for job, _ in writes):  # a submit's insert still lands, as insert() does
             self.failures += 1
             time.sleep(self.hang_s)
             raise StoreError("injected: the commit " + ("timed out" if self.hang_s else "failed"))
         return self.inner.commit(writes, inserts)
 
     def commit_group(self, writes: Sequence[tuple[Job, int]], inserts: Sequence[Job] = ()) -> tuple[list[bool], list[Job]]:
-        if self.failing and writes:
+        if any(job.id == self.failing for job, _ in writes):
             return self.commit(writes, inserts), []  # raises
         return self.inner.commit_group(writes, inserts)
 
@@ -152,14 +152,17 @@ async def test_a_failed_commit_returns_the_pods_and_keeps_the_job_queued(tmp_pat
     store = FlakyStore(SqlJobStore.open(f"sqlite:///{tmp_path / 'jobs.db'}"), hang_s)
     backend = LocalBackend(tmp_path / "state", clock, virtual_gpus=0, sandbox="bwrap")
     cp = ControlPlane(clock=clock, store=store, backend=backend, logs=FileLogStore(tmp_path / "logs"),  # type: ignore[arg-type]
-                      catalog=default_catalog(0))
+                      catalog=default_catalog(0, cpu_pods=1))
     await cp.start()
     try:
         first, _ = await cp.submit("alice", JobSpec(pool="cpu", command=("true",), lease_tag="s"))
         assert (await cp.wait("alice", first.id, 30)).state is JobState.SUCCEEDED
         pod = (await cp.get("alice", first.id)).acquisition[0].pod
-        store.failing = True
+        # The one pod busy for a second (claimed at its submit), so the next job waits in the queue and a
+        # dispatcher pass claims it: that claim's commit is the one that fails.
+        await cp.submit("alice", JobSpec(pool="cpu", command=("sleep", "1"), lease_tag="s"))
         job, _ = await cp.submit("alice", JobSpec(pool="cpu", command=("true",), lease_tag="s"))
+        store.failing = job.id
         for _ in range(200):
             if store.failures >= 2:
                 break
@@ -169,13 +172,13 @@ async def test_a_failed_commit_returns_the_pods_and_keeps_the_job_queued(tmp_pat
         assert stored is not None and stored.state is JobState.QUEUED and stored.attempts == ()
         assert pod in {p.name for p in cp.tracker.snapshot()}  # returned to the pool, not recycled
         assert pod in {p.name for p in await backend.list_pods()}
-        store.failing = False
+        store.failing = None
         cp.dispatcher.wake()
         done = await cp.wait("alice", job.id, 30)
         assert done.state is JobState.SUCCEEDED and len(done.attempts) == 1
         assert [(a.pod, a.path) for a in done.acquisition] == [(pod, "warm")]
     finally:
-        store.failing = False
+        store.failing = None
         await cp.stop(delete_idle_pods=True)
         delete_pods(tmp_path / "state")
         store.close()

@@ -9,7 +9,7 @@ from typing import Any
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
 from broker.fleet.quotas import QuotasSpec
-from broker.jobs import Job, JobSpec
+from broker.jobs import Job, JobSpec, JobState
 from broker.pools import CallerLimits, Catalog, PoolSpec, QuarantineSettings
 from broker.ports.backend import FakeBackend
 from broker.ports.capacity import CapacitySource
@@ -89,6 +89,16 @@ class Harness:
 
     async def run_job(self, caller: str = "alice", **fields: object) -> Job:
         return await self.finish(await self.submit(caller, **fields))
+
+    async def queued_for_the_pod(self) -> Job:
+        """A `true` job of alice's session "t" that waits in the queue for the pool's one pod (busy with a 1 s job
+        then), so a dispatcher pass claims it and commits the claim: a submit that finds the pod idle is claimed
+        at once and stored bound instead (`Dispatcher.insert_bound`). For a pool of one pod."""
+        await self.run_job(lease_tag="t")
+        await self.submit(lease_tag="t", command=("sleep", "1"))
+        job = await self.submit(lease_tag="t", command=("true",))
+        assert (self.store.get(job.id) or job).state is JobState.QUEUED
+        return job
 
     def paths(self, job: Job) -> list[str]:
         return [a.path for a in job.acquisition]

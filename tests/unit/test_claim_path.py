@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from broker.jobs import AttemptState, JobState
+import pytest
+
+from broker.errors import StoreError
+from broker.jobs import AttemptState, Job, JobSpec, JobState
 from broker.pools import CallerLimits
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
@@ -152,21 +155,22 @@ async def test_caller_limits_hold_jobs_back_without_failing_them() -> None:
 
 
 async def test_a_lost_commit_returns_the_pods_and_runs_nothing() -> None:
-    h = await Harness([cpu_pool()]).start()
+    h = await Harness([cpu_pool(max_count=1, step=1)]).start()
     try:
-        warm = await h.run_job(lease_tag="t")
-        agent = h.backend.agents[warm.pods[0]]
+        job = await h.queued_for_the_pod()
+        agent = next(iter(h.backend.agents.values()))
         original_commit = h.store.commit
         outcomes: list[bool] = []
 
-        def lose_the_first(writes):  # another writer got there first, once
-            result = [False for _ in writes] if not outcomes else original_commit(writes)
-            outcomes.extend(result)
+        def lose_the_first(writes):  # another writer got there first, once: the queued job's claim
+            mine = any(j.id == job.id for j, _ in writes)
+            result = [False for _ in writes] if mine and not outcomes else original_commit(writes)
+            if mine:
+                outcomes.extend(result)
             return result
 
         h.store.commit = lose_the_first  # type: ignore[method-assign]
         launches_before = len(agent.launches)
-        job = await h.submit(lease_tag="t")
         done = await h.finish(job)
         assert outcomes[0] is False
         assert done.state is JobState.SUCCEEDED and h.paths(done) == ["warm"]
@@ -185,5 +189,53 @@ async def test_exit_code_is_absent_when_no_process_ran() -> None:
         assert done.state is JobState.CANCELLED
         ok = await h.run_job(command=("exit", "0"))
         assert ok.exit_code == 0
+    finally:
+        await h.stop()
+
+
+async def test_a_submit_that_finds_its_warm_pod_idle_is_stored_bound_without_a_claim_write() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        warm = await h.run_job(lease_tag="t", command=("true",))
+        commits = h.store.commits
+        job, created = await h.cp.submit("alice", JobSpec(pool="cpu", command=("sleep", "1"), lease_tag="t"))
+        stored = h.store.get(job.id)
+        assert created and stored is not None and stored.state is JobState.RUNNING and stored.pods == warm.pods
+        assert [a.state for a in stored.attempts] == [AttemptState.LAUNCHING]
+        assert h.store.commits == commits  # its insert carried the claim
+        done = await h.finish(job)
+        assert done.state is JobState.SUCCEEDED and h.paths(done) == ["warm"] and len(done.attempts) == 1
+    finally:
+        await h.stop()
+
+
+async def test_a_bound_insert_whose_answer_was_lost_runs_once_when_the_caller_retries_it() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        warm = await h.run_job(lease_tag="t", command=("true",))
+        agent = h.backend.agents[warm.pods[0]]
+        launches_before = len(agent.launches)
+        original_insert = h.store.insert
+        calls: list[str] = []
+
+        def stored_then_lost(job: Job) -> Job:  # the row landed; the answer did not (a database restarting)
+            calls.append(job.id)
+            stored = original_insert(job)
+            if len(calls) == 1:
+                raise StoreError("injected: lost connection after the commit")
+            return stored
+
+        h.store.insert = stored_then_lost  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            await h.submit(lease_tag="t", idempotency_key="k1")
+        landed = h.store.get(calls[0])
+        assert landed is not None and landed.state is JobState.RUNNING  # stored bound, and never launched
+        await h.run_for(5.0)
+        assert len(agent.launches) == launches_before
+        again = await h.submit(lease_tag="t", idempotency_key="k1")  # the caller retries with the same key
+        assert again.id == calls[0]
+        done = await h.finish(again, timeout=30.0)
+        assert done.state is JobState.SUCCEEDED and [a.state.value for a in done.attempts] == ["LOST", "SUCCEEDED"]
+        assert [r.attempt_id for r in agent.launches[launches_before:]] == [f"{again.id}:1"]
     finally:
         await h.stop()

@@ -34,19 +34,20 @@ async def test_an_outcome_written_during_a_store_outage_lands_when_the_store_is_
 
 
 async def test_a_store_that_refuses_commits_is_not_hammered_by_the_dispatcher() -> None:
-    h = await Harness([cpu_pool()]).start()
+    h = await Harness([cpu_pool(max_count=1, step=1)]).start()
     try:
-        await h.run_job(lease_tag="t")
+        job = await h.queued_for_the_pod()
         original_commit = h.store.commit
         refused: list[int] = []
 
         def down(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            if all(j.id != job.id for j, _ in writes):
+                return original_commit(writes)  # the busy job's own writes
             refused.append(len(writes))
             raise StoreError("injected: the database is restarting")
 
         h.store.commit = down  # type: ignore[method-assign]
-        job = await h.submit(lease_tag="t")
-        await h.run_for(6.0)
+        await h.run_for(6.0)  # the pod is free after 1 s: the queued job's claim is refused from then on
         assert 1 <= len(refused) <= 4, len(refused)  # the fallback tick retries, not a busy loop
         assert h.store.get(job.id).state is JobState.QUEUED  # type: ignore[union-attr]
         h.store.commit = original_commit  # type: ignore[method-assign]
@@ -83,9 +84,9 @@ async def test_a_submit_stored_before_its_answer_was_lost_runs_when_the_caller_r
 
 
 async def test_a_claim_committed_although_its_commit_failed_is_requeued_and_runs_once() -> None:
-    h = await Harness([cpu_pool()]).start()
+    h = await Harness([cpu_pool(max_count=1, step=1)]).start()
     try:
-        await h.run_job(lease_tag="t")
+        job = await h.queued_for_the_pod()
         agent = next(iter(h.backend.agents.values()))
         launches_before = len(agent.launches)
         original_commit = h.store.commit
@@ -93,16 +94,37 @@ async def test_a_claim_committed_although_its_commit_failed_is_requeued_and_runs
 
         def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
             result = original_commit(writes)
-            if not lost:
+            if not lost and any(j.id == job.id for j, _ in writes):  # the queued job's claim
                 lost.append(len(writes))
                 raise StoreError("injected: lost connection after the commit")
             return result
 
         h.store.commit = landed_then_lost  # type: ignore[method-assign]
-        job = await h.submit(lease_tag="t")
         done = await h.finish(job, timeout=30.0)
         assert lost and done.state is JobState.SUCCEEDED
         assert [a.state.value for a in done.attempts] == ["LOST", "SUCCEEDED"] and done.retries == 0
         assert [r.attempt_id for r in agent.launches[launches_before:]] == [f"{job.id}:1"]  # :0 never ran
+    finally:
+        await h.stop()
+
+
+async def test_an_outcome_whose_row_moved_under_it_is_applied_to_the_stored_row() -> None:
+    h = await Harness([cpu_pool()]).start()
+    try:
+        await h.run_job(lease_tag="t", command=("true",))
+        original_commit = h.store.commit
+        lost: list[int] = []
+
+        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            result = original_commit(writes)
+            if not lost:  # the job's first write after its bound insert: its start
+                lost.append(len(writes))
+                raise StoreError("injected: lost connection after the commit")
+            return result
+
+        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        job = await h.submit(lease_tag="t", command=("sleep", "1"))
+        done = await h.finish(job, timeout=30.0)
+        assert lost and done.state is JobState.SUCCEEDED and len(done.attempts) == 1
     finally:
         await h.stop()

@@ -324,6 +324,7 @@ class Dispatcher:
             self.controller.wake()  # a pod that retires after this job (reuse_tag: retire, a backfill) wants a replacement now
         return got
 
+
 @dataclass
 class _Like:
     """The first job of a shape that took nothing in a pass, and how many like jobs came after it."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker.clock import VirtualClock
 from broker.control import ControlPlane, Tuning
+from broker.errors import StoreError
 from broker.fleet.quotas import QuotasSpec
 from broker.jobs import Job, JobSpec, JobState
 from broker.pools import CallerLimits, Catalog, PoolSpec, QuarantineSettings
@@ -89,6 +90,36 @@ class Harness:
 
     async def run_job(self, caller: str = "alice", **fields: object) -> Job:
         return await self.finish(await self.submit(caller, **fields))
+
+    def lose_first_insert_answer(self) -> list[str]:
+        """The store's next insert lands but its answer is lost (a database restarting): it raises StoreError.
+        Returns the ids of every insert from now on."""
+        real, inserted = self.store.insert, []
+
+        def insert(job: Job) -> Job:
+            inserted.append(job.id)
+            stored = real(job)
+            if len(inserted) == 1:
+                raise StoreError("injected: lost connection after the commit")
+            return stored
+
+        self.store.insert = insert  # type: ignore[method-assign]
+        return inserted
+
+    def lose_first_commit_answer(self, of: Callable[[Job], bool] = lambda job: True) -> list[int]:
+        """The first commit from now on that writes a job `of` accepts lands but its answer is lost: it raises
+        StoreError. Returns the sizes of the commits whose answers were lost (one at most)."""
+        real, lost = self.store.commit, []
+
+        def commit(writes: Sequence[tuple[Job, int]]) -> list[bool]:
+            won = real(writes)
+            if not lost and any(of(job) for job, _ in writes):
+                lost.append(len(writes))
+                raise StoreError("injected: lost connection after the commit")
+            return won
+
+        self.store.commit = commit  # type: ignore[method-assign]
+        return lost
 
     async def queued_for_the_pod(self) -> Job:
         """A `true` job of alice's session "t" that waits in the queue for the pool's one pod (busy with a 1 s job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import StoreError
-from broker.jobs import AttemptState, Job, JobSpec, JobState
+from broker.jobs import AttemptState, JobSpec, JobState
 from broker.pools import CallerLimits
 from tests.unit.harness import Harness, cpu_pool, gpu_pool
 
@@ -215,17 +215,7 @@ async def test_a_bound_insert_whose_answer_was_lost_runs_once_when_the_caller_re
         warm = await h.run_job(lease_tag="t", command=("true",))
         agent = h.backend.agents[warm.pods[0]]
         launches_before = len(agent.launches)
-        original_insert = h.store.insert
-        calls: list[str] = []
-
-        def stored_then_lost(job: Job) -> Job:  # the row landed; the answer did not (a database restarting)
-            calls.append(job.id)
-            stored = original_insert(job)
-            if len(calls) == 1:
-                raise StoreError("injected: lost connection after the commit")
-            return stored
-
-        h.store.insert = stored_then_lost  # type: ignore[method-assign]
+        calls = h.lose_first_insert_answer()
         with pytest.raises(StoreError):
             await h.submit(lease_tag="t", idempotency_key="k1")
         landed = h.store.get(calls[0])

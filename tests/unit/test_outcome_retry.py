@@ -60,17 +60,7 @@ async def test_a_store_that_refuses_commits_is_not_hammered_by_the_dispatcher() 
 async def test_a_submit_stored_before_its_answer_was_lost_runs_when_the_caller_retries_it() -> None:
     h = await Harness([cpu_pool()]).start()
     try:
-        original_insert = h.store.insert
-        calls: list[str] = []
-
-        def stored_then_lost(job: Job) -> Job:  # the row landed; the answer did not (a database restarting)
-            calls.append(job.id)
-            stored = original_insert(job)
-            if len(calls) == 1:
-                raise StoreError("injected: lost connection after the commit")
-            return stored
-
-        h.store.insert = stored_then_lost  # type: ignore[method-assign]
+        calls = h.lose_first_insert_answer()
         try:
             await h.submit(idempotency_key="k1")
         except StoreError:
@@ -89,17 +79,7 @@ async def test_a_claim_committed_although_its_commit_failed_is_requeued_and_runs
         job = await h.queued_for_the_pod()
         agent = next(iter(h.backend.agents.values()))
         launches_before = len(agent.launches)
-        original_commit = h.store.commit
-        lost: list[int] = []
-
-        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
-            result = original_commit(writes)
-            if not lost and any(j.id == job.id for j, _ in writes):  # the queued job's claim
-                lost.append(len(writes))
-                raise StoreError("injected: lost connection after the commit")
-            return result
-
-        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        lost = h.lose_first_commit_answer(lambda j: j.id == job.id)  # the queued job's claim
         done = await h.finish(job, timeout=30.0)
         assert lost and done.state is JobState.SUCCEEDED
         assert [a.state.value for a in done.attempts] == ["LOST", "SUCCEEDED"] and done.retries == 0
@@ -112,17 +92,7 @@ async def test_an_outcome_whose_row_moved_under_it_is_applied_to_the_stored_row(
     h = await Harness([cpu_pool()]).start()
     try:
         await h.run_job(lease_tag="t", command=("true",))
-        original_commit = h.store.commit
-        lost: list[int] = []
-
-        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
-            result = original_commit(writes)
-            if not lost:  # the job's first write after its bound insert: its start
-                lost.append(len(writes))
-                raise StoreError("injected: lost connection after the commit")
-            return result
-
-        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        lost = h.lose_first_commit_answer()  # the job's first write after its bound insert: its start
         job = await h.submit(lease_tag="t", command=("sleep", "1"))
         done = await h.finish(job, timeout=30.0)
         assert lost and done.state is JobState.SUCCEEDED and len(done.attempts) == 1

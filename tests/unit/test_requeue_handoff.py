@@ -4,11 +4,9 @@ the row it does not know. Nothing runs twice: a stale or repeated hand-off never
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from broker.errors import StoreError
-from broker.jobs import Job, JobState
+from broker.jobs import JobState
 from tests.unit.harness import Harness, cpu_pool, failing_once
 
 
@@ -61,20 +59,10 @@ async def test_a_retry_whose_commit_answer_was_lost_still_runs_exactly_once_more
     h = await Harness([cpu_pool()]).start()
     try:
         started = _launches(h)
-        real = h.store.commit
-        lost = [0]
-
-        def landed_then_lost(writes: Sequence[tuple[Job, int]]) -> list[bool]:
-            won = real(writes)
-            if any(j.state is JobState.QUEUED for j, _ in writes) and not lost[0]:
-                lost[0] += 1
-                raise StoreError("injected: lost connection after the commit")
-            return won
-
-        h.store.commit = landed_then_lost  # type: ignore[method-assign]
+        lost = h.lose_first_commit_answer(lambda j: j.state is JobState.QUEUED)
         job = await h.submit(command=("exit", "3"), max_retries=1)
         done = await h.finish(job, timeout=30.0)
-        assert lost[0] == 1
+        assert len(lost) == 1
         assert done.state is JobState.FAILED and done.retries == 1 and len(done.attempts) == 2, done
         assert started == [a.id for a in done.attempts]
     finally:

@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, bytes]:
                         help="keep a pre-imported, unbound kernel process while idle: never, after a kernel "
                              "attempt, or always (default: cold)")
     parser.add_argument("--ledger-fd", type=int, default=None,
-                        help="append each started attempt id to this fd (fsync'd) before its code runs")
+                        help="append each started attempt id to this fd before its code runs")
     parser.add_argument("--incarnation", type=int, default=None,
                         help="this start's incarnation, persisted by the launcher (reported by /v1/health)")
     parser.add_argument("--state-dir", default="",

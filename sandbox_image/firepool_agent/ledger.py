@@ -1,5 +1,10 @@
-"""The agent's durable record of the attempts it started: one line per attempt, appended and fsync'd
-before the attempt's user code can run.
+"""The agent's record of the attempts it started: one line per attempt, appended before the attempt's user code
+can run.
+
+One write, no fsync: the line is in the host's page cache when the code starts, so it outlives a killed agent,
+pod or broker, the failures it vouches for. A host crash ends every attempt with the host, and the local pods
+it would vouch for with them. An fsync an attempt cost the pods' agents 0.15-0.4 ms of CPU a job and 6-20 % of a
+16-pod fan-out's jobs/s (`bench throughput`, alternating runs).
 
 The file is not reachable from any job: the pod's launcher opens it on the host (outside every
 sandbox) and hands the agent only an O_APPEND file descriptor, which jobs never inherit (they are
@@ -28,11 +33,10 @@ class Ledger:
         self._lock = threading.Lock()
 
     def started(self, attempt_id: str) -> None:
-        """Record that `attempt_id` is about to run user code; durable when this returns."""
+        """Record that `attempt_id` is about to run user code; in the host's page cache when this returns."""
         line = json.dumps({"attempt": attempt_id, "pod": self.pod, "at": time.time()}) + "\n"
         with self._lock:
             os.write(self.fd, line.encode())  # one O_APPEND write: lines never interleave
-            os.fsync(self.fd)
 
 
 def read_ledger(paths: Iterable[Path]) -> Iterator[dict[str, object]]:

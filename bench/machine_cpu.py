@@ -7,11 +7,16 @@ idle + iowait over all its time for the idle share. An agent is a process below 
 Python interpreter running `-m firepool_agent` (its sandbox's bwrap runs the same words as arguments). On a
 machine whose cores are all busy, a phase's jobs/s is about the cores' busy time over this total, so two
 phases' totals bound how far apart their rates can be.
+
+`process_start_ms` is the floor every job pays on both paths: the CPU of starting and reaping one `true` here,
+outside any sandbox. Where the C library's start-up probe of the CPU traps to a hypervisor (CPUID exits on a
+nested VM) it dwarfs what the program itself does.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +101,17 @@ def split(before: Sample, after: Sample, jobs: int) -> Split:
     return Split(broker_ms=(after.broker_s - before.broker_s) / n, agents_ms=agents / n, jobs_ms=jobs_s / n,
                  clients_ms=(after.bench_s - before.bench_s) / n,
                  idle=(after.idle_s - before.idle_s) / elapsed if elapsed > 0 else 0.0)
+
+
+def process_start_ms(program: str = "true", starts: int = 200) -> float:
+    """CPU milliseconds (the child's and this process's) to start `program` and reap it, the mean of `starts`."""
+    path = shutil.which(program)
+    if path is None:
+        raise FileNotFoundError(program)
+    before = os.times()
+    for _ in range(starts):
+        os.waitpid(os.posix_spawn(path, [path], {}), 0)
+    after = os.times()
+    spent = (after.user + after.system + after.children_user + after.children_system
+             - before.user - before.system - before.children_user - before.children_system)
+    return 1000 * spent / starts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.machine_cpu import Sample, split
+from bench.machine_cpu import Sample, process_start_ms, split
 
 
 def _sample(broker: float, agents: dict[int, tuple[float, float]], bench: float, idle: float, total: float) -> Sample:
@@ -30,3 +30,8 @@ def test_an_agent_started_during_the_phase_counts_from_zero_and_a_gone_one_not_a
     assert phase.agents_ms == pytest.approx(3.0)
     assert phase.jobs_ms == pytest.approx(1.0)
     assert phase.idle == 0.0
+
+
+def test_the_start_cost_of_a_program_that_is_not_there_is_an_error() -> None:
+    with pytest.raises(FileNotFoundError):
+        process_start_ms("no-such-program-anywhere", starts=1)

@@ -109,6 +109,7 @@ class ControlPlane:
                                  delivery=PackageDelivery(packages) if packages is not None else None,
                                  kernels=self.kernels, health=self.health)
         self.dispatcher.executor = self.executor
+        self.book.writer.settled = self.executor.settled
         self.intake = Intake(clock=clock, catalog=catalog, book=self.book, queue=self.dispatcher,
                              ceilings=self.controller, quota_tree=lambda: self.quota_tree,
                              runs_images=bool(getattr(backend, "runs_images", False)), packages=packages)

@@ -26,7 +26,9 @@ before it commits: a fan-out's jobs share commits instead of paying one each. A 
 asleep (a lone job, or one job at a time: each write waits for the one before) never waits. A commit costs
 ~1 ms of the writer's CPU whatever it carries, plus its fsync; at 1 ms of gather a 16-pod fan-out still paid
 0.8 commits a job, at 10 ms 0.2, which cut the broker's CPU a batched job by ~30 % and raised its jobs/s
-(docs/benchmarks.md). Under load a transition is stored up to this much later; an idle broker's never is."""
+(docs/benchmarks.md). Under load a transition is stored up to this much later; an idle broker's never is. A group
+whose writers are all that is left to come (`StoreWriter.settled`) does not wait: on a small pool every pod would
+idle through the gather, waiting for writes that no running job will make."""
 GATHER_MAX = 64
 """Writes that end the wait at once."""
 
@@ -53,6 +55,10 @@ class StoreWriter:
         """Writes and inserts they carried."""
         self.cpu_s = 0.0
         """CPU seconds the writer's thread spent committing."""
+        self.settled: Callable[[], bool] = _never
+        """True when no write is on its way (no attempt runs that will end with one): a gathering group commits at
+        once. A hint, read on the loop at each hand-over and on the writer's thread as a group would start to
+        gather, so it must be cheap and safe to read from there; a wrong answer costs a commit or a wait only."""
         self._thread: threading.Thread | None = None
 
     def put(self, items: Sequence[Item]) -> None:
@@ -68,7 +74,7 @@ class StoreWriter:
         outbox, self._outbox = self._outbox, []
         with self._cond:
             self._pending.extend(outbox)
-            if self._asleep or (self._gathering and len(self._pending) >= GATHER_MAX):
+            if self._asleep or (self._gathering and (len(self._pending) >= GATHER_MAX or self.settled())):
                 self._cond.notify()
             elif self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="firepool store writer", daemon=True)
@@ -95,7 +101,7 @@ class StoreWriter:
                 if not self._pending:  # closed, and nothing left to commit
                     self._thread, self._closed = None, False
                     return
-                if busy and len(self._pending) < GATHER_MAX:
+                if busy and len(self._pending) < GATHER_MAX and not self.settled():
                     self._gathering = True
                     self._cond.wait(GATHER_S)
                     self._gathering = False
@@ -115,6 +121,10 @@ class StoreWriter:
                 batch[0][2].get_loop().call_soon_threadsafe(_settle, batch, outcome)
             except RuntimeError:  # the loop is closed: nobody waits for these any more
                 log.debug("a group commit finished after its event loop closed")
+
+
+def _never() -> bool:
+    return False
 
 
 def _settle(batch: list[Item], outcome: tuple[list[bool], list[Job]] | BaseException) -> None:

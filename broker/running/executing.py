@@ -86,6 +86,8 @@ class Executor(Signalling):
         """Counts hardware faults and launch refusals toward quarantine (broker.health)."""
         self.launched: dict[str, str] = {}
         """job id -> the attempt id running now (launched and not yet finished)."""
+        self.returning = 0
+        """Attempts out of `launched` whose pods are not back yet: each still leads to writes (its pods' next claims)."""
         self.preempting: dict[str, str] = {}
         """job id -> why it is being preempted: its outcome is `Preempted` and it re-queues (broker.claiming.preempting)."""
         self._gate_opened = asyncio.Event()
@@ -302,6 +304,11 @@ class Executor(Signalling):
             log.exception("finishing %s failed inside the broker; ending it alone", aid)
             await end_alone(self, job_id, aid, len(pods), statuses, exc, never_ran=never_ran)
 
+    def settled(self) -> bool:
+        """No attempt runs or has its pods still to give back, so none leads to a store write soon
+        (`StoreWriter.settled`). Read from the store writer's thread too: a dict's length and an int."""
+        return not self.launched and not self.returning
+
     async def finish(self, job_id: str, aid: str, pods: Sequence[Pod], statuses: Sequence[AttemptStatus | None],
                       never_ran: bool = False, may_retry: bool = True) -> None:
         """Copy logs, then commit the outcome and reset the pods in parallel."""
@@ -309,18 +316,23 @@ class Executor(Signalling):
         if job is not None:  # a job the store lost has no caller to keep its logs for
             await self.copier.copy(job.caller, aid, pods, statuses, output_cap(self.tracker.pool(job.spec.pool)))
         self.launched.pop(job_id, None)
-        if self.kernels is not None:
-            self.kernels.ended(job_id)
-        lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
-        if self.health is not None and not never_ran:
-            job = self.book.live.get(job_id)
-            statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
-        done = {p.name: s.reset for p, s in zip(pods, statuses, strict=True) if s is not None and s.reset is not None}
-        # The agents reset while the store writes; the pods go back once the outcome is handed to the store (not
-        # before: a job claimed on them next must commit with it or after it, or a broker killed in between
-        # would find two jobs running on one pod).
-        handed = asyncio.Event()
-        reset = asyncio.ensure_future(self._reset(job_id, pods, lost, done, handed))
+        self.returning += 1  # `_reset` counts it back once its pods are back
+        try:
+            if self.kernels is not None:
+                self.kernels.ended(job_id)
+            lost = set() if never_ran else {p.name for p, s in zip(pods, statuses, strict=True) if s is None}
+            if self.health is not None and not never_ran:
+                job = self.book.live.get(job_id)
+                statuses = await self.health.attempt_ended(job_id, job.caller if job else "", pods, statuses)
+            done = {p.name: s.reset for p, s in zip(pods, statuses, strict=True) if s is not None and s.reset is not None}
+            # The agents reset while the store writes; the pods go back once the outcome is handed to the store (not
+            # before: a job claimed on them next must commit with it or after it, or a broker killed in between
+            # would find two jobs running on one pod).
+            handed = asyncio.Event()
+            reset = asyncio.ensure_future(self._reset(job_id, pods, lost, done, handed))
+        except BaseException:
+            self.returning -= 1
+            raise
         try:
             committed = await self._commit_outcome(job_id, aid, statuses, never_ran, may_retry, handed.set)
         finally:
@@ -364,7 +376,10 @@ class Executor(Signalling):
 
     async def _reset(self, job_id: str, pods: Sequence[Pod], lost: set[str], done: dict[str, ResetResult],
                      after: asyncio.Event) -> None:
-        await self.returns.reset(job_id, pods, lost, done, after)
+        try:
+            await self.returns.reset(job_id, pods, lost, done, after)
+        finally:
+            self.returning -= 1
         self.gate_opened()
 
     def gate_opened(self) -> None:

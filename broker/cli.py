@@ -123,6 +123,9 @@ def _serve_parser(sub: Any) -> None:
                    help="broker log level")
     p.add_argument("--max-request-bytes", type=int, default=2 << 20,
                    help="largest JSON request body; larger ones get 413 RequestTooLarge (packages have their own)")
+    p.add_argument("--max-open-requests", type=int, default=1000,
+                   help="requests and websockets one caller may hold open at once (long polls, watch streams, "
+                        "terminals); past it 429 TooManyOpenRequests")
     p.add_argument("--package-max-bytes", type=int, default=512 << 20, help="compressed size limit of a package")
     p.add_argument("--package-max-extracted", type=int, default=2_000_000_000,
                    help="bytes a package may write when unpacked (zip-bomb guard)")

@@ -86,6 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)
     if args.backend != "kubernetes" and (args.namespace or args.kubeconfig):
         raise UsageError("--namespace and --kubeconfig are for --backend kubernetes")
+    if args.max_open_requests < 1:
+        raise UsageError(f"--max-open-requests {args.max_open_requests}: at least 1")
     if args.max_request_bytes < 4096:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes}: too small for any job request (at least 4096)")
     if min(args.log_max_age, args.log_max_bytes_per_caller, args.log_max_bytes) < 0 or not args.log_sweep_interval > 0:
@@ -107,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                push_timeout_s=args.package_push_timeout), mcp=args.mcp,
         jwt=JwtSettings(args.jwks, args.jwt_audience, args.jwt_issuer, args.jwt_claim) if args.jwks else None,
         metrics_caller_labels=args.metrics_caller_labels, max_request_bytes=args.max_request_bytes,
+        max_open_requests=args.max_open_requests,
         kubernetes=KubernetesTarget(args.namespace, args.kubeconfig, args.broker_id),
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         forwarded_allow_ips=args.forwarded_allow_ips, insecure_http=exposure.insecure_http,

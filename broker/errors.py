@@ -5,7 +5,7 @@
     ├── ImageNotAllowed (403: not in the pool's allowlist)  ImagesUnsupported (400: backend runs no images)
     ├── Unauthorized (401)        ├── NotFound (404)       └── Conflict (409)
     │                                 └── KernelNotReady (409, retryable), KernelEnded (409), NotAKernel (409)
-    ├── PackageError (4xx)        └── QuotaExceeded (429)
+    ├── PackageError (4xx)        └── QuotaExceeded (429)   └── TooManyKernels, TooManyOpenRequests (429)
     │   ├── UnsafePackage (400: symlink, absolute, `..`, special file)   ├── DigestMismatch (400)
     │   └── PayloadTooLarge (413: compressed or extracted limit)
     ├── Unavailable (503, retryable)   StoreError (503, retryable)   BackendError (502, retryable)
@@ -215,6 +215,10 @@ def all_error_classes() -> dict[str, type[FirepoolError]]:
 
 class TooManyKernels(QuotaExceeded):
     """The caller already runs the gateway's per-caller number of kernels: shut one down first."""
+
+
+class TooManyOpenRequests(QuotaExceeded):
+    """The caller holds the broker's per-caller number of requests and websockets open (`--max-open-requests`)."""
 
 
 class SessionBusy(Conflict):

@@ -26,6 +26,7 @@ from broker.api.auth import TokenAuth, local_caller, local_token
 from broker.api.exposure import Exposure
 from broker.api.jwt_auth import JwtSettings, JwtVerifier
 from broker.api.leading import Leadership
+from broker.api.openrequests import DEFAULT_LIMIT as DEFAULT_OPEN_REQUESTS
 from broker.api.portlinks import PortSettings, load_key
 from broker.clock import RealClock
 from broker.control import ControlPlane, Tuning
@@ -87,6 +88,8 @@ class ServeSettings:
     """Publish per-caller series (holds by owner) on /metrics; off by default so names stay private."""
     max_request_bytes: int = 2 << 20
     """Largest JSON request body (413 RequestTooLarge above it); package uploads have their own cap."""
+    max_open_requests: int = DEFAULT_OPEN_REQUESTS
+    """Requests and websockets one caller may hold open at once (429 TooManyOpenRequests past it)."""
     kubernetes: KubernetesTarget = KubernetesTarget()
     """Where the kubernetes backend creates pods."""
     tls_cert: Path | None = None
@@ -294,7 +297,8 @@ def serve(settings: ServeSettings) -> int:
                      max_request_bytes=settings.max_request_bytes, exposure=exposure,
                      ui_sessions=SqlSessionStore(cp.store.engine), ui_session_settings=settings.ui_sessions,
                      ports=replace(settings.ports, key=load_key(settings.state_dir)),
-                     gateway_settings=settings.gateway, leadership=leadership)
+                     gateway_settings=settings.gateway, leadership=leadership,
+                     max_open_requests=settings.max_open_requests)
     mcp_lifespan = _mount_mcp(app, auth, settings) if settings.mcp else None
     if exposure.transport == "http-insecure":
         log.warning("serving PLAIN HTTP on %s (--insecure-http): bearer tokens and dashboard cookies cross the "

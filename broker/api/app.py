@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from broker import __version__
-from broker.api import door
+from broker.api import door, openrequests
 from broker.api.access import Part, readable_job
 from broker.api.auth import Identity, TokenAuth
 from broker.api.batch_routes import add_batch_routes
@@ -145,7 +145,7 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                max_request_bytes: int = door.DEFAULT_MAX_REQUEST_BYTES, exposure: Exposure = Exposure(),
                ui_sessions: UiSessionStore | None = None, ui_session_settings: SessionSettings | None = None,
                ports: PortSettings | None = None, gateway_settings: GatewaySettings | None = None,
-               leadership: Leadership | None = None) -> FastAPI:
+               leadership: Leadership | None = None, max_open_requests: int = openrequests.DEFAULT_LIMIT) -> FastAPI:
     """The broker's ASGI app; `leadership` (default: a broker that always leads) gates a standby's routes."""
     leadership = leadership or Leadership()
     app = FastAPI(title="Firepool", version=__version__,
@@ -311,5 +311,6 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
     app.add_middleware(PortProxy, streams=cp.streams, auth=auth, settings=port_settings, ui=settings)
     # Outermost too: the E2B SDKs' control plane and envd (multipart, connect+json) under /e2b (docs/e2b.md).
     app.add_middleware(E2BLayer, cp=cp, gateway=app.state.gateway, auth=auth, port_domain=port_settings.domain)
-    app.add_middleware(LeaderGate, leadership=leadership)  # outermost of all: a standby serves only its role
+    app.add_middleware(LeaderGate, leadership=leadership)  # a standby serves only its role
+    app.add_middleware(openrequests.OpenRequests, limit=max_open_requests)  # outermost of all: counts everything
     return app

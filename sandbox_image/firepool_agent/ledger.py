@@ -3,8 +3,8 @@ can run.
 
 One write, no fsync: the line is in the host's page cache when the code starts, so it outlives a killed agent,
 pod or broker, the failures it vouches for. A host crash ends every attempt with the host, and the local pods
-it would vouch for with them. An fsync an attempt cost the pods' agents 0.15-0.4 ms of CPU a job and 6-20 % of a
-16-pod fan-out's jobs/s (`bench throughput`, alternating runs).
+it would vouch for with them. An fsync an attempt cost the pods' agents 0.1-0.4 ms of CPU a job and a
+16-pod fan-out 6-23 % of its jobs/s (four alternating pairs, docs/benchmarks.md).
 
 The file is not reachable from any job: the pod's launcher opens it on the host (outside every
 sandbox) and hands the agent only an O_APPEND file descriptor, which jobs never inherit (they are

@@ -7,6 +7,7 @@ import datetime
 import math
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -23,6 +24,7 @@ from broker.api.e2b.layer import E2BLayer
 from broker.api.exposure import Exposure
 from broker.api.health_routes import add_health_routes
 from broker.api.leading import LeaderGate, Leadership
+from broker.api.longpoll import wait_job
 from broker.api.metrics import registry_for, render
 from broker.api.package_routes import add_package_routes
 from broker.api.port_routes import add_port_routes
@@ -187,11 +189,11 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
         return {"caller": who}
 
     @app.post("/v1/jobs", status_code=201, responses={201: {"model": JobView}, 200: {"model": JobView}, **ERRORS})
-    async def submit(body: JobRequest, who: Caller,
+    async def submit(body: JobRequest, who: Caller, request: Request,
                      wait_s: Annotated[float, Query(ge=0, le=300, description=WAIT_ON_SUBMIT)] = 0.0) -> JSONResponse:
         job, created = await cp.submit(who, body.to_spec())
         if wait_s > 0 and not job.terminal:
-            job = await cp.wait(who, job.id, wait_s)
+            job = await wait_job(request, partial(cp.wait, who, job.id), wait_s) or job
         return JSONResponse(job_view(job, cp.waiting_reason(job.id)), status_code=201 if created else 200)
 
     @app.get("/v1/jobs", responses=ERRORS)
@@ -210,9 +212,10 @@ def create_app(cp: ControlPlane, auth: TokenAuth, *, metrics_caller_labels: bool
                 "next": jobs[-1].id if len(jobs) == limit else None}
 
     @app.get("/v1/jobs/{job_id}", responses={200: {"model": JobView}, **ERRORS})
-    async def get_job(job_id: str, who: Caller,
+    async def get_job(job_id: str, who: Caller, request: Request,
                       wait_s: Annotated[float, Query(ge=0, le=300)] = 0.0) -> JSONResponse:
-        job = await (cp.wait(who, job_id, wait_s) if wait_s > 0 else cp.get(who, job_id))
+        waited = await wait_job(request, partial(cp.wait, who, job_id), wait_s) if wait_s > 0 else None
+        job = waited or await cp.get(who, job_id)
         return JSONResponse(job_view(job, cp.waiting_reason(job.id)))
 
     @app.post("/v1/jobs/{job_id}/cancel", responses={200: {"model": JobView}, **ERRORS})

@@ -1,10 +1,12 @@
 """A caller holding the broker's per-caller number of open requests is refused more (429, retryable) while other
-callers are served, and gets its place back as one of its streams ends."""
+callers are served, and gets its places back as its streams end or its clients give up their long polls."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 
+import httpx
 import pytest
 
 from broker.client import Client
@@ -30,5 +32,17 @@ def test_a_caller_holding_its_open_requests_is_refused_more_while_others_are_ser
             sdk.get(job["id"])
         assert bob.get("/v1/jobs").status_code == 200  # another caller's door is open
         assert bob.get("/healthz").status_code == 200
-    assert alice.get(f"/v1/jobs/{job['id']}").status_code == 200  # the streams ended: its places are back
+    # The streams are closed: once the broker sees the disconnects (not before the next request, necessarily),
+    # their places are back.
+    deadline = time.monotonic() + 10
+    while (status := alice.get(f"/v1/jobs/{job['id']}").status_code) == 429 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status == 200
+    for _ in range(3):  # long polls their client gave up on: each ends with its client, not at its wait_s
+        with pytest.raises(httpx.TimeoutException):
+            alice.get(f"/v1/jobs/{job['id']}", params={"wait_s": 60}, timeout=0.2)
+    began = time.monotonic()
+    while (status := alice.get(f"/v1/jobs/{job['id']}").status_code) == 429 and time.monotonic() < began + 10:
+        time.sleep(0.05)
+    assert status == 200 and time.monotonic() - began < 5
     alice.post(f"/v1/jobs/{job['id']}/cancel")
